@@ -1,0 +1,56 @@
+// Device atomics with the scope and order spelled out. Cross-GPU flags use system scope: a peer GPU polls
+// them over xGMI / NVLink, so device scope would let the store sit in this GPU's caches. On AMD the flag
+// memory must also be fine-grained or uncached (host/device_memory.hpp) or the stores may stay invisible
+// until the kernel ends.
+#pragma once
+
+#include "platform.hpp"
+
+#if defined(ROCEP_PLATFORM_NVIDIA)
+#include <cuda/atomic>
+#endif
+
+namespace rocep::device {
+
+enum class Scope { kDevice, kSystem };
+
+#if defined(ROCEP_PLATFORM_AMD)
+template <Scope S>
+inline constexpr int kHipScope = S == Scope::kSystem ? __HIP_MEMORY_SCOPE_SYSTEM : __HIP_MEMORY_SCOPE_AGENT;
+#else
+template <Scope S>
+inline constexpr cuda::thread_scope kCudaScope =
+    S == Scope::kSystem ? cuda::thread_scope_system : cuda::thread_scope_device;
+#endif
+
+// Load that orders every later load/store of this thread after it (pairs with store_release).
+template <Scope S, typename T>
+__device__ inline T load_acquire(const T* address) {
+#if defined(ROCEP_PLATFORM_AMD)
+  return __hip_atomic_load(address, __ATOMIC_ACQUIRE, kHipScope<S>);
+#else
+  return cuda::atomic_ref<T, kCudaScope<S>>(*const_cast<T*>(address)).load(cuda::memory_order_acquire);
+#endif
+}
+
+// Store that makes every earlier load/store of this thread visible before it (pairs with load_acquire).
+template <Scope S, typename T>
+__device__ inline void store_release(T* address, T value) {
+#if defined(ROCEP_PLATFORM_AMD)
+  __hip_atomic_store(address, value, __ATOMIC_RELEASE, kHipScope<S>);
+#else
+  cuda::atomic_ref<T, kCudaScope<S>>(*address).store(value, cuda::memory_order_release);
+#endif
+}
+
+// Atomic add with no ordering of its own; returns the previous value.
+template <Scope S, typename T>
+__device__ inline T fetch_add_relaxed(T* address, T value) {
+#if defined(ROCEP_PLATFORM_AMD)
+  return __hip_atomic_fetch_add(address, value, __ATOMIC_RELAXED, kHipScope<S>);
+#else
+  return cuda::atomic_ref<T, kCudaScope<S>>(*address).fetch_add(value, cuda::memory_order_relaxed);
+#endif
+}
+
+}  // namespace rocep::device

@@ -1,0 +1,25 @@
+// Qualifiers and constants shared by device code and by plain C++ (the CPU reference is built without a GPU
+// compiler, so nothing here may need the GPU runtime).
+#pragma once
+
+#if defined(__HIPCC__) || defined(__CUDACC__)
+#define ROCEP_HOST_DEVICE __host__ __device__
+#define ROCEP_DEVICE __device__
+#else
+#define ROCEP_HOST_DEVICE
+#define ROCEP_DEVICE
+#endif
+
+namespace rocep::device {
+
+// Threads per wave (AMD) / warp (NVIDIA). CDNA runs waves of 64 and the compiler says so per target;
+// never assume 32 in device code. Host code asks the device (hipDeviceProp_t::warpSize) instead.
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+inline constexpr int kWaveSize = __AMDGCN_WAVEFRONT_SIZE;
+#elif defined(__CUDACC__)
+inline constexpr int kWaveSize = 32;
+#else
+inline constexpr int kWaveSize = 64;
+#endif
+
+}  // namespace rocep::device

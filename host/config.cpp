@@ -1,0 +1,157 @@
+#include "rocep/config.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "rocep/errors.hpp"
+
+namespace rocep {
+
+const char* to_string(TokenFormat format) {
+  switch (format) {
+    case TokenFormat::kBf16:
+      return "bf16";
+    case TokenFormat::kFp8Block128:
+      return "fp8_block128";
+    case TokenFormat::kMxfp4:
+      return "mxfp4";
+    case TokenFormat::kNvfp4:
+      return "nvfp4";
+    case TokenFormat::kMxfp8:
+      return "mxfp8";
+  }
+  return "unknown";
+}
+
+const char* to_string(CombineDtype dtype) {
+  switch (dtype) {
+    case CombineDtype::kBf16:
+      return "bf16";
+  }
+  return "unknown";
+}
+
+int format_block_elements(TokenFormat format) {
+  switch (format) {
+    case TokenFormat::kBf16:
+      return 1;
+    case TokenFormat::kFp8Block128:
+      return 128;
+    case TokenFormat::kMxfp4:
+    case TokenFormat::kMxfp8:
+      return 32;
+    case TokenFormat::kNvfp4:
+      return 16;
+  }
+  throw ConfigError("dispatch_format = " + std::to_string(static_cast<int>(format)) + " is not a known format");
+}
+
+std::size_t format_payload_bytes(TokenFormat format, int hidden) {
+  const auto elements = static_cast<std::size_t>(hidden);
+  switch (format) {
+    case TokenFormat::kBf16:
+      return elements * 2;
+    case TokenFormat::kFp8Block128:
+    case TokenFormat::kMxfp8:
+      return elements;
+    case TokenFormat::kMxfp4:
+    case TokenFormat::kNvfp4:
+      return elements / 2;
+  }
+  throw ConfigError("dispatch_format = " + std::to_string(static_cast<int>(format)) + " is not a known format");
+}
+
+std::size_t format_scale_bytes(TokenFormat format, int hidden) {
+  const std::size_t blocks = static_cast<std::size_t>(hidden) / format_block_elements(format);
+  switch (format) {
+    case TokenFormat::kBf16:
+      return 0;
+    case TokenFormat::kFp8Block128:
+      return blocks * 4;  // float32
+    case TokenFormat::kMxfp4:
+    case TokenFormat::kMxfp8:
+    case TokenFormat::kNvfp4:
+      return blocks;  // one byte (e8m0 / e4m3) per block
+  }
+  throw ConfigError("dispatch_format = " + std::to_string(static_cast<int>(format)) + " is not a known format");
+}
+
+namespace {
+
+// Largest sizes accepted: well past any model, small enough that every byte count fits in 64 bits and
+// every row index in 32.
+constexpr int kMaxHidden = 1 << 16;
+constexpr int kMaxExperts = 1 << 14;
+constexpr int kMaxTokensPerRank = 1 << 16;
+constexpr int kMaxBlocks = 1 << 12;
+constexpr int kMaxAlignment = 1 << 10;
+constexpr double kMaxTimeoutSeconds = 24 * 3600.0;
+
+template <typename T>
+void require(bool ok, const char* field, T value, const std::string& allowed) {
+  if (!ok) {
+    std::ostringstream message;
+    message << "EpConfig." << field << " = " << value << " is invalid: " << allowed;
+    throw ConfigError(message.str());
+  }
+}
+
+std::string range(long long low, long long high) {
+  return "allowed range is [" + std::to_string(low) + ", " + std::to_string(high) + "]";
+}
+
+}  // namespace
+
+void EpConfig::validate(int world_size) const {
+  if (world_size < 1) {
+    throw ConfigError("world_size = " + std::to_string(world_size) + " is invalid: allowed range is [1, inf)");
+  }
+  const int format_code = static_cast<int>(dispatch_format);
+  require(format_code >= 0 && format_code <= static_cast<int>(TokenFormat::kMxfp8), "dispatch_format",
+          format_code, "allowed values are 0 (bf16) .. 4 (mxfp8)");
+  require(combine_dtype == CombineDtype::kBf16, "combine_dtype", static_cast<int>(combine_dtype),
+          "allowed value is 0 (bf16)");
+  require(hidden >= 1 && hidden <= kMaxHidden, "hidden", hidden, range(1, kMaxHidden));
+  // Token rows move in 16-byte vectors, so the payload of every format must fill whole vectors: 8 bf16
+  // elements, and for scaled formats whole scale blocks.
+  const int block = format_block_elements(dispatch_format);
+  const int multiple = std::max(block, dispatch_format == TokenFormat::kBf16 ? 8 : 32);
+  require(hidden % multiple == 0, "hidden", hidden,
+          std::string("must be a multiple of ") + std::to_string(multiple) + " for dispatch_format " +
+              to_string(dispatch_format));
+  require(num_experts >= 1 && num_experts <= kMaxExperts, "num_experts", num_experts, range(1, kMaxExperts));
+  require(num_experts % world_size == 0, "num_experts", num_experts,
+          "must be divisible by the world size " + std::to_string(world_size));
+  require(top_k >= 1 && top_k <= num_experts, "top_k", top_k, range(1, num_experts) + " (1 .. num_experts)");
+  require(max_tokens_per_rank >= 1 && max_tokens_per_rank <= kMaxTokensPerRank, "max_tokens_per_rank",
+          max_tokens_per_rank, range(1, kMaxTokensPerRank));
+  require(gpus_per_node >= 0 && gpus_per_node <= world_size, "gpus_per_node", gpus_per_node,
+          range(0, world_size) + " (0 = detect)");
+  require(gpus_per_node == 0 || world_size % gpus_per_node == 0, "gpus_per_node", gpus_per_node,
+          "must divide the world size " + std::to_string(world_size));
+  require(num_blocks >= 0 && num_blocks <= kMaxBlocks, "num_blocks", num_blocks,
+          range(0, kMaxBlocks) + " (0 = choose)");
+  require(expert_alignment >= 1 && expert_alignment <= kMaxAlignment, "expert_alignment", expert_alignment,
+          range(1, kMaxAlignment));
+  require(std::isfinite(timeout_seconds) && timeout_seconds > 0 && timeout_seconds <= kMaxTimeoutSeconds,
+          "timeout_seconds", timeout_seconds, "allowed range is (0, 86400]");
+}
+
+int EpConfig::num_local_experts(int world_size) const { return num_experts / world_size; }
+
+std::size_t EpConfig::max_recv_rows(int world_size) const {
+  const int local = num_local_experts(world_size);
+  return static_cast<std::size_t>(world_size) * max_tokens_per_rank * std::min(top_k, local) +
+         static_cast<std::size_t>(local) * (expert_alignment - 1);
+}
+
+std::string EpConfig::describe() const {
+  std::ostringstream text;
+  text << "hidden=" << hidden << " top_k=" << top_k << " experts=" << num_experts
+       << " max_tokens_per_rank=" << max_tokens_per_rank << " format=" << to_string(dispatch_format)
+       << " combine=" << to_string(combine_dtype) << " alignment=" << expert_alignment;
+  return text.str();
+}
+
+}  // namespace rocep

@@ -1,0 +1,39 @@
+#include "device.hpp"
+
+#include "gpu_check.hpp"
+
+namespace rocep {
+
+int device_count() {
+  int count = 0;
+  if (hipGetDeviceCount(&count) != hipSuccess) {
+    (void)hipGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+void set_device(int device) { ROCEP_GPU_CHECK(hipSetDevice(device)); }
+
+int current_device() {
+  int device = 0;
+  ROCEP_GPU_CHECK(hipGetDevice(&device));
+  return device;
+}
+
+uint64_t wall_clock_rate_hz(int device) {
+#if defined(ROCEP_PLATFORM_NVIDIA)
+  (void)device;
+  return 1'000'000'000;  // %globaltimer counts nanoseconds
+#elif HIP_VERSION_MAJOR >= 6
+  int kilohertz = 0;
+  ROCEP_GPU_CHECK(hipDeviceGetAttribute(&kilohertz, hipDeviceAttributeWallClockRate, device));
+  return static_cast<uint64_t>(kilohertz) * 1000;
+#else
+  // ROCm 5 cannot report it; s_memrealtime runs at a constant 100 MHz on CDNA2 and CDNA3.
+  (void)device;
+  return 100'000'000;
+#endif
+}
+
+}  // namespace rocep

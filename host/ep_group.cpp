@@ -1,0 +1,109 @@
+#include "rocep/ep_group.hpp"
+
+#include <array>
+#include <vector>
+
+#include "bootstrap.hpp"
+#include "reference.hpp"
+#include "rocep/errors.hpp"
+
+namespace rocep {
+
+const char* to_string(Backend backend) {
+  switch (backend) {
+    case Backend::kAuto:
+      return "auto";
+    case Backend::kGpu:
+      return "gpu";
+    case Backend::kCpuReference:
+      return "cpu-reference";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// Every field of the config, in a form whose equality is field equality (no padding bytes).
+std::array<double, 11> config_fields(const EpConfig& config) {
+  return {static_cast<double>(config.hidden),
+          static_cast<double>(config.top_k),
+          static_cast<double>(config.num_experts),
+          static_cast<double>(config.max_tokens_per_rank),
+          static_cast<double>(config.dispatch_format),
+          static_cast<double>(config.combine_dtype),
+          static_cast<double>(config.gpus_per_node),
+          static_cast<double>(config.num_blocks),
+          static_cast<double>(config.expert_alignment),
+          config.timeout_seconds,
+          0.0};
+}
+
+// Collective: throws ConfigError on every rank unless all ranks passed the same config and backend.
+void require_same_config(Bootstrap& bootstrap, const EpConfig& config, Backend backend) {
+  auto mine = config_fields(config);
+  mine.back() = static_cast<double>(backend);
+  std::vector<std::array<double, 11>> all(bootstrap.size());
+  bootstrap.all_gather(&mine, all.data(), sizeof mine);
+  for (int peer = 0; peer < bootstrap.size(); ++peer) {
+    if (all[peer] != all[0]) {
+      throw ConfigError("EpGroup: rank " + std::to_string(peer) +
+                        " passed a different EpConfig or backend than rank 0; every rank must pass the same");
+    }
+  }
+}
+
+}  // namespace
+
+struct EpGroup::Impl {
+  Impl(MPI_Comm comm, const EpConfig& group_config, Backend requested)
+      : bootstrap(comm), config(group_config), backend(requested) {
+    config.validate(bootstrap.size());
+    require_same_config(bootstrap, config, requested);
+    if (backend == Backend::kGpu) {
+      throw ConfigError("EpGroup: backend gpu is not available in this version of rocep; use cpu-reference");
+    }
+    backend = Backend::kCpuReference;
+    reference = std::make_unique<reference::ReferenceEp>(bootstrap.comm(), config);
+  }
+
+  MpiBootstrap bootstrap;
+  EpConfig config;
+  Backend backend;
+  std::unique_ptr<reference::ReferenceEp> reference;
+};
+
+EpGroup::EpGroup(MPI_Comm comm, const EpConfig& config, Backend backend)
+    : impl_(std::make_unique<Impl>(comm, config, backend)) {}
+EpGroup::~EpGroup() = default;
+EpGroup::EpGroup(EpGroup&&) noexcept = default;
+EpGroup& EpGroup::operator=(EpGroup&&) noexcept = default;
+
+int EpGroup::rank() const { return impl_->bootstrap.rank(); }
+int EpGroup::world_size() const { return impl_->bootstrap.size(); }
+const EpConfig& EpGroup::config() const { return impl_->config; }
+Backend EpGroup::backend() const { return impl_->backend; }
+int EpGroup::num_local_experts() const { return impl_->config.num_local_experts(world_size()); }
+std::size_t EpGroup::max_recv_rows() const { return impl_->config.max_recv_rows(world_size()); }
+std::size_t EpGroup::memory_bytes() const { return 0; }  // the reference keeps only transient host vectors
+
+void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {
+  dispatch_send(inputs, stream);
+  dispatch_recv(outputs, stream);
+}
+
+void EpGroup::dispatch_send(const DispatchInputs& inputs, void* /*stream*/) { impl_->reference->dispatch_send(inputs); }
+
+void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* /*stream*/) {
+  impl_->reference->dispatch_recv(outputs);
+}
+
+void EpGroup::combine(const CombineArgs& args, void* stream) {
+  combine_send(args, stream);
+  combine_recv(args, stream);
+}
+
+void EpGroup::combine_send(const CombineArgs& args, void* /*stream*/) { impl_->reference->combine_send(args); }
+
+void EpGroup::combine_recv(const CombineArgs& args, void* /*stream*/) { impl_->reference->combine_recv(args); }
+
+}  // namespace rocep

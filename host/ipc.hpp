@@ -1,0 +1,61 @@
+// Sharing device buffers between the processes of one node: export a handle, send its bytes through the
+// bootstrap, open it in the peer. The mapping is closed when its owner is destroyed.
+#pragma once
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "bootstrap.hpp"
+#include "device_memory.hpp"
+#include "hip/platform.hpp"
+
+namespace rocep {
+
+// What travels between processes to name one buffer: the runtime's handle plus the buffer's size (so the
+// importer can bound its accesses).
+struct IpcBufferHandle {
+  hipIpcMemHandle_t handle;
+  std::size_t bytes;
+};
+
+IpcBufferHandle export_ipc(const DeviceBuffer& buffer);
+
+// A peer's buffer mapped into this process.
+class IpcMapping {
+ public:
+  IpcMapping() = default;
+  explicit IpcMapping(const IpcBufferHandle& handle);
+  ~IpcMapping();
+  IpcMapping(IpcMapping&& other) noexcept
+      : pointer_(std::exchange(other.pointer_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  IpcMapping& operator=(IpcMapping&& other) noexcept {
+    std::swap(pointer_, other.pointer_);
+    std::swap(bytes_, other.bytes_);
+    return *this;
+  }
+  IpcMapping(const IpcMapping&) = delete;
+  IpcMapping& operator=(const IpcMapping&) = delete;
+
+  void* get() const { return pointer_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* pointer_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// Collective over `node`: every rank exports `local` and maps every other rank's. Entry i of the result
+// is rank i's buffer as seen from this process; this rank's own entry is `local` itself (no mapping).
+class PeerBuffers {
+ public:
+  PeerBuffers(Bootstrap& node, const DeviceBuffer& local);
+  const std::vector<void*>& pointers() const { return pointers_; }
+  void* operator[](int rank) const { return pointers_[rank]; }
+
+ private:
+  std::vector<IpcMapping> mappings_;
+  std::vector<void*> pointers_;
+};
+
+}  // namespace rocep

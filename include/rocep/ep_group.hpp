@@ -1,0 +1,82 @@
+// EpGroup: one expert-parallel group of ranks and everything its dispatch and combine calls need (receive
+// buffers, counters, peer tables). Created collectively, destroyed collectively.
+//
+// Streams: `stream` is a hipStream_t (AMD) or cudaStream_t (NVIDIA); both convert to void* implicitly, and
+// nullptr is the default stream. The CPU reference backend ignores it and works on host memory.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <memory>
+
+#include "config.hpp"
+#include "types.hpp"
+
+namespace rocep {
+
+enum class Backend {
+  kAuto,          // the GPU when this build has GPU kernels and a GPU is visible, else the CPU reference
+  kGpu,           // kernels on the GPU; every pointer is device memory
+  kCpuReference,  // the CPU reference implementation over MPI; every pointer is host memory
+};
+
+const char* to_string(Backend backend);
+
+class EpGroup {
+ public:
+  // Collective over `comm`: every rank of `comm` must call it with an equal `config` and `backend`.
+  // Allocates: yes (receive buffers, counters, peer tables; see memory_bytes()). Not graph-safe.
+  // Errors: ConfigError if config.validate(size of comm) fails, if the configs of the ranks differ, or if
+  // kGpu is asked for and this build or machine has no GPU; GpuRuntimeError / BootstrapError if allocation
+  // or the IPC exchange fails.
+  // `comm` is duplicated; the caller may free its own handle afterwards.
+  EpGroup(MPI_Comm comm, const EpConfig& config, Backend backend = Backend::kAuto);
+  // Collective: every rank must destroy its group. Waits for no device work: synchronise the streams the
+  // group's calls ran on first.
+  ~EpGroup();
+  EpGroup(EpGroup&&) noexcept;
+  EpGroup& operator=(EpGroup&&) noexcept;
+  EpGroup(const EpGroup&) = delete;
+  EpGroup& operator=(const EpGroup&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  const EpConfig& config() const;
+  Backend backend() const;
+  int num_local_experts() const;       // L = num_experts / world_size
+  std::size_t max_recv_rows() const;   // R: rows to allocate for DispatchOutputs and expert outputs
+  std::size_t memory_bytes() const;    // bytes the group allocated for itself (outputs not included)
+
+  // dispatch = dispatch_send + dispatch_recv.
+  // Collective: every rank calls it, in the same order relative to combine, with its own inputs (0 tokens
+  // is allowed). Allocates: no. Graph-safe: yes on the GPU backend (no host synchronisation).
+  // Errors: InvalidInputError before any work if num_tokens is outside [0, max_tokens_per_rank] or a pointer
+  // is null; InvalidInputError naming rank, token and slot for an expert id outside [-1, num_experts) or an
+  // expert named twice by one token (nothing is stored for it); TimeoutError naming the peer if a peer does
+  // not send within config().timeout_seconds.
+  void dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream = nullptr);
+  // Sends this rank's tokens, once per destination rank, with the ids and weights that concern that rank.
+  // Returns once the sends are issued; the inputs must stay valid until dispatch_recv has returned.
+  void dispatch_send(const DispatchInputs& inputs, void* stream = nullptr);
+  // Waits for every peer's tokens and lays them out expert by expert into `outputs`.
+  void dispatch_recv(const DispatchOutputs& outputs, void* stream = nullptr);
+
+  // combine = combine_send + combine_recv. Combines the rows of the latest dispatch of this group.
+  // Collective, allocates nothing, graph-safe on the GPU backend. Weighted (row_weights set): the rows of
+  // one token that sit on one rank are reduced there (float32 fused multiply-add in ascending k, rounded
+  // to bf16) and only that partial crosses the link; the source sums the partials in float32 in ascending
+  // rank order, adds the shared-expert row and rounds to bf16 once. Errors: InvalidInputError for a null
+  // pointer or a combine without a dispatch before it; TimeoutError naming the peer.
+  void combine(const CombineArgs& args, void* stream = nullptr);
+  // Sends the expert outputs (reduced per token when weighted) back to the ranks the tokens came from.
+  void combine_send(const CombineArgs& args, void* stream = nullptr);
+  // Waits for every peer's rows and writes args.out.
+  void combine_recv(const CombineArgs& args, void* stream = nullptr);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rocep

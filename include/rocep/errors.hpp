@@ -1,0 +1,49 @@
+// Typed exceptions thrown by every rocep call. All derive from rocep::Error, so one catch clause handles
+// them all; the subclasses let a server tell a bad configuration (fix the code) from a timeout (a peer is
+// gone) from bad routing data (fix the router).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace rocep {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+// An EpConfig field, or a call argument, is outside its allowed range. The message names the field, the
+// value and the allowed range.
+class ConfigError : public Error {
+ public:
+  explicit ConfigError(const std::string& message) : Error(message) {}
+};
+
+// The HIP/CUDA runtime returned an error. The message holds the runtime's own text and the file:line of the
+// failing call.
+class GpuRuntimeError : public Error {
+ public:
+  explicit GpuRuntimeError(const std::string& message) : Error(message) {}
+};
+
+// A bounded wait ran out: the message names the operation, the peer rank and what was awaited.
+class TimeoutError : public Error {
+ public:
+  explicit TimeoutError(const std::string& message) : Error(message) {}
+};
+
+// Data handed to a call is invalid (an expert id out of range, a token count above the maximum, ...). The
+// message names the rank, the token and the slot where they are known.
+class InvalidInputError : public Error {
+ public:
+  explicit InvalidInputError(const std::string& message) : Error(message) {}
+};
+
+// The MPI bootstrap (communicator split, handle exchange) failed.
+class BootstrapError : public Error {
+ public:
+  explicit BootstrapError(const std::string& message) : Error(message) {}
+};
+
+}  // namespace rocep

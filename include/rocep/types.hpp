@@ -1,0 +1,65 @@
+// Plain argument structs of dispatch and combine. Every pointer is device memory on the GPU backend and host
+// memory on the CPU reference backend; shapes are given in elements.
+#pragma once
+
+#include <cstdint>
+
+namespace rocep {
+
+// bf16 values travel as their raw 16-bit pattern.
+using bf16_bits = uint16_t;
+
+// Origin of one dispatched row. Padding rows (expert_alignment) have rank = token = k = -1.
+struct SrcInfo {
+  int32_t rank;   // source rank of the token
+  int32_t token;  // index of the token on its source rank
+  int32_t k;      // top-k slot of the (token, expert) pair on the source rank
+};
+
+// What one rank hands to dispatch.
+struct DispatchInputs {
+  // [num_tokens, hidden] in EpConfig::dispatch_format (bf16 for kBf16).
+  const void* tokens = nullptr;
+  // [num_tokens, top_k] expert ids in [-1, num_experts); -1 = no expert for that slot. A token names each
+  // expert at most once.
+  const int32_t* topk_ids = nullptr;
+  // [num_tokens, top_k] router weights.
+  const float* topk_weights = nullptr;
+  // Tokens on this rank, 0 <= num_tokens <= max_tokens_per_rank.
+  int num_tokens = 0;
+  // Optional: when set, the token count is read from here (device memory on the GPU backend) instead of
+  // num_tokens, so a captured graph can be replayed with a different count.
+  const int32_t* num_tokens_on_device = nullptr;
+};
+
+// Where dispatch writes on the receiving rank. Sizes use R = EpConfig::max_recv_rows(world_size) and
+// L = EpConfig::num_local_experts(world_size).
+//
+// Row order: expert by expert (local expert 0 first); inside one expert by source rank, then source token,
+// then k. Expert e's rows are [row_offsets[e], row_offsets[e+1]); with expert_alignment > 1 each expert's
+// segment ends with zeroed padding rows whose src_info is {-1, -1, -1} and whose weight is 0.
+struct DispatchOutputs {
+  void* recv_tokens = nullptr;        // [R, hidden] in the dispatch format's payload type
+  uint32_t* row_offsets = nullptr;    // [L + 1]
+  int32_t* expert_ids = nullptr;      // [L]: local expert of each group (identity)
+  SrcInfo* src_info = nullptr;        // [R]
+  float* recv_weights = nullptr;      // [R]: router weight of the row's (token, expert) pair
+  // Optional [L]: every call adds the rows each local expert received (padding excluded).
+  int64_t* expert_token_counts = nullptr;
+};
+
+// What combine reads and writes on every rank.
+struct CombineArgs {
+  // [R, hidden] bf16: one expert output row per dispatched row, in the order dispatch produced them.
+  const void* expert_outputs = nullptr;
+  // [R] weight of each dispatched row, normally DispatchOutputs::recv_weights of the matching dispatch.
+  // Set: out[t] = sum_k w[t,k] * y[t,k], out is [num_tokens, hidden].
+  // Null: the rows come back unreduced, out is [num_tokens, top_k, hidden]; slots with id -1 are zero.
+  const float* row_weights = nullptr;
+  // Optional [num_tokens, hidden] bf16 added (in float32) to the weighted sum before the store.
+  const void* shared_expert_output = nullptr;
+  // Where the combined tokens go; num_tokens is that of the matching dispatch.
+  void* out = nullptr;
+};
+
+}  // namespace rocep
