@@ -29,7 +29,7 @@ __device__ inline T load_acquire(const T* address) {
 #if defined(ROCEP_PLATFORM_AMD)
   return __hip_atomic_load(address, __ATOMIC_ACQUIRE, kHipScope<S>);
 #else
-  return cuda::atomic_ref<T, kCudaScope<S>>(*const_cast<T*>(address)).load(cuda::memory_order_acquire);
+  return cuda::atomic_ref<T, kCudaScope<S> >(*const_cast<T*>(address)).load(cuda::memory_order_acquire);
 #endif
 }
 
@@ -39,7 +39,7 @@ __device__ inline void store_release(T* address, T value) {
 #if defined(ROCEP_PLATFORM_AMD)
   __hip_atomic_store(address, value, __ATOMIC_RELEASE, kHipScope<S>);
 #else
-  cuda::atomic_ref<T, kCudaScope<S>>(*address).store(value, cuda::memory_order_release);
+  cuda::atomic_ref<T, kCudaScope<S> >(*address).store(value, cuda::memory_order_release);
 #endif
 }
 
@@ -49,7 +49,7 @@ __device__ inline T fetch_add_relaxed(T* address, T value) {
 #if defined(ROCEP_PLATFORM_AMD)
   return __hip_atomic_fetch_add(address, value, __ATOMIC_RELAXED, kHipScope<S>);
 #else
-  return cuda::atomic_ref<T, kCudaScope<S>>(*address).fetch_add(value, cuda::memory_order_relaxed);
+  return cuda::atomic_ref<T, kCudaScope<S> >(*address).fetch_add(value, cuda::memory_order_relaxed);
 #endif
 }
 

@@ -11,7 +11,11 @@ namespace rocep::device {
 
 __device__ inline uint64_t wall_clock_ticks() {
 #if defined(ROCEP_PLATFORM_AMD)
-  return static_cast<uint64_t>(wall_clock64());  // s_memrealtime
+#if defined(__HIP_DEVICE_COMPILE__)
+  return __builtin_amdgcn_s_memrealtime();
+#else
+  return 0;  // the host pass of a HIP compile parses device code but never runs it
+#endif
 #else
   uint64_t nanoseconds;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(nanoseconds));

@@ -1,7 +1,7 @@
 // The one place that knows which GPU runtime is underneath. On AMD it includes the HIP runtime; on NVIDIA it
-// includes the CUDA runtime and maps exactly the HIP names rocep uses onto their CUDA twins (the HIP-on-NVIDIA
-// headers of ROCm 5.2 do not compile against CUDA 13, so the project carries this small table instead).
-// Kernels are launched with the <<<...>>> syntax, which both compilers accept.
+// includes the CUDA runtime and maps exactly the HIP names rocep uses onto their CUDA twins (the
+// HIP-on-NVIDIA headers of ROCm 5.2 do not compile against CUDA 13, so the project carries this small table
+// instead). Kernels are launched with the <<<...>>> syntax, which both compilers accept.
 #pragma once
 
 #include "portable.hpp"

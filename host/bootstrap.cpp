@@ -47,7 +47,8 @@ MpiBootstrap::~MpiBootstrap() {
 
 void MpiBootstrap::all_gather(const void* sent, void* received, std::size_t bytes) {
   if (bytes > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    throw BootstrapError("MpiBootstrap::all_gather: " + std::to_string(bytes) + " bytes per rank exceeds int");
+    throw BootstrapError("MpiBootstrap::all_gather: " + std::to_string(bytes) +
+                         " bytes per rank exceeds int");
   }
   const int count = static_cast<int>(bytes);
   // MPI forbids aliasing the send and receive buffers; MPI_IN_PLACE expects the contribution in place.
@@ -58,7 +59,9 @@ void MpiBootstrap::all_gather(const void* sent, void* received, std::size_t byte
   }
 }
 
-void MpiBootstrap::barrier() { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+void MpiBootstrap::barrier() {
+  check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+}
 
 std::unique_ptr<MpiBootstrap> MpiBootstrap::split_node() const {
   MPI_Comm node_comm = MPI_COMM_NULL;
@@ -71,8 +74,8 @@ std::unique_ptr<MpiBootstrap> MpiBootstrap::split_node() const {
 
 int device_for_local_rank(int local_rank, int device_count, const char* override_text) {
   if (device_count < 1) {
-    throw ConfigError("device_for_local_rank: no GPU is visible (device count " + std::to_string(device_count) +
-                      ")");
+    throw ConfigError("device_for_local_rank: no GPU is visible (device count " +
+                      std::to_string(device_count) + ")");
   }
   if (override_text == nullptr || *override_text == '\0') {
     return local_rank % device_count;
@@ -80,8 +83,8 @@ int device_for_local_rank(int local_rank, int device_count, const char* override
   char* end = nullptr;
   const long device = std::strtol(override_text, &end, 10);
   if (*end != '\0' || device < 0 || device >= device_count) {
-    throw ConfigError(std::string("ROCEP_DEVICE = '") + override_text + "' is invalid: allowed range is [0, " +
-                      std::to_string(device_count - 1) + "]");
+    throw ConfigError(std::string("ROCEP_DEVICE = '") + override_text +
+                      "' is invalid: allowed range is [0, " + std::to_string(device_count - 1) + "]");
   }
   return static_cast<int>(device);
 }

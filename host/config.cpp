@@ -44,7 +44,8 @@ int format_block_elements(TokenFormat format) {
     case TokenFormat::kNvfp4:
       return 16;
   }
-  throw ConfigError("dispatch_format = " + std::to_string(static_cast<int>(format)) + " is not a known format");
+  throw ConfigError("dispatch_format = " + std::to_string(static_cast<int>(format)) +
+                    " is not a known format");
 }
 
 std::size_t format_payload_bytes(TokenFormat format, int hidden) {
@@ -59,7 +60,8 @@ std::size_t format_payload_bytes(TokenFormat format, int hidden) {
     case TokenFormat::kNvfp4:
       return elements / 2;
   }
-  throw ConfigError("dispatch_format = " + std::to_string(static_cast<int>(format)) + " is not a known format");
+  throw ConfigError("dispatch_format = " + std::to_string(static_cast<int>(format)) +
+                    " is not a known format");
 }
 
 std::size_t format_scale_bytes(TokenFormat format, int hidden) {
@@ -74,7 +76,8 @@ std::size_t format_scale_bytes(TokenFormat format, int hidden) {
     case TokenFormat::kNvfp4:
       return blocks;  // one byte (e8m0 / e4m3) per block
   }
-  throw ConfigError("dispatch_format = " + std::to_string(static_cast<int>(format)) + " is not a known format");
+  throw ConfigError("dispatch_format = " + std::to_string(static_cast<int>(format)) +
+                    " is not a known format");
 }
 
 namespace {
@@ -105,7 +108,8 @@ std::string range(long long low, long long high) {
 
 void EpConfig::validate(int world_size) const {
   if (world_size < 1) {
-    throw ConfigError("world_size = " + std::to_string(world_size) + " is invalid: allowed range is [1, inf)");
+    throw ConfigError("world_size = " + std::to_string(world_size) +
+                      " is invalid: allowed range is [1, inf)");
   }
   const int format_code = static_cast<int>(dispatch_format);
   require(format_code >= 0 && format_code <= static_cast<int>(TokenFormat::kMxfp8), "dispatch_format",
@@ -138,7 +142,9 @@ void EpConfig::validate(int world_size) const {
           "timeout_seconds", timeout_seconds, "allowed range is (0, 86400]");
 }
 
-int EpConfig::num_local_experts(int world_size) const { return num_experts / world_size; }
+int EpConfig::num_local_experts(int world_size) const {
+  return num_experts / world_size;
+}
 
 std::size_t EpConfig::max_recv_rows(int world_size) const {
   const int local = num_local_experts(world_size);

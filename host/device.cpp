@@ -13,7 +13,9 @@ int device_count() {
   return count;
 }
 
-void set_device(int device) { ROCEP_GPU_CHECK(hipSetDevice(device)); }
+void set_device(int device) {
+  ROCEP_GPU_CHECK(hipSetDevice(device));
+}
 
 int current_device() {
   int device = 0;

@@ -48,7 +48,9 @@ PinnedHostBuffer::~PinnedHostBuffer() {
   }
 }
 
-Stream::Stream() { ROCEP_GPU_CHECK(hipStreamCreateWithFlags(&stream_, hipStreamNonBlocking)); }
+Stream::Stream() {
+  ROCEP_GPU_CHECK(hipStreamCreateWithFlags(&stream_, hipStreamNonBlocking));
+}
 
 Stream::~Stream() {
   if (stream_ != nullptr) {
@@ -56,7 +58,9 @@ Stream::~Stream() {
   }
 }
 
-void Stream::synchronize() const { ROCEP_GPU_CHECK(hipStreamSynchronize(stream_)); }
+void Stream::synchronize() const {
+  ROCEP_GPU_CHECK(hipStreamSynchronize(stream_));
+}
 
 Event::Event(bool timing) {
   ROCEP_GPU_CHECK(hipEventCreateWithFlags(&event_, timing ? hipEventDefault : hipEventDisableTiming));
@@ -68,9 +72,13 @@ Event::~Event() {
   }
 }
 
-void Event::record(hipStream_t stream) const { ROCEP_GPU_CHECK(hipEventRecord(event_, stream)); }
+void Event::record(hipStream_t stream) const {
+  ROCEP_GPU_CHECK(hipEventRecord(event_, stream));
+}
 
-void Event::synchronize() const { ROCEP_GPU_CHECK(hipEventSynchronize(event_)); }
+void Event::synchronize() const {
+  ROCEP_GPU_CHECK(hipEventSynchronize(event_));
+}
 
 float Event::elapsed_ms_since(const Event& start) const {
   float milliseconds = 0;

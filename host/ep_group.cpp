@@ -78,20 +78,36 @@ EpGroup::~EpGroup() = default;
 EpGroup::EpGroup(EpGroup&&) noexcept = default;
 EpGroup& EpGroup::operator=(EpGroup&&) noexcept = default;
 
-int EpGroup::rank() const { return impl_->bootstrap.rank(); }
-int EpGroup::world_size() const { return impl_->bootstrap.size(); }
-const EpConfig& EpGroup::config() const { return impl_->config; }
-Backend EpGroup::backend() const { return impl_->backend; }
-int EpGroup::num_local_experts() const { return impl_->config.num_local_experts(world_size()); }
-std::size_t EpGroup::max_recv_rows() const { return impl_->config.max_recv_rows(world_size()); }
-std::size_t EpGroup::memory_bytes() const { return 0; }  // the reference keeps only transient host vectors
+int EpGroup::rank() const {
+  return impl_->bootstrap.rank();
+}
+int EpGroup::world_size() const {
+  return impl_->bootstrap.size();
+}
+const EpConfig& EpGroup::config() const {
+  return impl_->config;
+}
+Backend EpGroup::backend() const {
+  return impl_->backend;
+}
+int EpGroup::num_local_experts() const {
+  return impl_->config.num_local_experts(world_size());
+}
+std::size_t EpGroup::max_recv_rows() const {
+  return impl_->config.max_recv_rows(world_size());
+}
+std::size_t EpGroup::memory_bytes() const {
+  return 0;
+}  // the reference keeps only transient host vectors
 
 void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {
   dispatch_send(inputs, stream);
   dispatch_recv(outputs, stream);
 }
 
-void EpGroup::dispatch_send(const DispatchInputs& inputs, void* /*stream*/) { impl_->reference->dispatch_send(inputs); }
+void EpGroup::dispatch_send(const DispatchInputs& inputs, void* /*stream*/) {
+  impl_->reference->dispatch_send(inputs);
+}
 
 void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* /*stream*/) {
   impl_->reference->dispatch_recv(outputs);
@@ -102,8 +118,12 @@ void EpGroup::combine(const CombineArgs& args, void* stream) {
   combine_recv(args, stream);
 }
 
-void EpGroup::combine_send(const CombineArgs& args, void* /*stream*/) { impl_->reference->combine_send(args); }
+void EpGroup::combine_send(const CombineArgs& args, void* /*stream*/) {
+  impl_->reference->combine_send(args);
+}
 
-void EpGroup::combine_recv(const CombineArgs& args, void* /*stream*/) { impl_->reference->combine_recv(args); }
+void EpGroup::combine_recv(const CombineArgs& args, void* /*stream*/) {
+  impl_->reference->combine_recv(args);
+}
 
 }  // namespace rocep

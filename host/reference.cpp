@@ -116,24 +116,27 @@ ReferenceEp::ReferenceEp(MPI_Comm comm, const EpConfig& config) : bootstrap_(com
 void ReferenceEp::dispatch_send(const DispatchInputs& inputs) {
   const int world = world_size();
   const int top_k = config_.top_k;
-  const int num_tokens = inputs.num_tokens_on_device != nullptr ? *inputs.num_tokens_on_device : inputs.num_tokens;
+  const int num_tokens =
+      inputs.num_tokens_on_device != nullptr ? *inputs.num_tokens_on_device : inputs.num_tokens;
 
   // Validate everything before anything moves; every rank learns whether any rank failed.
   std::string error;
   if (dispatch_sent_) {
     error = "dispatch_send called twice without dispatch_recv";
   } else if (num_tokens < 0 || num_tokens > config_.max_tokens_per_rank) {
-    error = "dispatch: rank " + std::to_string(rank()) + " passed num_tokens = " + std::to_string(num_tokens) +
-            ", allowed range is [0, " + std::to_string(config_.max_tokens_per_rank) + "]";
-  } else if (num_tokens > 0 && (inputs.tokens == nullptr || inputs.topk_ids == nullptr ||
-                                inputs.topk_weights == nullptr)) {
-    error = "dispatch: rank " + std::to_string(rank()) + " passed a null tokens/topk_ids/topk_weights pointer";
+    error = "dispatch: rank " + std::to_string(rank()) +
+            " passed num_tokens = " + std::to_string(num_tokens) + ", allowed range is [0, " +
+            std::to_string(config_.max_tokens_per_rank) + "]";
+  } else if (num_tokens > 0 &&
+             (inputs.tokens == nullptr || inputs.topk_ids == nullptr || inputs.topk_weights == nullptr)) {
+    error =
+        "dispatch: rank " + std::to_string(rank()) + " passed a null tokens/topk_ids/topk_weights pointer";
   }
   for (int token = 0; error.empty() && token < num_tokens; ++token) {
     const int32_t* ids = inputs.topk_ids + static_cast<std::size_t>(token) * top_k;
     for (int k = 0; error.empty() && k < top_k; ++k) {
-      const std::string where = "dispatch: rank " + std::to_string(rank()) + " token " + std::to_string(token) +
-                                " slot " + std::to_string(k);
+      const std::string where = "dispatch: rank " + std::to_string(rank()) + " token " +
+                                std::to_string(token) + " slot " + std::to_string(k);
       if (ids[k] < -1 || ids[k] >= config_.num_experts) {
         error = where + ": expert id " + std::to_string(ids[k]) + " is outside [-1, " +
                 std::to_string(config_.num_experts) + ")";
@@ -180,8 +183,9 @@ void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs) {
   std::string error;
   if (!dispatch_sent_) {
     error = "dispatch_recv called without dispatch_send";
-  } else if (outputs.recv_tokens == nullptr || outputs.row_offsets == nullptr || outputs.expert_ids == nullptr ||
-             outputs.src_info == nullptr || outputs.recv_weights == nullptr) {
+  } else if (outputs.recv_tokens == nullptr || outputs.row_offsets == nullptr ||
+             outputs.expert_ids == nullptr || outputs.src_info == nullptr ||
+             outputs.recv_weights == nullptr) {
     error = "dispatch_recv: rank " + std::to_string(rank()) + " passed a null output pointer";
   }
   agree_on_input_errors(bootstrap_.comm(), error, "dispatch_recv");
@@ -199,7 +203,8 @@ void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs) {
   for (int source = 0; source < world; ++source) {
     MessageReader reader(received_messages_[source]);
     while (!reader.done()) {
-      Arrival arrival{reader.read_one<int32_t>(), std::vector<int32_t>(top_k), std::vector<float>(top_k), nullptr};
+      Arrival arrival{reader.read_one<int32_t>(), std::vector<int32_t>(top_k), std::vector<float>(top_k),
+                      nullptr};
       reader.read(arrival.ids.data(), top_k);
       reader.read(arrival.weights.data(), top_k);
       arrival.payload = reader.skip(payload_bytes);
@@ -316,7 +321,8 @@ void ReferenceEp::combine_recv(const CombineArgs& args) {
   // Which ranks got each token, from the ids this rank dispatched.
   auto rank_has_token = [&](int token, int destination) {
     const int32_t* ids = sent_topk_ids_.data() + static_cast<std::size_t>(token) * top_k;
-    return std::any_of(ids, ids + top_k, [&](int32_t id) { return id >= 0 && id / local_experts_ == destination; });
+    return std::any_of(ids, ids + top_k,
+                       [&](int32_t id) { return id >= 0 && id / local_experts_ == destination; });
   };
   auto* out = static_cast<bf16_bits*>(args.out);
   const auto* shared = static_cast<const bf16_bits*>(args.shared_expert_output);

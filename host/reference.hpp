@@ -51,7 +51,7 @@ class ReferenceEp {
   bool dispatch_sent_ = false;
   // dispatch -> combine
   int sent_tokens_ = 0;
-  std::vector<int32_t> sent_topk_ids_;                     // [sent_tokens_, top_k]
+  std::vector<int32_t> sent_topk_ids_;                       // [sent_tokens_, top_k]
   std::vector<std::vector<ReceivedToken>> received_tokens_;  // per source rank, in arrival order
   bool dispatched_ = false;
   // combine_send -> combine_recv

@@ -14,8 +14,8 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (result.failed()) {
-      std::fprintf(stderr, "[rank %d] FAILURE at %s:%d\n%s\n", rank_, result.file_name() ? result.file_name() : "?",
-                   result.line_number(), result.summary());
+      std::fprintf(stderr, "[rank %d] FAILURE at %s:%d\n%s\n", rank_,
+                   result.file_name() ? result.file_name() : "?", result.line_number(), result.summary());
     }
   }
   void OnTestEnd(const ::testing::TestInfo& info) override {

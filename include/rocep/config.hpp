@@ -9,11 +9,11 @@ namespace rocep {
 
 // How tokens travel in dispatch (DESIGN: token formats).
 enum class TokenFormat : int32_t {
-  kBf16 = 0,          // hidden x 2 bytes, no scales
-  kFp8Block128 = 1,   // hidden x 1 byte e4m3 (fn or fnuz by target) + one float32 scale per 128 elements
-  kMxfp4 = 2,         // hidden / 2 bytes e2m1 + one e8m0 scale per 32 elements
-  kNvfp4 = 3,         // hidden / 2 bytes e2m1 + one e4m3 scale per 16 elements + a float32 global scale
-  kMxfp8 = 4,         // hidden x 1 byte e4m3 + one e8m0 scale per 32 elements
+  kBf16 = 0,         // hidden x 2 bytes, no scales
+  kFp8Block128 = 1,  // hidden x 1 byte e4m3 (fn or fnuz by target) + one float32 scale per 128 elements
+  kMxfp4 = 2,        // hidden / 2 bytes e2m1 + one e8m0 scale per 32 elements
+  kNvfp4 = 3,        // hidden / 2 bytes e2m1 + one e4m3 scale per 16 elements + a float32 global scale
+  kMxfp8 = 4,        // hidden x 1 byte e4m3 + one e8m0 scale per 32 elements
 };
 
 // Element type of the expert outputs that combine reads and of the combined tokens it writes.
@@ -32,16 +32,16 @@ std::size_t format_payload_bytes(TokenFormat format, int hidden);
 std::size_t format_scale_bytes(TokenFormat format, int hidden);
 
 struct EpConfig {
-  int hidden = 7168;                 // elements per token
-  int top_k = 8;                     // experts per token
-  int num_experts = 256;             // experts over the whole group, split evenly over the ranks
-  int max_tokens_per_rank = 128;     // upper bound on the tokens any rank passes to one call
+  int hidden = 7168;              // elements per token
+  int top_k = 8;                  // experts per token
+  int num_experts = 256;          // experts over the whole group, split evenly over the ranks
+  int max_tokens_per_rank = 128;  // upper bound on the tokens any rank passes to one call
   TokenFormat dispatch_format = TokenFormat::kBf16;
   CombineDtype combine_dtype = CombineDtype::kBf16;
-  int gpus_per_node = 0;             // ranks that share a node (and reach each other by IPC); 0 = detect
-  int num_blocks = 0;                // blocks per communication kernel; 0 = choose from the device
-  int expert_alignment = 1;          // each expert's rows padded to a multiple of this (padding rows invalid)
-  double timeout_seconds = 10.0;     // bound on every device-side wait
+  int gpus_per_node = 0;          // ranks that share a node (and reach each other by IPC); 0 = detect
+  int num_blocks = 0;             // blocks per communication kernel; 0 = choose from the device
+  int expert_alignment = 1;       // each expert's rows padded to a multiple of this (padding rows invalid)
+  double timeout_seconds = 10.0;  // bound on every device-side wait
 
   // Throws ConfigError naming the first offending field, its value and the allowed range. `world_size` is
   // the number of ranks of the group: num_experts must divide evenly among them.

@@ -44,9 +44,9 @@ class EpGroup {
   int world_size() const;
   const EpConfig& config() const;
   Backend backend() const;
-  int num_local_experts() const;       // L = num_experts / world_size
-  std::size_t max_recv_rows() const;   // R: rows to allocate for DispatchOutputs and expert outputs
-  std::size_t memory_bytes() const;    // bytes the group allocated for itself (outputs not included)
+  int num_local_experts() const;      // L = num_experts / world_size
+  std::size_t max_recv_rows() const;  // R: rows to allocate for DispatchOutputs and expert outputs
+  std::size_t memory_bytes() const;   // bytes the group allocated for itself (outputs not included)
 
   // dispatch = dispatch_send + dispatch_recv.
   // Collective: every rank calls it, in the same order relative to combine, with its own inputs (0 tokens

@@ -39,11 +39,11 @@ struct DispatchInputs {
 // then k. Expert e's rows are [row_offsets[e], row_offsets[e+1]); with expert_alignment > 1 each expert's
 // segment ends with zeroed padding rows whose src_info is {-1, -1, -1} and whose weight is 0.
 struct DispatchOutputs {
-  void* recv_tokens = nullptr;        // [R, hidden] in the dispatch format's payload type
-  uint32_t* row_offsets = nullptr;    // [L + 1]
-  int32_t* expert_ids = nullptr;      // [L]: local expert of each group (identity)
-  SrcInfo* src_info = nullptr;        // [R]
-  float* recv_weights = nullptr;      // [R]: router weight of the row's (token, expert) pair
+  void* recv_tokens = nullptr;      // [R, hidden] in the dispatch format's payload type
+  uint32_t* row_offsets = nullptr;  // [L + 1]
+  int32_t* expert_ids = nullptr;    // [L]: local expert of each group (identity)
+  SrcInfo* src_info = nullptr;      // [R]
+  float* recv_weights = nullptr;    // [R]: router weight of the row's (token, expert) pair
   // Optional [L]: every call adds the rows each local expert received (padding excluded).
   int64_t* expert_token_counts = nullptr;
 };

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The main job: builds rocep and runs the dispatch/combine benchmark with one MPI rank per GPU. Without a
+# GPU (or with fewer than 2) it runs 2 ranks on the CPU reference backend and says so.
+#   bench/run.sh [rocep_bench flags, e.g. --tokens=128,4096 --iterations=50]
+#   ROCEP_BUILD_DIR, ROCEP_CMAKE_ARGS as for tests/run.sh; ROCEP_RANKS overrides the rank count.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bash "$root/.ci/install-deps"
+build=${ROCEP_BUILD_DIR:-$root/build/bench}
+# shellcheck disable=SC2086 # ROCEP_CMAKE_ARGS holds several arguments
+cmake -S "$root" -B "$build" -DROCEP_BUILD_TESTS=OFF ${ROCEP_CMAKE_ARGS:-}
+cmake --build "$build" -j "$(nproc)" --target rocep_bench
+
+gpus=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+elif command -v rocm-smi >/dev/null 2>&1; then
+  gpus=$(rocm-smi --showid 2>/dev/null | grep -c '^GPU\[' || true)
+fi
+ranks=${ROCEP_RANKS:-$((gpus >= 2 ? gpus : 2))}
+if [ "$gpus" -eq 0 ]; then
+  echo "bench/run.sh: no GPU found: running the CPU reference backend on $ranks ranks"
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpirun --oversubscribe --bind-to none -np "$ranks" "$build/bench/rocep_bench" --benchmark_color=false "$@"
