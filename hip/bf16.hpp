@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "portable.hpp"
 
@@ -11,7 +10,7 @@ namespace rocep {
 ROCEP_HOST_DEVICE inline float bf16_to_float(uint16_t bits) {
   const uint32_t word = static_cast<uint32_t>(bits) << 16;
   float value;
-  std::memcpy(&value, &word, sizeof value);
+  __builtin_memcpy(&value, &word, sizeof value);
   return value;
 }
 
@@ -19,7 +18,7 @@ ROCEP_HOST_DEVICE inline float bf16_to_float(uint16_t bits) {
 // rounding does.
 ROCEP_HOST_DEVICE inline uint16_t float_to_bf16(float value) {
   uint32_t word;
-  std::memcpy(&word, &value, sizeof word);
+  __builtin_memcpy(&word, &value, sizeof word);
   if ((word & 0x7fffffffu) > 0x7f800000u) {
     return static_cast<uint16_t>((word >> 16) | 0x0040u);
   }

@@ -27,6 +27,9 @@
 #define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
 #define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
 #define hipMemcpyDefault cudaMemcpyDefault
+#define hipGraph_t cudaGraph_t
+#define hipGraphExec_t cudaGraphExec_t
+#define hipStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
 
 // Runtime calls.
 #define hipGetErrorName cudaGetErrorName
@@ -57,6 +60,12 @@
 #define hipIpcGetMemHandle cudaIpcGetMemHandle
 #define hipIpcOpenMemHandle cudaIpcOpenMemHandle
 #define hipIpcCloseMemHandle cudaIpcCloseMemHandle
+#define hipStreamBeginCapture cudaStreamBeginCapture
+#define hipStreamEndCapture cudaStreamEndCapture
+#define hipGraphInstantiate cudaGraphInstantiate
+#define hipGraphLaunch cudaGraphLaunch
+#define hipGraphExecDestroy cudaGraphExecDestroy
+#define hipGraphDestroy cudaGraphDestroy
 
 #elif defined(ROCEP_PLATFORM_AMD)
 

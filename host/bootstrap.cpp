@@ -40,7 +40,7 @@ MpiBootstrap::MpiBootstrap(MPI_Comm comm) {
 MpiBootstrap::~MpiBootstrap() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) {
+  if (!finalized && !abandoned_ && comm_ != MPI_COMM_NULL) {
     MPI_Comm_free(&comm_);
   }
 }
@@ -61,6 +61,21 @@ void MpiBootstrap::all_gather(const void* sent, void* received, std::size_t byte
 
 void MpiBootstrap::barrier() {
   check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+}
+
+bool MpiBootstrap::barrier_within(double seconds) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+  const double deadline = MPI_Wtime() + seconds;
+  int done = 0;
+  while (!done) {
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (!done && MPI_Wtime() > deadline) {
+      abandoned_ = true;
+      return false;
+    }
+  }
+  return true;
 }
 
 std::unique_ptr<MpiBootstrap> MpiBootstrap::split_node() const {

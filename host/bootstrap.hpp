@@ -41,6 +41,9 @@ class MpiBootstrap final : public Bootstrap {
   int size() const override { return size_; }
   void all_gather(const void* sent, void* received, std::size_t bytes) override;
   void barrier() override;
+  // A barrier that gives up after `seconds` (a peer may be gone): returns whether every rank arrived. If
+  // not, the communicator is left alive (freeing it with a collective pending is not allowed).
+  bool barrier_within(double seconds);
 
   // The ranks of this group that share this node's memory (MPI_Comm_split_type shared), ordered by rank in
   // this group. Collective over this group.
@@ -50,6 +53,7 @@ class MpiBootstrap final : public Bootstrap {
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
+  bool abandoned_ = false;  // a timed barrier never completed
   int rank_ = 0;
   int size_ = 1;
 };

@@ -7,6 +7,12 @@
 #include "reference.hpp"
 #include "rocep/errors.hpp"
 
+#if defined(ROCEP_PLATFORM_AMD) || defined(ROCEP_PLATFORM_NVIDIA)
+#define ROCEP_HAS_GPU_BACKEND 1
+#include "device.hpp"
+#include "gpu_backend.hpp"
+#endif
+
 namespace rocep {
 
 const char* to_string(Backend backend) {
@@ -52,6 +58,24 @@ void require_same_config(Bootstrap& bootstrap, const EpConfig& config, Backend b
   }
 }
 
+// The GPU backend when this build has one and every rank sees a GPU (the same answer on every rank).
+Backend resolve_auto(Bootstrap& bootstrap) {
+#if defined(ROCEP_HAS_GPU_BACKEND)
+  const int mine = device_count() > 0 ? 1 : 0;
+  std::vector<int> all(bootstrap.size());
+  bootstrap.all_gather(&mine, all.data(), sizeof mine);
+  for (const int has_gpu : all) {
+    if (has_gpu == 0) {
+      return Backend::kCpuReference;
+    }
+  }
+  return Backend::kGpu;
+#else
+  (void)bootstrap;
+  return Backend::kCpuReference;
+#endif
+}
+
 }  // namespace
 
 struct EpGroup::Impl {
@@ -59,17 +83,27 @@ struct EpGroup::Impl {
       : bootstrap(comm), config(group_config), backend(requested) {
     config.validate(bootstrap.size());
     require_same_config(bootstrap, config, requested);
-    if (backend == Backend::kGpu) {
-      throw ConfigError("EpGroup: backend gpu is not available in this version of rocep; use cpu-reference");
+    if (backend == Backend::kAuto) {
+      backend = resolve_auto(bootstrap);
     }
-    backend = Backend::kCpuReference;
-    reference = std::make_unique<reference::ReferenceEp>(bootstrap.comm(), config);
+    if (backend == Backend::kCpuReference) {
+      reference = std::make_unique<reference::ReferenceEp>(bootstrap.comm(), config);
+      return;
+    }
+#if defined(ROCEP_HAS_GPU_BACKEND)
+    gpu = std::make_unique<GpuEp>(bootstrap, config);
+#else
+    throw ConfigError("EpGroup: backend gpu is not available: this build of rocep has no GPU platform");
+#endif
   }
 
   MpiBootstrap bootstrap;
   EpConfig config;
   Backend backend;
   std::unique_ptr<reference::ReferenceEp> reference;
+#if defined(ROCEP_HAS_GPU_BACKEND)
+  std::unique_ptr<GpuEp> gpu;
+#endif
 };
 
 EpGroup::EpGroup(MPI_Comm comm, const EpConfig& config, Backend backend)
@@ -105,11 +139,25 @@ void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outp
   dispatch_recv(outputs, stream);
 }
 
-void EpGroup::dispatch_send(const DispatchInputs& inputs, void* /*stream*/) {
+void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
+#if defined(ROCEP_HAS_GPU_BACKEND)
+  if (impl_->gpu) {
+    impl_->gpu->dispatch_send(inputs, static_cast<hipStream_t>(stream));
+    return;
+  }
+#endif
+  (void)stream;
   impl_->reference->dispatch_send(inputs);
 }
 
-void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* /*stream*/) {
+void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
+#if defined(ROCEP_HAS_GPU_BACKEND)
+  if (impl_->gpu) {
+    impl_->gpu->dispatch_recv(outputs, static_cast<hipStream_t>(stream));
+    return;
+  }
+#endif
+  (void)stream;
   impl_->reference->dispatch_recv(outputs);
 }
 
@@ -118,12 +166,36 @@ void EpGroup::combine(const CombineArgs& args, void* stream) {
   combine_recv(args, stream);
 }
 
-void EpGroup::combine_send(const CombineArgs& args, void* /*stream*/) {
+void EpGroup::combine_send(const CombineArgs& args, void* stream) {
+#if defined(ROCEP_HAS_GPU_BACKEND)
+  if (impl_->gpu) {
+    impl_->gpu->combine_send(args, static_cast<hipStream_t>(stream));
+    return;
+  }
+#endif
+  (void)stream;
   impl_->reference->combine_send(args);
 }
 
-void EpGroup::combine_recv(const CombineArgs& args, void* /*stream*/) {
+void EpGroup::combine_recv(const CombineArgs& args, void* stream) {
+#if defined(ROCEP_HAS_GPU_BACKEND)
+  if (impl_->gpu) {
+    impl_->gpu->combine_recv(args, static_cast<hipStream_t>(stream));
+    return;
+  }
+#endif
+  (void)stream;
   impl_->reference->combine_recv(args);
+}
+
+void EpGroup::synchronize(void* stream) {
+#if defined(ROCEP_HAS_GPU_BACKEND)
+  if (impl_->gpu) {
+    impl_->gpu->synchronize(static_cast<hipStream_t>(stream));
+  }
+#else
+  (void)stream;
+#endif
 }
 
 }  // namespace rocep

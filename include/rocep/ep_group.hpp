@@ -27,13 +27,15 @@ class EpGroup {
  public:
   // Collective over `comm`: every rank of `comm` must call it with an equal `config` and `backend`.
   // Allocates: yes (receive buffers, counters, peer tables; see memory_bytes()). Not graph-safe.
+  // The GPU backend uses the calling thread's current device (set it first; one GPU per rank) and needs
+  // every rank on one node.
   // Errors: ConfigError if config.validate(size of comm) fails, if the configs of the ranks differ, or if
   // kGpu is asked for and this build or machine has no GPU; GpuRuntimeError / BootstrapError if allocation
   // or the IPC exchange fails.
   // `comm` is duplicated; the caller may free its own handle afterwards.
   EpGroup(MPI_Comm comm, const EpConfig& config, Backend backend = Backend::kAuto);
-  // Collective: every rank must destroy its group. Waits for no device work: synchronise the streams the
-  // group's calls ran on first.
+  // Collective (barrier with the peers, who may still be storing into this rank's buffers) unless the
+  // group timed out, in which case it releases everything without waiting for anyone.
   ~EpGroup();
   EpGroup(EpGroup&&) noexcept;
   EpGroup& operator=(EpGroup&&) noexcept;
@@ -52,9 +54,12 @@ class EpGroup {
   // Collective: every rank calls it, in the same order relative to combine, with its own inputs (0 tokens
   // is allowed). Allocates: no. Graph-safe: yes on the GPU backend (no host synchronisation).
   // Errors: InvalidInputError before any work if num_tokens is outside [0, max_tokens_per_rank] or a pointer
-  // is null; InvalidInputError naming rank, token and slot for an expert id outside [-1, num_experts) or an
-  // expert named twice by one token (nothing is stored for it); TimeoutError naming the peer if a peer does
-  // not send within config().timeout_seconds.
+  // is null (the peers then time out waiting for this rank); InvalidInputError naming rank, token and slot
+  // for an expert id outside [-1, num_experts) or an expert named twice by one token (nothing is stored
+  // for it); TimeoutError naming the peer if a peer does not send within config().timeout_seconds. On the
+  // GPU backend the last two come from synchronize().
+  // All calls of a group go on one stream, and every dispatch is followed by a combine before the next
+  // dispatch (the combine is what tells a rank that its peers are done reading its dispatch buffers).
   void dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream = nullptr);
   // Sends this rank's tokens, once per destination rank, with the ids and weights that concern that rank.
   // Returns once the sends are issued; the inputs must stay valid until dispatch_recv has returned.
@@ -73,6 +78,14 @@ class EpGroup {
   void combine_send(const CombineArgs& args, void* stream = nullptr);
   // Waits for every peer's rows and writes args.out.
   void combine_recv(const CombineArgs& args, void* stream = nullptr);
+
+  // Waits for `stream` and throws what the kernels recorded since the last synchronize: InvalidInputError
+  // for an expert id out of range or named twice (rank, token, slot; that slot was not dispatched, the rest
+  // of the call completed), TimeoutError naming the operation and the peer that never signalled. After a
+  // TimeoutError the group is unusable (every call throws) but can still be destroyed. On the GPU backend
+  // device-side failures surface only here, since the calls themselves never wait for the device; the CPU
+  // reference backend throws from the calls directly and synchronize() does nothing.
+  void synchronize(void* stream = nullptr);
 
  private:
   struct Impl;

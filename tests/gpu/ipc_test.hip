@@ -59,7 +59,7 @@ __global__ void receive_pattern(const uint32_t* words, const uint32_t* flag, int
                                 uint64_t timeout_ticks, RoundTripStatus* status) {
   __shared__ bool arrived;
   if (threadIdx.x == 0) {
-    arrived = rocep::device::wait_for_value(flag, static_cast<uint32_t>(round), timeout_ticks);
+    arrived = rocep::device::wait_until_at_least(flag, static_cast<uint32_t>(round), timeout_ticks);
     if (!arrived) {
       status->timed_out = 1;
     }

@@ -1,0 +1,248 @@
+// Dispatch: every token goes once to each rank that owns one of its experts; the receiver expands it into
+// rows grouped by local expert, in (source rank, source token, k) order.
+//
+//   rocep_dispatch_send         sender: validate ids, store ids / weights / payload into each peer's region,
+//                               then the last block releases the peers' dispatch_arrived[rank] words
+//   rocep_dispatch_recv_count   receiver, one block per local expert: wait for every source, then rank the
+//                               expert's (source, token) pairs with block scans: position inside the expert
+//   rocep_dispatch_recv_offsets receiver, one block: padded prefix over experts -> row_offsets
+//   rocep_dispatch_recv         receiver, blocks over (source, token): copy each token into its rows
+#include "block_scan.hpp"
+#include "ep_kernels.hpp"
+#include "group_sync.hpp"
+#include "vector_copy.hpp"
+
+using namespace rocep::device;
+
+namespace {
+
+__device__ inline int32_t* region_ids(uint8_t* region, const Shape& shape, int source, int token) {
+  return reinterpret_cast<int32_t*>(region + DispatchRegion::ids_offset(shape, source, token));
+}
+__device__ inline float* region_weights(uint8_t* region, const Shape& shape, int source, int token) {
+  return reinterpret_cast<float*>(region + DispatchRegion::weights_offset(shape, source, token));
+}
+__device__ inline uint8_t* region_payload(uint8_t* region, const Shape& shape, int source, int token) {
+  return region + DispatchRegion::payload_offset(shape, source, token);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_dispatch_send(GroupView group, DispatchSendArgs args) {
+  const Shape& shape = group.shape;
+  const uint64_t sequence = group.state->dispatch_sequence + 1;
+  int num_tokens = args.num_tokens_on_device != nullptr ? *args.num_tokens_on_device : args.num_tokens;
+  if (num_tokens < 0 || num_tokens > shape.max_tokens) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      report_failure(group.status, StatusCode::kTokenCountOutOfRange, Operation::kDispatchSend, -1, -1, -1,
+                     num_tokens);
+    }
+    num_tokens = 0;  // still signal every peer, so nobody waits for tokens that will never come
+  }
+
+  __shared__ int32_t ids[kMaxTopK];
+  __shared__ uint64_t destinations;
+  for (int token = blockIdx.x; token < num_tokens; token += gridDim.x) {
+    if (threadIdx.x == 0) {
+      // An invalid id is reported and dropped: nothing is stored for that (token, slot).
+      uint64_t mask = 0;
+      for (int k = 0; k < shape.top_k; ++k) {
+        int32_t id = args.topk_ids[static_cast<std::size_t>(token) * shape.top_k + k];
+        if (id < -1 || id >= shape.num_experts) {
+          report_failure(group.status, StatusCode::kExpertOutOfRange, Operation::kDispatchSend, -1, token, k,
+                         id);
+          id = -1;
+        }
+        for (int earlier = 0; id >= 0 && earlier < k; ++earlier) {
+          if (ids[earlier] == id) {
+            report_failure(group.status, StatusCode::kExpertRepeated, Operation::kDispatchSend, -1, token, k,
+                           id);
+            id = -1;
+          }
+        }
+        ids[k] = id;
+        if (id >= 0) {
+          mask |= uint64_t{1} << (id / shape.local_experts);
+        }
+      }
+      destinations = mask;
+      group.sent_masks[token] = mask;
+    }
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < shape.top_k) {
+      group.sent_ids[static_cast<std::size_t>(token) * shape.top_k + threadIdx.x] = ids[threadIdx.x];
+    }
+    // Every peer gets the ids (all -1 if none concern it), so receivers can read sources densely; start
+    // at the next rank so the ranks do not all hit the same peer first.
+    for (int step = 0; step < shape.world; ++step) {
+      const int peer = (shape.rank + 1 + step) % shape.world;
+      uint8_t* region = group.peer_dispatch_regions[peer];
+      if (static_cast<int>(threadIdx.x) < shape.top_k) {
+        const int32_t id = ids[threadIdx.x];
+        const bool here = id >= 0 && id / shape.local_experts == peer;
+        region_ids(region, shape, shape.rank, token)[threadIdx.x] = here ? id : -1;
+        region_weights(region, shape, shape.rank, token)[threadIdx.x] =
+            args.topk_weights[static_cast<std::size_t>(token) * shape.top_k + threadIdx.x];
+      }
+      if ((destinations >> peer) & 1) {
+        copy_bytes16(region_payload(region, shape, shape.rank, token),
+                     args.tokens + static_cast<std::size_t>(token) * shape.payload_bytes, shape.payload_bytes,
+                     threadIdx.x, blockDim.x);
+      }
+    }
+    __syncthreads();  // ids / destinations are rewritten by the next token
+  }
+
+  if (last_block_to_finish(&group.state->blocks_done)) {
+    group.state->sent_tokens = num_tokens;
+    for (int peer = 0; peer < shape.world; ++peer) {
+      Signals* signals = group.peer_signals[peer];
+      signals->tokens_from[shape.rank] = num_tokens;
+      store_release<Scope::kSystem>(&signals->dispatch_arrived[shape.rank], sequence);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads) rocep_dispatch_recv_count(GroupView group) {
+  const Shape& shape = group.shape;
+  const uint64_t sequence = group.state->dispatch_sequence + 1;
+  if (!block_wait_for_peers(group.signals->dispatch_arrived, sequence, shape.world, group.timeout_ticks,
+                            group.status, Operation::kDispatchRecv)) {
+    return;
+  }
+  for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
+    const int32_t global_expert = shape.rank * shape.local_experts + expert;
+    uint32_t rows = 0;
+    for (int source = 0; source < shape.world; ++source) {
+      const int tokens = group.signals->tokens_from[source];
+      for (int first = 0; first < tokens; first += kScanBlockThreads) {
+        const int token = first + threadIdx.x;
+        int slot = -1;
+        if (token < tokens) {
+          const int32_t* ids = region_ids(group.dispatch_region, shape, source, token);
+          for (int k = 0; k < shape.top_k; ++k) {
+            slot = ids[k] == global_expert ? k : slot;
+          }
+        }
+        uint32_t block_rows = 0;
+        const uint32_t position = block_exclusive_scan(slot >= 0 ? 1u : 0u, &block_rows);
+        if (slot >= 0) {
+          group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k +
+                           slot] = static_cast<int32_t>(rows + position);
+        }
+        rows += block_rows;
+      }
+    }
+    if (threadIdx.x == 0) {
+      group.expert_rows[expert] = rows;
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_dispatch_recv_offsets(GroupView group, DispatchRecvArgs args) {
+  const Shape& shape = group.shape;
+  if (timed_out(group.status)) {
+    return;
+  }
+  uint32_t offset = 0;
+  for (int first = 0; first < shape.local_experts; first += kScanBlockThreads) {
+    const int expert = first + threadIdx.x;
+    uint32_t rows = 0;
+    uint32_t padded = 0;
+    if (expert < shape.local_experts) {
+      rows = group.expert_rows[expert];
+      padded = (rows + shape.alignment - 1) / shape.alignment * shape.alignment;
+    }
+    uint32_t block_rows = 0;
+    const uint32_t position = block_exclusive_scan(padded, &block_rows);
+    if (expert < shape.local_experts) {
+      args.row_offsets[expert] = offset + position;
+      args.expert_ids[expert] = expert;
+      if (args.expert_token_counts != nullptr) {
+        args.expert_token_counts[expert] += rows;
+      }
+    }
+    offset += block_rows;
+  }
+  if (threadIdx.x == 0) {
+    args.row_offsets[shape.local_experts] = offset;
+    group.state->dispatch_sequence += 1;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_dispatch_recv(GroupView group, DispatchRecvArgs args) {
+  const Shape& shape = group.shape;
+  if (timed_out(group.status)) {
+    return;
+  }
+  __shared__ int32_t rows[kMaxTopK];
+  const int total = shape.world * shape.max_tokens;
+  for (int index = blockIdx.x; index < total; index += gridDim.x) {
+    const int source = index / shape.max_tokens;
+    const int token = index % shape.max_tokens;
+    if (token >= group.signals->tokens_from[source]) {
+      continue;  // uniform across the block
+    }
+    int32_t* token_rows = group.token_rows + static_cast<std::size_t>(index) * shape.top_k;
+    if (static_cast<int>(threadIdx.x) < shape.top_k) {
+      const int k = threadIdx.x;
+      const int32_t id = region_ids(group.dispatch_region, shape, source, token)[k];
+      int32_t row = -1;
+      if (id >= 0) {
+        const int expert = id - shape.rank * shape.local_experts;
+        row = static_cast<int32_t>(args.row_offsets[expert]) + token_rows[k];
+        args.src_info[3 * static_cast<std::size_t>(row) + 0] = source;
+        args.src_info[3 * static_cast<std::size_t>(row) + 1] = token;
+        args.src_info[3 * static_cast<std::size_t>(row) + 2] = k;
+        args.recv_weights[row] = region_weights(group.dispatch_region, shape, source, token)[k];
+      }
+      token_rows[k] = row;  // the final row, for combine
+      rows[k] = row;
+    }
+    __syncthreads();
+    const uint8_t* payload = region_payload(group.dispatch_region, shape, source, token);
+    for (int k = 0; k < shape.top_k; ++k) {
+      if (rows[k] >= 0) {
+        copy_bytes16(args.recv_tokens + static_cast<std::size_t>(rows[k]) * shape.payload_bytes, payload,
+                     shape.payload_bytes, threadIdx.x, blockDim.x);
+      }
+    }
+    __syncthreads();
+  }
+  // Padding rows after each expert's rows: zero payload, no source, weight 0.
+  for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
+    const uint32_t first = args.row_offsets[expert] + group.expert_rows[expert];
+    for (uint32_t row = first; row < args.row_offsets[expert + 1]; ++row) {
+      uint8_t* destination = args.recv_tokens + static_cast<std::size_t>(row) * shape.payload_bytes;
+      for (uint32_t i = threadIdx.x; i < shape.payload_bytes / kVectorBytes; i += blockDim.x) {
+        reinterpret_cast<Vector16*>(destination)[i] = Vector16{0, 0, 0, 0};
+      }
+      if (threadIdx.x == 0) {
+        args.src_info[3 * static_cast<std::size_t>(row) + 0] = -1;
+        args.src_info[3 * static_cast<std::size_t>(row) + 1] = -1;
+        args.src_info[3 * static_cast<std::size_t>(row) + 2] = -1;
+        args.recv_weights[row] = 0.0f;
+      }
+    }
+  }
+}
+
+namespace rocep::device {
+
+void launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, int blocks,
+                          hipStream_t stream) {
+  rocep_dispatch_send<<<blocks, kBlockThreads, 0, stream>>>(group, args);
+}
+
+void launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, int blocks,
+                          hipStream_t stream) {
+  const int count_blocks = group.shape.local_experts < blocks ? group.shape.local_experts : blocks;
+  rocep_dispatch_recv_count<<<count_blocks, kBlockThreads, 0, stream>>>(group);
+  rocep_dispatch_recv_offsets<<<1, kBlockThreads, 0, stream>>>(group, args);
+  rocep_dispatch_recv<<<blocks, kBlockThreads, 0, stream>>>(group, args);
+}
+
+}  // namespace rocep::device

@@ -1,0 +1,64 @@
+// Parameters and launchers of the dispatch and combine kernels. Host code fills the structs and calls the
+// launchers; the kernels themselves live in dispatch.hip and combine.hip.
+#pragma once
+
+#include <cstdint>
+
+#include "ep_params.hpp"
+#include "platform.hpp"
+
+namespace rocep::device {
+
+inline constexpr int kMaxTopK = 32;
+inline constexpr int kBlockThreads = 256;
+
+// What every kernel of one group needs: who we are, where the peers' regions are, our own state.
+struct GroupView {
+  Shape shape;
+  uint8_t* const* peer_dispatch_regions;  // [world]: rank r's DispatchRegion, mapped here
+  uint8_t* const* peer_combine_regions;   // [world]: rank r's CombineRegion, mapped here
+  Signals* const* peer_signals;           // [world]: rank r's Signals, mapped here
+  Signals* signals;                       // this rank's Signals (== peer_signals[rank])
+  uint8_t* dispatch_region;               // this rank's DispatchRegion
+  uint8_t* combine_region;                // this rank's CombineRegion
+  LocalState* state;
+  Status* status;
+  int32_t* token_rows;    // [world][T][top_k]: row of each received (source, token, k), -1 if none
+  uint32_t* expert_rows;  // [local_experts]: rows each local expert received in the last dispatch
+  int32_t* sent_ids;      // [T][top_k]: the validated ids of this rank's last dispatch (-1 = none)
+  uint64_t* sent_masks;   // [T]: destination ranks of each token of this rank's last dispatch
+  uint64_t timeout_ticks;
+};
+
+struct DispatchSendArgs {
+  const uint8_t* tokens;  // [num_tokens][payload_bytes]
+  const int32_t* topk_ids;
+  const float* topk_weights;
+  int32_t num_tokens;
+  const int32_t* num_tokens_on_device;  // overrides num_tokens when set
+};
+
+struct DispatchRecvArgs {
+  uint8_t* recv_tokens;
+  uint32_t* row_offsets;
+  int32_t* expert_ids;
+  int32_t* src_info;  // [rows][3]: rank, token, k
+  float* recv_weights;
+  int64_t* expert_token_counts;  // optional
+};
+
+struct CombineArgs {
+  const uint16_t* expert_outputs;  // bf16 [rows][hidden]
+  const float* row_weights;        // null = unweighted
+  const uint16_t* shared_expert_output;
+  uint16_t* out;
+};
+
+void launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, int blocks,
+                          hipStream_t stream);
+void launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, int blocks,
+                          hipStream_t stream);
+void launch_combine_send(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream);
+void launch_combine_recv(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream);
+
+}  // namespace rocep::device

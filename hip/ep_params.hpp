@@ -1,0 +1,107 @@
+// Plain structs shared by the host launch code and the dispatch / combine kernels: the shape of a group,
+// the layout of the receive regions every rank exposes to its peers, and the host-visible status record.
+// No runtime types here: kernels take these by value.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "portable.hpp"
+
+namespace rocep::device {
+
+inline constexpr int kMaxWorld = 64;  // ranks of one node reachable by IPC (a uint64 mask per token)
+
+enum class StatusCode : uint32_t {
+  kOk = 0,
+  kTimeout = 1,
+  kExpertOutOfRange = 2,
+  kExpertRepeated = 3,
+  kTokenCountOutOfRange = 4,
+};
+
+enum class Operation : int32_t {
+  kNone = 0,
+  kDispatchSend = 1,
+  kDispatchRecv = 2,
+  kCombineSend = 3,
+  kCombineRecv = 4,
+};
+
+// The first failure of any kernel of a group, in pinned host memory the host reads after the stream
+// completes. `code` is claimed with a compare-and-swap, so the first failure wins and is never torn.
+struct Status {
+  uint32_t code;      // StatusCode
+  int32_t operation;  // Operation
+  int32_t peer;       // rank awaited (timeout) or -1
+  int32_t token;      // token index (invalid input) or -1
+  int32_t slot;       // top-k slot (invalid input) or -1
+  int32_t value;      // the offending expert id / token count
+};
+
+struct Shape {
+  int32_t hidden;
+  int32_t top_k;
+  int32_t num_experts;
+  int32_t local_experts;
+  int32_t world;
+  int32_t rank;
+  int32_t max_tokens;      // T = max_tokens_per_rank
+  int32_t alignment;       // expert_alignment
+  uint32_t payload_bytes;  // bytes of one token's payload in the dispatch format (a multiple of 16)
+};
+
+// One rank's dispatch receive region: what every source rank s stores there for its token t.
+//   ids     [world][T][top_k] int32: expert ids that concern this rank, -1 elsewhere
+//   weights [world][T][top_k] float32
+//   payload [world][T][payload_bytes]
+// Tokens that concern this rank are stored at their own index t (no compaction), so a sender needs no
+// prefix sum and the receiver reads the sources in (rank, token) order directly.
+struct DispatchRegion {
+  ROCEP_HOST_DEVICE static std::size_t ids_offset(const Shape& shape, int source, int token) {
+    return (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k * sizeof(int32_t);
+  }
+  ROCEP_HOST_DEVICE static std::size_t weights_offset(const Shape& shape, int source, int token) {
+    return ids_offset(shape, shape.world, 0) +
+           (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k * sizeof(float);
+  }
+  ROCEP_HOST_DEVICE static std::size_t payload_offset(const Shape& shape, int source, int token) {
+    return 2 * ids_offset(shape, shape.world, 0) +
+           (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.payload_bytes;
+  }
+  ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) {
+    return payload_offset(shape, shape.world, 0);
+  }
+};
+
+// One rank's combine receive region, bf16 rows of `hidden`:
+//   weighted:   [world][T] rows: the partial sum rank r computed for token t at row r * T + t
+//   unweighted: [T][top_k] rows: expert output of (t, k) at row t * top_k + k
+struct CombineRegion {
+  ROCEP_HOST_DEVICE static std::size_t row_bytes(const Shape& shape) {
+    return static_cast<std::size_t>(shape.hidden) * sizeof(uint16_t);
+  }
+  ROCEP_HOST_DEVICE static std::size_t rows(const Shape& shape) {
+    return static_cast<std::size_t>(shape.max_tokens) *
+           (shape.world > shape.top_k ? shape.world : shape.top_k);
+  }
+  ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) { return rows(shape) * row_bytes(shape); }
+};
+
+// Words every rank exposes for peers to signal into (polled-flag memory). Flags carry the call's sequence
+// number, which only grows, so they never need a reset and a stale flag is never mistaken for a new one.
+struct Signals {
+  uint64_t dispatch_arrived[kMaxWorld];  // [s]: sequence number of source s's last completed dispatch_send
+  uint64_t combine_arrived[kMaxWorld];   // [r]: sequence number of rank r's last completed combine_send
+  int32_t tokens_from[kMaxWorld];        // [s]: tokens source s sent in its last dispatch
+};
+
+// State a rank keeps for itself between the kernels of one dispatch / combine (device memory).
+struct LocalState {
+  uint64_t dispatch_sequence;  // completed dispatches; the next one signals dispatch_sequence + 1
+  uint64_t combine_sequence;
+  uint32_t blocks_done;  // grid-completion counter of the kernel in flight; reset by its last block
+  int32_t sent_tokens;   // tokens of this rank's last dispatch_send
+};
+
+}  // namespace rocep::device

@@ -1,0 +1,66 @@
+// Grid- and group-level coordination used by every dispatch / combine kernel: failure reports, the wait
+// for all peers' signals, and "last block out" detection.
+#pragma once
+
+#include <cstdint>
+
+#include "atomics.hpp"
+#include "ep_params.hpp"
+#include "wait.hpp"
+
+namespace rocep::device {
+
+// Records a failure unless an earlier one is already recorded (the first one is the cause, later ones
+// are consequences).
+__device__ inline void report_failure(Status* status, StatusCode code, Operation operation, int peer,
+                                      int token, int slot, int value) {
+  if (atomicCAS(&status->code, 0u, static_cast<uint32_t>(code)) == 0u) {
+    status->operation = static_cast<int32_t>(operation);
+    status->peer = peer;
+    status->token = token;
+    status->slot = slot;
+    status->value = value;
+  }
+}
+
+__device__ inline bool timed_out(const Status* status) {
+  return *reinterpret_cast<const volatile uint32_t*>(&status->code) ==
+         static_cast<uint32_t>(StatusCode::kTimeout);
+}
+
+// Thread 0 of the calling block waits until words[r] >= sequence for every rank r; the whole block
+// learns the outcome. On timeout the first missing peer is reported. Call from every thread.
+__device__ inline bool block_wait_for_peers(const uint64_t* words, uint64_t sequence, int world,
+                                            uint64_t timeout_ticks, Status* status, Operation operation) {
+  __shared__ bool arrived;
+  if (threadIdx.x == 0) {
+    arrived = !timed_out(status);
+    for (int peer = 0; arrived && peer < world; ++peer) {
+      if (!wait_until_at_least(words + peer, sequence, timeout_ticks)) {
+        report_failure(status, StatusCode::kTimeout, operation, peer, -1, -1, static_cast<int>(sequence));
+        arrived = false;
+      }
+    }
+  }
+  // The barrier extends thread 0's acquire to the block: its reads are ordered before the others' reads.
+  __syncthreads();
+  return arrived;
+}
+
+// Returns true in thread 0 of the last block of the grid to call it; the counter is reset for the next
+// kernel. Every store the grid made before the call (with its fence) is visible to that thread.
+__device__ inline bool last_block_to_finish(uint32_t* blocks_done) {
+  __syncthreads();
+  if (threadIdx.x != 0) {
+    return false;
+  }
+  __threadfence_system();
+  if (atomicAdd(blocks_done, 1u) != gridDim.x - 1) {
+    return false;
+  }
+  __threadfence_system();
+  *blocks_done = 0;
+  return true;
+}
+
+}  // namespace rocep::device

@@ -1,0 +1,427 @@
+// The GPU backend of dispatch and combine against the CPU reference, bit for bit: both run collectively
+// on the same fresh random inputs in the same processes. Every GPU output is poisoned before each call,
+// and rows past row_offsets[L] must still hold the poison afterwards.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hip/bf16.hpp"
+#include "host/bootstrap.hpp"
+#include "host/device.hpp"
+#include "host/device_memory.hpp"
+#include "host/gpu_check.hpp"
+#include "host/reference.hpp"
+#include "rocep/rocep.hpp"
+
+namespace {
+
+using rocep::bf16_bits;
+using rocep::DeviceBuffer;
+using rocep::EpConfig;
+using rocep::SrcInfo;
+
+constexpr uint8_t kPoison = 0xFF;
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+uint64_t fresh_shared_seed() {
+  uint64_t seed = 0;
+  if (world_rank() == 0) {
+    std::random_device device;
+    seed = (uint64_t{device()} << 32) | device();
+  }
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  return seed;
+}
+
+enum class Routing { kUniform, kMasked, kHotExpert, kUnevenCounts, kFull };
+
+// One rank's inputs.
+struct Inputs {
+  int num_tokens = 0;
+  std::vector<bf16_bits> tokens;
+  std::vector<int32_t> topk_ids;
+  std::vector<float> topk_weights;
+};
+
+Inputs make_inputs(const EpConfig& config, Routing routing, uint64_t seed) {
+  const int rank = world_rank();
+  std::mt19937_64 random(seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(rank + 1));
+  Inputs inputs;
+  const int max_tokens = config.max_tokens_per_rank;
+  switch (routing) {
+    case Routing::kFull:
+      inputs.num_tokens = max_tokens;
+      break;
+    case Routing::kUnevenCounts:
+      inputs.num_tokens = rank == 1 || world_size() == 1 ? 0 : static_cast<int>(random() % (max_tokens + 1));
+      break;
+    default:
+      inputs.num_tokens = 1 + static_cast<int>(random() % max_tokens);
+  }
+  std::uniform_real_distribution<float> value(-4.0f, 4.0f);
+  std::uniform_real_distribution<float> weight(0.01f, 1.0f);
+  inputs.tokens.resize(static_cast<std::size_t>(inputs.num_tokens) * config.hidden);
+  for (auto& element : inputs.tokens)
+    element = rocep::float_to_bf16(value(random));
+  std::vector<int32_t> experts(config.num_experts);
+  for (int token = 0; token < inputs.num_tokens; ++token) {
+    for (int e = 0; e < config.num_experts; ++e)
+      experts[e] = e;
+    for (int k = 0; k < config.top_k; ++k) {
+      std::swap(experts[k], experts[k + random() % (config.num_experts - k)]);
+      int32_t id = experts[k];
+      if (routing == Routing::kMasked && random() % 4 == 0)
+        id = -1;
+      if (routing == Routing::kHotExpert)
+        id = k == 0 ? 0 : -1;
+      inputs.topk_ids.push_back(id);
+      inputs.topk_weights.push_back(weight(random));
+    }
+  }
+  return inputs;
+}
+
+template <typename T>
+DeviceBuffer upload(const std::vector<T>& values) {
+  DeviceBuffer buffer(std::max<std::size_t>(values.size(), 1) * sizeof(T));
+  if (!values.empty()) {
+    ROCEP_GPU_CHECK(hipMemcpy(buffer.get(), values.data(), values.size() * sizeof(T), hipMemcpyHostToDevice));
+  }
+  return buffer;
+}
+
+template <typename T>
+std::vector<T> download(const DeviceBuffer& buffer, std::size_t count) {
+  std::vector<T> values(count);
+  ROCEP_GPU_CHECK(hipMemcpy(values.data(), buffer.get(), count * sizeof(T), hipMemcpyDeviceToHost));
+  return values;
+}
+
+DeviceBuffer poisoned(std::size_t bytes) {
+  DeviceBuffer buffer(bytes);
+  ROCEP_GPU_CHECK(hipMemset(buffer.get(), kPoison, bytes));
+  return buffer;
+}
+
+bool all_poison(const uint8_t* first, const uint8_t* last) {
+  return std::all_of(first, last, [](uint8_t byte) { return byte == kPoison; });
+}
+
+// Device-side dispatch outputs of one rank.
+struct DeviceOutputs {
+  DeviceOutputs(const EpConfig& config, std::size_t rows, int local_experts)
+      : recv_tokens(poisoned(rows * config.hidden * sizeof(bf16_bits))),
+        row_offsets(poisoned((local_experts + 1) * sizeof(uint32_t))),
+        expert_ids(poisoned(local_experts * sizeof(int32_t))),
+        src_info(poisoned(rows * sizeof(SrcInfo))),
+        recv_weights(poisoned(rows * sizeof(float))) {}
+  rocep::DispatchOutputs view() const {
+    return {recv_tokens.get(),      row_offsets.as<uint32_t>(), expert_ids.as<int32_t>(),
+            src_info.as<SrcInfo>(), recv_weights.as<float>(),   nullptr};
+  }
+  DeviceBuffer recv_tokens, row_offsets, expert_ids, src_info, recv_weights;
+};
+
+// The reference's results on one rank: dispatch layout, weighted (+shared) and unweighted combine.
+struct Expected {
+  std::vector<bf16_bits> recv_tokens;
+  std::vector<uint32_t> row_offsets;
+  std::vector<int32_t> expert_ids;
+  std::vector<SrcInfo> src_info;
+  std::vector<float> recv_weights;
+  std::vector<bf16_bits> combined;
+  std::vector<bf16_bits> unreduced;
+};
+
+class GpuEp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int local_devices = rocep::device_count();
+    int fewest_devices = 0;
+    MPI_Allreduce(&local_devices, &fewest_devices, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (fewest_devices == 0) {
+      GTEST_SKIP()
+          << "no GPU visible (hipGetDeviceCount/cudaGetDeviceCount returned 0): GPU dispatch/combine "
+             "tests not run";
+    }
+    rocep::MpiBootstrap world(MPI_COMM_WORLD);
+    const auto node = world.split_node();
+    rocep::set_device(rocep::device_for_local_rank(node->rank(), local_devices, std::getenv("ROCEP_DEVICE")));
+  }
+
+  // Runs dispatch + combine on the reference and on the GPU and compares everything.
+  void check_against_reference(const EpConfig& config, Routing routing) {
+    const uint64_t seed = fresh_shared_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", routing " + std::to_string(static_cast<int>(routing)) +
+                 ", " + config.describe());
+    const Inputs inputs = make_inputs(config, routing, seed);
+    const int world = world_size();
+    const int local_experts = config.num_local_experts(world);
+    const std::size_t rows = config.max_recv_rows(world);
+    const std::size_t hidden = config.hidden;
+
+    // Expert outputs and shared-expert rows: random, the same for both backends.
+    std::mt19937 random(static_cast<unsigned>(seed ^ world_rank()));
+    std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+    std::vector<bf16_bits> expert_outputs(rows * hidden);
+    for (auto& element : expert_outputs)
+      element = rocep::float_to_bf16(value(random));
+    std::vector<bf16_bits> shared(std::max(inputs.num_tokens, 1) * hidden);
+    for (auto& element : shared)
+      element = rocep::float_to_bf16(value(random));
+
+    Expected expected;
+    {
+      rocep::reference::ReferenceEp reference(MPI_COMM_WORLD, config);
+      expected.recv_tokens.resize(rows * hidden);
+      expected.row_offsets.resize(local_experts + 1);
+      expected.expert_ids.resize(local_experts);
+      expected.src_info.resize(rows);
+      expected.recv_weights.resize(rows);
+      reference.dispatch_send({inputs.tokens.data(), inputs.topk_ids.data(), inputs.topk_weights.data(),
+                               inputs.num_tokens, nullptr});
+      reference.dispatch_recv({expected.recv_tokens.data(), expected.row_offsets.data(),
+                               expected.expert_ids.data(), expected.src_info.data(),
+                               expected.recv_weights.data(), nullptr});
+      expected.combined.resize(inputs.num_tokens * hidden);
+      const rocep::CombineArgs weighted{expert_outputs.data(), expected.recv_weights.data(), shared.data(),
+                                        expected.combined.data()};
+      reference.combine_send(weighted);
+      reference.combine_recv(weighted);
+      // The unweighted combine needs a dispatch before it too.
+      reference.dispatch_send({inputs.tokens.data(), inputs.topk_ids.data(), inputs.topk_weights.data(),
+                               inputs.num_tokens, nullptr});
+      reference.dispatch_recv({expected.recv_tokens.data(), expected.row_offsets.data(),
+                               expected.expert_ids.data(), expected.src_info.data(),
+                               expected.recv_weights.data(), nullptr});
+      expected.unreduced.resize(inputs.num_tokens * config.top_k * hidden);
+      const rocep::CombineArgs unweighted{expert_outputs.data(), nullptr, nullptr, expected.unreduced.data()};
+      reference.combine_send(unweighted);
+      reference.combine_recv(unweighted);
+    }
+
+    rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+    rocep::Stream stream;
+    const DeviceBuffer tokens = upload(inputs.tokens);
+    const DeviceBuffer ids = upload(inputs.topk_ids);
+    const DeviceBuffer weights = upload(inputs.topk_weights);
+    const DeviceBuffer device_expert_outputs = upload(expert_outputs);
+    const DeviceBuffer device_shared = upload(shared);
+    const rocep::DispatchInputs device_inputs{tokens.get(), ids.as<int32_t>(), weights.as<float>(),
+                                              inputs.num_tokens, nullptr};
+    for (const bool weighted : {true, false}) {
+      SCOPED_TRACE(weighted ? "weighted combine" : "unweighted combine");
+      DeviceOutputs outputs(config, rows, local_experts);
+      // Split calls for the weighted pass, fused calls for the unweighted one: both must match.
+      if (weighted) {
+        group.dispatch_send(device_inputs, stream.get());
+        group.dispatch_recv(outputs.view(), stream.get());
+      } else {
+        group.dispatch(device_inputs, outputs.view(), stream.get());
+      }
+      group.synchronize(stream.get());
+      const auto row_offsets = download<uint32_t>(outputs.row_offsets, local_experts + 1);
+      ASSERT_EQ(row_offsets, expected.row_offsets);
+      EXPECT_EQ(download<int32_t>(outputs.expert_ids, local_experts), expected.expert_ids);
+      const std::size_t used = row_offsets[local_experts];
+      const auto recv_tokens = download<bf16_bits>(outputs.recv_tokens, rows * hidden);
+      EXPECT_EQ(
+          0, std::memcmp(recv_tokens.data(), expected.recv_tokens.data(), used * hidden * sizeof(bf16_bits)))
+          << "recv_tokens differ";
+      const auto* recv_bytes = reinterpret_cast<const uint8_t*>(recv_tokens.data());
+      EXPECT_TRUE(all_poison(recv_bytes + used * hidden * 2, recv_bytes + rows * hidden * 2))
+          << "rows past row_offsets[L] were written";
+      const auto src_info = download<SrcInfo>(outputs.src_info, rows);
+      EXPECT_EQ(0, std::memcmp(src_info.data(), expected.src_info.data(), used * sizeof(SrcInfo)))
+          << "src_info differs";
+      const auto recv_weights = download<float>(outputs.recv_weights, rows);
+      EXPECT_EQ(0, std::memcmp(recv_weights.data(), expected.recv_weights.data(), used * sizeof(float)))
+          << "recv_weights differ";
+
+      const std::size_t out_elements = inputs.num_tokens * hidden * (weighted ? 1 : config.top_k);
+      DeviceBuffer out = poisoned(std::max<std::size_t>(out_elements, 1) * sizeof(bf16_bits));
+      const rocep::CombineArgs combine{device_expert_outputs.get(),
+                                       weighted ? outputs.recv_weights.as<float>() : nullptr,
+                                       weighted ? device_shared.get() : nullptr, out.get()};
+      group.combine(combine, stream.get());
+      group.synchronize(stream.get());
+      const auto combined = download<bf16_bits>(out, out_elements);
+      const auto& expected_out = weighted ? expected.combined : expected.unreduced;
+      EXPECT_EQ(0, std::memcmp(combined.data(), expected_out.data(), out_elements * sizeof(bf16_bits)))
+          << "combined tokens differ";
+    }
+  }
+};
+
+EpConfig make_config(int hidden, int top_k, int experts_per_rank, int max_tokens, int alignment = 1) {
+  EpConfig config;
+  config.hidden = hidden;
+  config.top_k = top_k;
+  config.num_experts = experts_per_rank * world_size();
+  config.max_tokens_per_rank = max_tokens;
+  config.expert_alignment = alignment;
+  config.timeout_seconds = 20;
+  return config;
+}
+
+TEST_F(GpuEp, MatchesReferenceAcrossShapesAndRoutings) {
+  const int world = world_size();
+  // hidden {2048, 7168}, top_k {1, 4, 8}, experts {8, 64, 256} (as far as the world size divides them).
+  const std::vector<EpConfig> configs = {
+      make_config(7168, 8, 256 / world, 128),
+      make_config(2048, 8, 64 / world, 64),
+      make_config(2048, 4, std::max(8 / world, 1), 32, 4),
+      make_config(7168, 1, 64 / world, 48),
+      make_config(2048, 4, 256 / world, 96, 8),
+  };
+  for (const EpConfig& config : configs) {
+    for (const Routing routing :
+         {Routing::kUniform, Routing::kMasked, Routing::kHotExpert, Routing::kUnevenCounts, Routing::kFull}) {
+      if (config.top_k > config.num_experts)
+        continue;
+      check_against_reference(config, routing);
+    }
+  }
+}
+
+TEST_F(GpuEp, TwoRunsAreBitIdenticalAndGraphReplaysMatchEager) {
+  const EpConfig config = make_config(2048, 8, 64 / world_size(), 64);
+  const uint64_t seed = fresh_shared_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Inputs inputs = make_inputs(config, Routing::kMasked, seed);
+  const int local_experts = config.num_local_experts(world_size());
+  const std::size_t rows = config.max_recv_rows(world_size());
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::Stream stream;
+  const DeviceBuffer tokens = upload(inputs.tokens);
+  const DeviceBuffer ids = upload(inputs.topk_ids);
+  const DeviceBuffer weights = upload(inputs.topk_weights);
+  const DeviceBuffer num_tokens = upload(std::vector<int32_t>{inputs.num_tokens});
+  // The token count comes from device memory, as a captured graph would take it.
+  const rocep::DispatchInputs device_inputs{tokens.get(), ids.as<int32_t>(), weights.as<float>(), 0,
+                                            num_tokens.as<int32_t>()};
+  DeviceOutputs outputs(config, rows, local_experts);
+  DeviceBuffer out = poisoned(std::max(inputs.num_tokens, 1) * config.hidden * sizeof(bf16_bits));
+  // Expert outputs = the dispatched rows themselves.
+  const rocep::CombineArgs combine{outputs.recv_tokens.get(), outputs.recv_weights.as<float>(), nullptr,
+                                   out.get()};
+  const std::size_t out_bytes =
+      static_cast<std::size_t>(inputs.num_tokens) * config.hidden * sizeof(bf16_bits);
+
+  auto run_eager = [&] {
+    group.dispatch(device_inputs, outputs.view(), stream.get());
+    group.combine(combine, stream.get());
+    group.synchronize(stream.get());
+    return download<uint8_t>(out, out_bytes);
+  };
+  const auto first = run_eager();
+  ROCEP_GPU_CHECK(hipMemset(out.get(), kPoison, out.bytes()));
+  const auto second = run_eager();
+  EXPECT_EQ(first, second) << "two eager runs differ";
+
+  hipGraph_t graph;
+  hipGraphExec_t executable;
+  ROCEP_GPU_CHECK(hipStreamBeginCapture(stream.get(), hipStreamCaptureModeThreadLocal));
+  group.dispatch(device_inputs, outputs.view(), stream.get());
+  group.combine(combine, stream.get());
+  ROCEP_GPU_CHECK(hipStreamEndCapture(stream.get(), &graph));
+  ROCEP_GPU_CHECK(hipGraphInstantiate(&executable, graph, nullptr, nullptr, 0));
+  int mismatches = 0;
+  for (int replay = 0; replay < 100; ++replay) {
+    ROCEP_GPU_CHECK(hipMemsetAsync(out.get(), kPoison, out.bytes(), stream.get()));
+    ROCEP_GPU_CHECK(hipGraphLaunch(executable, stream.get()));
+    group.synchronize(stream.get());
+    mismatches += download<uint8_t>(out, out_bytes) == first ? 0 : 1;
+  }
+  EXPECT_EQ(mismatches, 0) << "graph replays that differ from the eager run";
+  ROCEP_GPU_CHECK(hipGraphExecDestroy(executable));
+  ROCEP_GPU_CHECK(hipGraphDestroy(graph));
+}
+
+TEST_F(GpuEp, InvalidExpertIdIsReportedWithRankTokenAndSlot) {
+  const int world = world_size();
+  const EpConfig config = make_config(2048, 4, 8, 16);
+  const uint64_t seed = fresh_shared_seed();
+  Inputs inputs = make_inputs(config, Routing::kFull, seed);
+  const bool culprit = world_rank() == world - 1;
+  if (culprit)
+    inputs.topk_ids[3 * config.top_k + 2] = config.num_experts;  // token 3, slot 2
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::Stream stream;
+  const DeviceBuffer tokens = upload(inputs.tokens);
+  const DeviceBuffer ids = upload(inputs.topk_ids);
+  const DeviceBuffer weights = upload(inputs.topk_weights);
+  DeviceOutputs outputs(config, config.max_recv_rows(world), config.num_local_experts(world));
+  group.dispatch({tokens.get(), ids.as<int32_t>(), weights.as<float>(), inputs.num_tokens, nullptr},
+                 outputs.view(), stream.get());
+  if (culprit) {
+    try {
+      group.synchronize(stream.get());
+      ADD_FAILURE() << "no InvalidInputError";
+    } catch (const rocep::InvalidInputError& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("rank " + std::to_string(world_rank())), std::string::npos) << message;
+      EXPECT_NE(message.find("token 3"), std::string::npos) << message;
+      EXPECT_NE(message.find("slot 2"), std::string::npos) << message;
+    }
+  } else {
+    EXPECT_NO_THROW(group.synchronize(stream.get()));
+  }
+  DeviceBuffer out = poisoned(inputs.num_tokens * config.hidden * sizeof(bf16_bits));
+  group.combine({outputs.recv_tokens.get(), outputs.recv_weights.as<float>(), nullptr, out.get()},
+                stream.get());
+  EXPECT_NO_THROW(group.synchronize(stream.get())) << "the group stays usable after invalid input";
+}
+
+TEST_F(GpuEp, RankThatNeverJoinsMakesPeersTimeOut) {
+  const int world = world_size();
+  EpConfig config = make_config(2048, 4, 8, 16);
+  config.timeout_seconds = 1.0;
+  const uint64_t seed = fresh_shared_seed();
+  const Inputs inputs = make_inputs(config, Routing::kFull, seed);
+  const int absent = world - 1;
+  {
+    rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+    rocep::Stream stream;
+    const DeviceBuffer tokens = upload(inputs.tokens);
+    const DeviceBuffer ids = upload(inputs.topk_ids);
+    const DeviceBuffer weights = upload(inputs.topk_weights);
+    DeviceOutputs outputs(config, config.max_recv_rows(world), config.num_local_experts(world));
+    if (world_rank() != absent) {
+      const double start = MPI_Wtime();
+      group.dispatch({tokens.get(), ids.as<int32_t>(), weights.as<float>(), inputs.num_tokens, nullptr},
+                     outputs.view(), stream.get());
+      try {
+        group.synchronize(stream.get());
+        ADD_FAILURE() << "no TimeoutError";
+      } catch (const rocep::TimeoutError& error) {
+        const std::string message = error.what();
+        EXPECT_NE(message.find("dispatch_recv"), std::string::npos) << message;
+        EXPECT_NE(message.find("rank " + std::to_string(absent)), std::string::npos) << message;
+      }
+      EXPECT_LT(MPI_Wtime() - start, 10 * config.timeout_seconds)
+          << "the timeout took far longer than configured";
+      EXPECT_THROW(group.dispatch_recv(outputs.view(), stream.get()), rocep::Error)
+          << "a timed-out group refuses calls";
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }  // every rank destroys its group; none may hang
+}
+
+}  // namespace
