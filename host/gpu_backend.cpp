@@ -79,9 +79,9 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
   shape.payload_bytes = static_cast<uint32_t>(format_payload_bytes(config.dispatch_format, config.hidden));
 
   const std::size_t slots = static_cast<std::size_t>(shape.max_tokens) * shape.top_k;
-  dispatch_region_ = DeviceBuffer(device::DispatchRegion::bytes(shape));
-  combine_region_ = DeviceBuffer(device::CombineRegion::bytes(shape));
-  signals_ = zeroed(sizeof(device::Signals), DeviceMemoryKind::kPolledFlags);
+  dispatch_region_ = DeviceBuffer(ipc_allocation_bytes(device::DispatchRegion::bytes(shape)));
+  combine_region_ = DeviceBuffer(ipc_allocation_bytes(device::CombineRegion::bytes(shape)));
+  signals_ = zeroed(ipc_allocation_bytes(sizeof(device::Signals)), DeviceMemoryKind::kPolledFlags);
   state_ = zeroed(sizeof(device::LocalState));
   status_ = zeroed(sizeof(device::Status));
   token_rows_ = DeviceBuffer(slots * shape.world * sizeof(int32_t));

@@ -1,10 +1,17 @@
 #include "ipc.hpp"
 
+#include <string>
+
 #include "gpu_check.hpp"
+#include "rocep/errors.hpp"
 
 namespace rocep {
 
 IpcBufferHandle export_ipc(const DeviceBuffer& buffer) {
+  if (buffer.bytes() == 0 || buffer.bytes() % kIpcGranularity != 0) {
+    throw ConfigError("export_ipc: a buffer of " + std::to_string(buffer.bytes()) +
+                      " bytes cannot be shared safely: allocate ipc_allocation_bytes() bytes");
+  }
   IpcBufferHandle exported{};
   ROCEP_GPU_CHECK(hipIpcGetMemHandle(&exported.handle, buffer.get()));
   exported.bytes = buffer.bytes();

@@ -12,6 +12,15 @@
 
 namespace rocep {
 
+// Bytes to allocate for a buffer that will be exported: whole 2 MiB units. The runtimes pool smaller
+// allocations, and an imported handle maps the start of the pooled block, not the buffer inside it (seen on
+// H200: a peer's flag store landed elsewhere and the flag never arrived). A buffer of whole units is its
+// own block, so the importer's pointer is the buffer itself.
+inline constexpr std::size_t kIpcGranularity = std::size_t{2} << 20;
+inline std::size_t ipc_allocation_bytes(std::size_t bytes) {
+  return (bytes + kIpcGranularity - 1) / kIpcGranularity * kIpcGranularity;
+}
+
 // What travels between processes to name one buffer: the runtime's handle plus the buffer's size (so the
 // importer can bound its accesses).
 struct IpcBufferHandle {
@@ -19,6 +28,7 @@ struct IpcBufferHandle {
   std::size_t bytes;
 };
 
+// Throws ConfigError unless the buffer was allocated with ipc_allocation_bytes().
 IpcBufferHandle export_ipc(const DeviceBuffer& buffer);
 
 // A peer's buffer mapped into this process.

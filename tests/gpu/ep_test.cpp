@@ -187,6 +187,8 @@ class GpuEp : public ::testing::Test {
       element = rocep::float_to_bf16(value(random));
 
     Expected expected;
+    // Room for one element at least, so no pointer is null on a rank with no tokens.
+    const std::size_t out_tokens = std::max(inputs.num_tokens, 1);
     {
       rocep::reference::ReferenceEp reference(MPI_COMM_WORLD, config);
       expected.recv_tokens.resize(rows * hidden);
@@ -199,7 +201,7 @@ class GpuEp : public ::testing::Test {
       reference.dispatch_recv({expected.recv_tokens.data(), expected.row_offsets.data(),
                                expected.expert_ids.data(), expected.src_info.data(),
                                expected.recv_weights.data(), nullptr});
-      expected.combined.resize(inputs.num_tokens * hidden);
+      expected.combined.resize(out_tokens * hidden);
       const rocep::CombineArgs weighted{expert_outputs.data(), expected.recv_weights.data(), shared.data(),
                                         expected.combined.data()};
       reference.combine_send(weighted);
@@ -210,7 +212,7 @@ class GpuEp : public ::testing::Test {
       reference.dispatch_recv({expected.recv_tokens.data(), expected.row_offsets.data(),
                                expected.expert_ids.data(), expected.src_info.data(),
                                expected.recv_weights.data(), nullptr});
-      expected.unreduced.resize(inputs.num_tokens * config.top_k * hidden);
+      expected.unreduced.resize(out_tokens * config.top_k * hidden);
       const rocep::CombineArgs unweighted{expert_outputs.data(), nullptr, nullptr, expected.unreduced.data()};
       reference.combine_send(unweighted);
       reference.combine_recv(unweighted);

@@ -103,9 +103,10 @@ TEST_F(IpcRoundTrip, KernelStoresIntoMappedPeerBuffer) {
       rocep::device_for_local_rank(node->rank(), rocep::device_count(), std::getenv("ROCEP_DEVICE"));
   rocep::set_device(device);
 
-  rocep::DeviceBuffer words(kWords * sizeof(uint32_t));
+  rocep::DeviceBuffer words(rocep::ipc_allocation_bytes(kWords * sizeof(uint32_t)));
   // [0] = the flag peers release into, [1] = the local block counter of send_pattern.
-  rocep::DeviceBuffer flags(2 * sizeof(uint32_t), rocep::DeviceMemoryKind::kPolledFlags);
+  rocep::DeviceBuffer flags(rocep::ipc_allocation_bytes(2 * sizeof(uint32_t)),
+                            rocep::DeviceMemoryKind::kPolledFlags);
   ROCEP_GPU_CHECK(hipMemset(words.get(), 0xA5, words.bytes()));
   ROCEP_GPU_CHECK(hipMemset(flags.get(), 0, flags.bytes()));
   rocep::DeviceBuffer status_buffer(sizeof(RoundTripStatus));

@@ -1,0 +1,161 @@
+// EpConfig validation, the per-format byte counts and the derived sizes (local experts, receive rows).
+// No MPI: every rank runs the same checks on its own.
+#include "rocep/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <limits>
+#include <string>
+
+#include "rocep/errors.hpp"
+
+namespace {
+
+using rocep::EpConfig;
+using rocep::TokenFormat;
+
+TEST(EpConfigTest, DefaultConfigIsValidAtEveryPowerOfTwoWorld) {
+  const EpConfig config;
+  for (int world_size : {1, 2, 4, 8}) {
+    SCOPED_TRACE("world_size " + std::to_string(world_size));
+    EXPECT_NO_THROW(config.validate(world_size));
+  }
+}
+
+TEST(EpConfigTest, EveryFormatAcceptsAHiddenOfWholeBlocks) {
+  for (TokenFormat format : {TokenFormat::kBf16, TokenFormat::kFp8Block128, TokenFormat::kMxfp4,
+                             TokenFormat::kNvfp4, TokenFormat::kMxfp8}) {
+    SCOPED_TRACE(rocep::to_string(format));
+    EpConfig config;
+    config.dispatch_format = format;
+    EXPECT_NO_THROW(config.validate(2));
+  }
+}
+
+// One rejected configuration: `mutate` breaks one field of a default config, validate(world_size) must
+// throw ConfigError whose message contains "<field> = <value>".
+struct Rejection {
+  const char* name;
+  void (*mutate)(EpConfig&);
+  int world_size;
+  const char* field;
+  const char* value;
+};
+
+class EpConfigRejectionTest : public ::testing::TestWithParam<Rejection> {};
+
+TEST_P(EpConfigRejectionTest, ThrowsConfigErrorNamingFieldAndValue) {
+  const Rejection& rejection = GetParam();
+  EpConfig config;
+  rejection.mutate(config);
+  try {
+    config.validate(rejection.world_size);
+    ADD_FAILURE() << "validate(" << rejection.world_size << ") accepted " << config.describe();
+  } catch (const rocep::ConfigError& error) {
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, std::string(rejection.field) + " = " + rejection.value,
+                        error.what());
+  }
+}
+
+const Rejection kRejections[] = {
+    {"HiddenZero", [](EpConfig& c) { c.hidden = 0; }, 2, "hidden", "0"},
+    {"HiddenNegative", [](EpConfig& c) { c.hidden = -8; }, 2, "hidden", "-8"},
+    {"HiddenTooLarge", [](EpConfig& c) { c.hidden = (1 << 16) + 8; }, 2, "hidden", "65544"},
+    {"HiddenNotMultipleOf8ForBf16", [](EpConfig& c) { c.hidden = 7172; }, 2, "hidden", "7172"},
+    {"HiddenNotMultipleOf128ForFp8Block128",
+     [](EpConfig& c) {
+       c.dispatch_format = TokenFormat::kFp8Block128;
+       c.hidden = 7168 + 64;
+     },
+     2, "hidden", "7232"},
+    {"HiddenNotMultipleOf32ForMxfp4",
+     [](EpConfig& c) {
+       c.dispatch_format = TokenFormat::kMxfp4;
+       c.hidden = 7168 + 16;
+     },
+     2, "hidden", "7184"},
+    {"TopKZero", [](EpConfig& c) { c.top_k = 0; }, 2, "top_k", "0"},
+    {"TopKAboveNumExperts", [](EpConfig& c) { c.top_k = 257; }, 2, "top_k", "257"},
+    {"NumExpertsZero", [](EpConfig& c) { c.num_experts = 0; }, 2, "num_experts", "0"},
+    {"NumExpertsNotDivisibleByWorld", [](EpConfig& c) { c.num_experts = 255; }, 2, "num_experts", "255"},
+    {"MaxTokensPerRankZero", [](EpConfig& c) { c.max_tokens_per_rank = 0; }, 2, "max_tokens_per_rank", "0"},
+    {"MaxTokensPerRankTooLarge", [](EpConfig& c) { c.max_tokens_per_rank = (1 << 16) + 1; }, 2,
+     "max_tokens_per_rank", "65537"},
+    {"GpusPerNodeNegative", [](EpConfig& c) { c.gpus_per_node = -1; }, 4, "gpus_per_node", "-1"},
+    {"GpusPerNodeAboveWorld", [](EpConfig& c) { c.gpus_per_node = 8; }, 4, "gpus_per_node", "8"},
+    {"GpusPerNodeNotDividingWorld", [](EpConfig& c) { c.gpus_per_node = 3; }, 4, "gpus_per_node", "3"},
+    {"NumBlocksNegative", [](EpConfig& c) { c.num_blocks = -1; }, 2, "num_blocks", "-1"},
+    {"ExpertAlignmentZero", [](EpConfig& c) { c.expert_alignment = 0; }, 2, "expert_alignment", "0"},
+    {"TimeoutZero", [](EpConfig& c) { c.timeout_seconds = 0.0; }, 2, "timeout_seconds", "0"},
+    {"TimeoutNegative", [](EpConfig& c) { c.timeout_seconds = -1.5; }, 2, "timeout_seconds", "-1.5"},
+    {"TimeoutNaN", [](EpConfig& c) { c.timeout_seconds = std::numeric_limits<double>::quiet_NaN(); }, 2,
+     "timeout_seconds", "nan"},
+    {"TimeoutInfinite", [](EpConfig& c) { c.timeout_seconds = std::numeric_limits<double>::infinity(); }, 2,
+     "timeout_seconds", "inf"},
+    {"DispatchFormatUnknownCode", [](EpConfig& c) { c.dispatch_format = static_cast<TokenFormat>(9); }, 2,
+     "dispatch_format", "9"},
+    {"CombineDtypeUnknownCode", [](EpConfig& c) { c.combine_dtype = static_cast<rocep::CombineDtype>(3); }, 2,
+     "combine_dtype", "3"},
+    {"WorldSizeZero", [](EpConfig&) {}, 0, "world_size", "0"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Fields, EpConfigRejectionTest, ::testing::ValuesIn(kRejections),
+                         [](const ::testing::TestParamInfo<Rejection>& param_info) {
+                           return param_info.param.name;
+                         });
+
+struct FormatSizes {
+  TokenFormat format;
+  int block_elements;
+  std::size_t payload_bytes;
+  std::size_t scale_bytes;
+};
+
+TEST(TokenFormatTest, SizesAtHidden7168) {
+  constexpr int kHidden = 7168;
+  const FormatSizes expected[] = {
+      {TokenFormat::kBf16, 1, kHidden * 2, 0},
+      {TokenFormat::kFp8Block128, 128, kHidden, kHidden / 128 * 4},  // 56 float32 scales
+      {TokenFormat::kMxfp4, 32, kHidden / 2, kHidden / 32},          // 224 e8m0 scales
+      {TokenFormat::kNvfp4, 16, kHidden / 2, kHidden / 16},          // 448 e4m3 scales
+      {TokenFormat::kMxfp8, 32, kHidden, kHidden / 32},              // 224 e8m0 scales
+  };
+  for (const FormatSizes& sizes : expected) {
+    SCOPED_TRACE(rocep::to_string(sizes.format));
+    EXPECT_EQ(rocep::format_block_elements(sizes.format), sizes.block_elements);
+    EXPECT_EQ(rocep::format_payload_bytes(sizes.format, kHidden), sizes.payload_bytes);
+    EXPECT_EQ(rocep::format_scale_bytes(sizes.format, kHidden), sizes.scale_bytes);
+  }
+}
+
+TEST(TokenFormatTest, UnknownFormatThrowsConfigError) {
+  const auto unknown = static_cast<TokenFormat>(9);
+  EXPECT_THROW(rocep::format_block_elements(unknown), rocep::ConfigError);
+  EXPECT_THROW(rocep::format_payload_bytes(unknown, 7168), rocep::ConfigError);
+  EXPECT_THROW(rocep::format_scale_bytes(unknown, 7168), rocep::ConfigError);
+}
+
+TEST(EpConfigTest, NumLocalExpertsSplitsExpertsEvenly) {
+  EpConfig config;  // 256 experts
+  EXPECT_EQ(config.num_local_experts(1), 256);
+  EXPECT_EQ(config.num_local_experts(2), 128);
+  EXPECT_EQ(config.num_local_experts(8), 32);
+}
+
+TEST(EpConfigTest, MaxRecvRowsIsWorldTimesTokensTimesTopKPlusPadding) {
+  EpConfig config;  // T 128, top_k 8, 256 experts
+  EXPECT_EQ(config.max_recv_rows(2), std::size_t{2 * 128 * 8});
+  config.expert_alignment = 4;  // 128 local experts, each padded by at most 3 rows
+  EXPECT_EQ(config.max_recv_rows(2), std::size_t{2 * 128 * 8 + 128 * 3});
+}
+
+TEST(EpConfigTest, MaxRecvRowsCapsTopKAtLocalExperts) {
+  EpConfig config;
+  config.num_experts = 16;  // 2 local experts at world 8: a token yields at most 2 rows on one rank
+  EXPECT_EQ(config.max_recv_rows(8), std::size_t{8 * 128 * 2});
+  config.expert_alignment = 8;
+  EXPECT_EQ(config.max_recv_rows(8), std::size_t{8 * 128 * 2 + 2 * 7});
+}
+
+}  // namespace

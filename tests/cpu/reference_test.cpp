@@ -1,0 +1,711 @@
+// ReferenceEp, the CPU reference of dispatch and combine over MPI, against a naive single-process model
+// written here. Every rank draws the inputs of every rank from one seed (drawn by rank 0, broadcast), so
+// each rank can compute its own expected outputs without communication; expert outputs are a hash of
+// (source rank, source token, slot, column) for the same reason. Every output buffer is poisoned before a
+// call and compared bit for bit, the rows past the last written one included.
+#include "host/reference.hpp"
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "hip/bf16.hpp"
+#include "rocep/config.hpp"
+#include "rocep/ep_group.hpp"
+#include "rocep/errors.hpp"
+#include "rocep/types.hpp"
+
+namespace {
+
+using rocep::bf16_bits;
+using rocep::EpConfig;
+using rocep::SrcInfo;
+using rocep::reference::ReferenceEp;
+
+constexpr uint8_t kPoison = 0xA5;
+constexpr bf16_bits kBf16NaN = 0x7FC0;
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+// Drawn fresh by rank 0 on every run (or taken from ROCEP_TEST_SEED to replay a failure), the same on
+// every rank.
+uint64_t shared_seed() {
+  uint64_t seed = 0;
+  if (world_rank() == 0) {
+    const char* replay = std::getenv("ROCEP_TEST_SEED");
+    if (replay != nullptr) {
+      seed = std::strtoull(replay, nullptr, 10);
+    } else {
+      std::random_device device;
+      seed = (uint64_t{device()} << 32) | device();
+    }
+  }
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  return seed;
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A bf16 that depends only on the seed and the indices: random sign, magnitude in [2^-12, 2^13). The wide
+// range makes sums cancel and round, so a change of summation order changes the result.
+bf16_bits hashed_bf16(uint64_t seed, std::initializer_list<int64_t> indices) {
+  uint64_t state = seed;
+  for (int64_t index : indices) {
+    state = splitmix64(state ^ static_cast<uint64_t>(index));
+  }
+  const int exponent = static_cast<int>(state % 25) - 12;
+  const float mantissa = 1.0f + static_cast<float>((state >> 32) & 0xffff) / 65536.0f;
+  const float sign = (state >> 63) != 0 ? -1.0f : 1.0f;
+  return rocep::float_to_bf16(sign * std::ldexp(mantissa, exponent));
+}
+
+// What the experts return for slot k of token t of source rank s, and the shared expert's row of that token.
+bf16_bits expert_output(uint64_t seed, int source, int token, int k, int column) {
+  return hashed_bf16(seed, {1, source, token, k, column});
+}
+bf16_bits shared_expert_output(uint64_t seed, int source, int token, int column) {
+  return hashed_bf16(seed, {2, source, token, column});
+}
+
+template <typename T>
+std::vector<T> poisoned(std::size_t count) {
+  std::vector<T> values(count);
+  std::memset(values.data(), kPoison, count * sizeof(T));
+  return values;
+}
+
+// Elements [first, end) of `values` still hold the poison.
+template <typename T>
+bool still_poisoned(const std::vector<T>& values, std::size_t first) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(values.data());
+  return std::all_of(bytes + first * sizeof(T), bytes + values.size() * sizeof(T),
+                     [](uint8_t byte) { return byte == kPoison; });
+}
+
+template <typename T>
+bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// `message` names `word` followed by exactly `number` ("token 3", not "token 31").
+::testing::AssertionResult names(const std::string& message, const std::string& word, int number) {
+  const std::string needle = word + " " + std::to_string(number);
+  for (std::size_t at = message.find(needle); at != std::string::npos; at = message.find(needle, at + 1)) {
+    const std::size_t end = at + needle.size();
+    if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) {
+      return ::testing::AssertionSuccess();
+    }
+  }
+  return ::testing::AssertionFailure() << "\"" << message << "\" does not name " << needle;
+}
+
+enum class Routing {
+  kUniform,       // random token counts, top_k distinct random experts per token
+  kMasked,        // as kUniform with about a quarter of the slots -1
+  kUnevenCounts,  // random counts, and rank 1 (rank 0 at one rank) has no tokens
+  kOneExpert,     // every token: slot 0 is expert 0, the other slots -1
+  kHotExperts,    // every token names the same top_k experts, in its own order
+  kFull,          // max_tokens_per_rank tokens on every rank
+};
+
+const char* to_string(Routing routing) {
+  switch (routing) {
+    case Routing::kUniform:
+      return "Uniform";
+    case Routing::kMasked:
+      return "Masked";
+    case Routing::kUnevenCounts:
+      return "UnevenCounts";
+    case Routing::kOneExpert:
+      return "OneExpert";
+    case Routing::kHotExperts:
+      return "HotExperts";
+    case Routing::kFull:
+      return "Full";
+  }
+  return "Unknown";
+}
+
+// A config at any world size: num_experts = experts_per_rank * world, so top_k <= experts_per_rank keeps
+// top_k <= num_experts.
+struct Shape {
+  int hidden;
+  int top_k;
+  int experts_per_rank;
+  int max_tokens_per_rank;
+  int expert_alignment;
+};
+
+std::string to_string(const Shape& shape) {
+  return "h" + std::to_string(shape.hidden) + "_k" + std::to_string(shape.top_k) + "_e" +
+         std::to_string(shape.experts_per_rank) + "PerRank_t" + std::to_string(shape.max_tokens_per_rank) +
+         "_a" + std::to_string(shape.expert_alignment);
+}
+
+// One rank's dispatch inputs.
+struct RankInputs {
+  int num_tokens = 0;
+  std::vector<bf16_bits> tokens;    // [num_tokens, hidden]
+  std::vector<int32_t> topk_ids;    // [num_tokens, top_k]
+  std::vector<float> topk_weights;  // [num_tokens, top_k]
+
+  rocep::DispatchInputs view() const {
+    rocep::DispatchInputs inputs;
+    inputs.tokens = tokens.data();
+    inputs.topk_ids = topk_ids.data();
+    inputs.topk_weights = topk_weights.data();
+    inputs.num_tokens = num_tokens;
+    return inputs;
+  }
+};
+
+// The first `count` values of a random permutation of `values` (partial Fisher-Yates).
+std::vector<int32_t> draw_distinct(std::vector<int32_t> values, int count, std::mt19937_64& rng) {
+  for (int i = 0; i < count; ++i) {
+    std::uniform_int_distribution<int> pick(i, static_cast<int>(values.size()) - 1);
+    std::swap(values[i], values[pick(rng)]);
+  }
+  values.resize(count);
+  return values;
+}
+
+// One routing problem: the config at this world size and the inputs of every rank.
+struct Problem {
+  Problem(const Shape& shape, Routing routing)
+      : seed(shared_seed()), world(world_size()), rank(world_rank()) {
+    config.hidden = shape.hidden;
+    config.top_k = shape.top_k;
+    config.num_experts = shape.experts_per_rank * world;
+    config.max_tokens_per_rank = shape.max_tokens_per_rank;
+    config.expert_alignment = shape.expert_alignment;
+    draw_inputs(routing);
+  }
+
+  int local_experts() const { return config.num_local_experts(world); }
+  std::size_t max_recv_rows() const { return config.max_recv_rows(world); }
+  const RankInputs& mine() const { return inputs[rank]; }
+  std::string trace() const {
+    return "seed " + std::to_string(seed) + " (replay with ROCEP_TEST_SEED=" + std::to_string(seed) + "), " +
+           config.describe();
+  }
+
+  uint64_t seed;
+  int world;
+  int rank;
+  EpConfig config;
+  std::vector<RankInputs> inputs;  // [world]
+
+ private:
+  void draw_inputs(Routing routing) {
+    std::mt19937_64 rng(seed);
+    const int top_k = config.top_k;
+    std::uniform_int_distribution<int> token_count(1, config.max_tokens_per_rank);
+    std::uniform_real_distribution<float> token_value(-4.0f, 4.0f);
+    std::uniform_real_distribution<float> weight(std::numeric_limits<float>::min(), 1.0f);
+    std::bernoulli_distribution masked(0.25);
+    std::vector<int32_t> experts(config.num_experts);
+    std::iota(experts.begin(), experts.end(), 0);
+    const std::vector<int32_t> hot_experts = draw_distinct(experts, top_k, rng);
+
+    inputs.resize(world);
+    for (int source = 0; source < world; ++source) {
+      RankInputs& in = inputs[source];
+      if (routing == Routing::kFull || routing == Routing::kOneExpert) {
+        in.num_tokens = config.max_tokens_per_rank;
+      } else if (routing == Routing::kUnevenCounts && source == 1 % world) {
+        in.num_tokens = 0;
+      } else {
+        in.num_tokens = token_count(rng);
+      }
+      for (int token = 0; token < in.num_tokens; ++token) {
+        for (int column = 0; column < config.hidden; ++column) {
+          bf16_bits value;
+          do {
+            value = rocep::float_to_bf16(token_value(rng));
+          } while ((value & 0x7fff) == 0);
+          in.tokens.push_back(value);
+        }
+        std::vector<int32_t> ids;
+        switch (routing) {
+          case Routing::kOneExpert:
+            ids.assign(top_k, -1);
+            ids[0] = 0;
+            break;
+          case Routing::kHotExperts:
+            ids = draw_distinct(hot_experts, top_k, rng);
+            break;
+          default:
+            ids = draw_distinct(experts, top_k, rng);
+            break;
+        }
+        if (routing == Routing::kMasked) {
+          for (int32_t& id : ids) {
+            id = masked(rng) ? -1 : id;
+          }
+        }
+        in.topk_ids.insert(in.topk_ids.end(), ids.begin(), ids.end());
+        for (int k = 0; k < top_k; ++k) {
+          in.topk_weights.push_back(weight(rng));
+        }
+      }
+    }
+  }
+};
+
+// Where one dispatch writes on this rank, poisoned before the call.
+struct DispatchBuffers {
+  explicit DispatchBuffers(const Problem& problem)
+      : recv_tokens(poisoned<bf16_bits>(problem.max_recv_rows() * problem.config.hidden)),
+        row_offsets(poisoned<uint32_t>(problem.local_experts() + 1)),
+        expert_ids(poisoned<int32_t>(problem.local_experts())),
+        src_info(poisoned<SrcInfo>(problem.max_recv_rows())),
+        recv_weights(poisoned<float>(problem.max_recv_rows())) {}
+
+  rocep::DispatchOutputs view() {
+    rocep::DispatchOutputs outputs;
+    outputs.recv_tokens = recv_tokens.data();
+    outputs.row_offsets = row_offsets.data();
+    outputs.expert_ids = expert_ids.data();
+    outputs.src_info = src_info.data();
+    outputs.recv_weights = recv_weights.data();
+    return outputs;
+  }
+
+  bool same_bytes_as(const DispatchBuffers& other) const {
+    return same_bytes(recv_tokens, other.recv_tokens) && same_bytes(row_offsets, other.row_offsets) &&
+           same_bytes(expert_ids, other.expert_ids) && same_bytes(src_info, other.src_info) &&
+           same_bytes(recv_weights, other.recv_weights);
+  }
+
+  std::vector<bf16_bits> recv_tokens;  // [R, hidden]
+  std::vector<uint32_t> row_offsets;   // [L + 1]
+  std::vector<int32_t> expert_ids;     // [L]
+  std::vector<SrcInfo> src_info;       // [R]
+  std::vector<float> recv_weights;     // [R]
+};
+
+// The rows dispatch must produce on this rank, by the naive definition.
+struct ExpectedDispatch {
+  std::vector<uint32_t> row_offsets;  // [L + 1]
+  std::vector<bf16_bits> rows;        // [row_offsets[L], hidden]
+  std::vector<SrcInfo> src_info;      // [row_offsets[L]]
+  std::vector<float> weights;         // [row_offsets[L]]
+  std::vector<int64_t> token_counts;  // [L]: rows per expert, padding excluded
+};
+
+ExpectedDispatch naive_dispatch(const Problem& problem) {
+  const int top_k = problem.config.top_k;
+  const int hidden = problem.config.hidden;
+  const int local_experts = problem.local_experts();
+  ExpectedDispatch expected;
+  for (int expert = 0; expert < local_experts; ++expert) {
+    const auto first_row = static_cast<uint32_t>(expected.src_info.size());
+    expected.row_offsets.push_back(first_row);
+    for (int source = 0; source < problem.world; ++source) {
+      const RankInputs& in = problem.inputs[source];
+      for (int token = 0; token < in.num_tokens; ++token) {
+        for (int k = 0; k < top_k; ++k) {
+          if (in.topk_ids[token * top_k + k] != problem.rank * local_experts + expert) {
+            continue;
+          }
+          expected.rows.insert(expected.rows.end(), in.tokens.begin() + token * hidden,
+                               in.tokens.begin() + (token + 1) * hidden);
+          expected.src_info.push_back({source, token, k});
+          expected.weights.push_back(in.topk_weights[token * top_k + k]);
+        }
+      }
+    }
+    expected.token_counts.push_back(expected.src_info.size() - first_row);
+    while ((expected.src_info.size() - first_row) % problem.config.expert_alignment != 0) {
+      expected.rows.insert(expected.rows.end(), hidden, bf16_bits{0});
+      expected.src_info.push_back({-1, -1, -1});
+      expected.weights.push_back(0.0f);
+    }
+  }
+  expected.row_offsets.push_back(static_cast<uint32_t>(expected.src_info.size()));
+  return expected;
+}
+
+// Row `row` of `actual` equals the expected one bit for bit: src_info, weight and token payload.
+::testing::AssertionResult row_matches(const DispatchBuffers& actual, const ExpectedDispatch& expected,
+                                       std::size_t row, int hidden) {
+  const SrcInfo& got = actual.src_info[row];
+  const SrcInfo& want = expected.src_info[row];
+  if (got.rank != want.rank || got.token != want.token || got.k != want.k) {
+    return ::testing::AssertionFailure()
+           << "row " << row << ": src_info {" << got.rank << ", " << got.token << ", " << got.k
+           << "}, expected {" << want.rank << ", " << want.token << ", " << want.k << "}";
+  }
+  if (std::memcmp(&actual.recv_weights[row], &expected.weights[row], sizeof(float)) != 0) {
+    return ::testing::AssertionFailure() << "row " << row << ": weight " << actual.recv_weights[row]
+                                         << ", expected " << expected.weights[row];
+  }
+  if (std::memcmp(actual.recv_tokens.data() + row * hidden, expected.rows.data() + row * hidden,
+                  hidden * sizeof(bf16_bits)) != 0) {
+    return ::testing::AssertionFailure() << "row " << row << ": the token payload differs";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Every written row bit for bit (up to the first differing one), and the poison left past the last row.
+void expect_dispatch_matches(const DispatchBuffers& actual, const Problem& problem) {
+  const ExpectedDispatch expected = naive_dispatch(problem);
+  const int hidden = problem.config.hidden;
+  EXPECT_EQ(actual.row_offsets, expected.row_offsets);
+  std::vector<int32_t> identity(problem.local_experts());
+  std::iota(identity.begin(), identity.end(), 0);
+  EXPECT_EQ(actual.expert_ids, identity);
+
+  const std::size_t rows = expected.src_info.size();
+  ASSERT_LE(rows, problem.max_recv_rows()) << "the routing yields more rows than max_recv_rows";
+  for (std::size_t row = 0; row < rows; ++row) {
+    ASSERT_TRUE(row_matches(actual, expected, row, hidden));
+  }
+  EXPECT_TRUE(still_poisoned(actual.recv_tokens, rows * hidden)) << "recv_tokens written past row " << rows;
+  EXPECT_TRUE(still_poisoned(actual.src_info, rows)) << "src_info written past row " << rows;
+  EXPECT_TRUE(still_poisoned(actual.recv_weights, rows)) << "recv_weights written past row " << rows;
+}
+
+DispatchBuffers dispatch(ReferenceEp& ep, const Problem& problem) {
+  DispatchBuffers buffers(problem);
+  ep.dispatch_send(problem.mine().view());
+  ep.dispatch_recv(buffers.view());
+  return buffers;
+}
+
+// The expert outputs [R, hidden] for the rows of `dispatched`: the hash of each row's origin; NaN in
+// padding rows and past the last row, which combine must not read.
+std::vector<bf16_bits> expert_outputs(const Problem& problem, const DispatchBuffers& dispatched) {
+  const int hidden = problem.config.hidden;
+  const uint32_t rows = dispatched.row_offsets[problem.local_experts()];
+  std::vector<bf16_bits> outputs(problem.max_recv_rows() * hidden, kBf16NaN);
+  for (uint32_t row = 0; row < rows && row < problem.max_recv_rows(); ++row) {
+    const SrcInfo& origin = dispatched.src_info[row];
+    if (origin.rank < 0) {
+      continue;
+    }
+    for (int column = 0; column < hidden; ++column) {
+      outputs[row * hidden + column] =
+          expert_output(problem.seed, origin.rank, origin.token, origin.k, column);
+    }
+  }
+  return outputs;
+}
+
+// This rank's shared-expert rows [num_tokens, hidden].
+std::vector<bf16_bits> shared_expert_outputs(const Problem& problem) {
+  std::vector<bf16_bits> rows;
+  for (int token = 0; token < problem.mine().num_tokens; ++token) {
+    for (int column = 0; column < problem.config.hidden; ++column) {
+      rows.push_back(shared_expert_output(problem.seed, problem.rank, token, column));
+    }
+  }
+  return rows;
+}
+
+// Weighted combine on this rank: per destination rank the partial sum (fma in ascending k) rounded to bf16,
+// the partials summed in float32 in ascending rank order, the shared row added, one final rounding.
+std::vector<bf16_bits> naive_weighted_combine(const Problem& problem, bool with_shared_expert) {
+  const RankInputs& in = problem.mine();
+  const int top_k = problem.config.top_k;
+  const int hidden = problem.config.hidden;
+  std::vector<bf16_bits> out;
+  for (int token = 0; token < in.num_tokens; ++token) {
+    for (int column = 0; column < hidden; ++column) {
+      float sum = 0.0f;
+      for (int destination = 0; destination < problem.world; ++destination) {
+        bool reached = false;
+        float partial = 0.0f;
+        for (int k = 0; k < top_k; ++k) {
+          const int32_t id = in.topk_ids[token * top_k + k];
+          if (id < 0 || id / problem.local_experts() != destination) {
+            continue;
+          }
+          reached = true;
+          const float y = rocep::bf16_to_float(expert_output(problem.seed, problem.rank, token, k, column));
+          partial = std::fma(in.topk_weights[token * top_k + k], y, partial);
+        }
+        if (reached) {
+          sum += rocep::bf16_to_float(rocep::float_to_bf16(partial));
+        }
+      }
+      if (with_shared_expert) {
+        sum += rocep::bf16_to_float(shared_expert_output(problem.seed, problem.rank, token, column));
+      }
+      out.push_back(rocep::float_to_bf16(sum));
+    }
+  }
+  return out;
+}
+
+// Unweighted combine on this rank: [num_tokens, top_k, hidden], each slot's expert output, zeros for -1.
+std::vector<bf16_bits> naive_unweighted_combine(const Problem& problem) {
+  const RankInputs& in = problem.mine();
+  const int top_k = problem.config.top_k;
+  std::vector<bf16_bits> out;
+  for (int token = 0; token < in.num_tokens; ++token) {
+    for (int k = 0; k < top_k; ++k) {
+      for (int column = 0; column < problem.config.hidden; ++column) {
+        const bool routed = in.topk_ids[token * top_k + k] >= 0;
+        out.push_back(routed ? expert_output(problem.seed, problem.rank, token, k, column) : bf16_bits{0});
+      }
+    }
+  }
+  return out;
+}
+
+enum class Combine { kWeighted, kWeightedWithSharedExpert, kUnweighted };
+
+// Runs a combine of the rows of `dispatched` into a poisoned out buffer of max_tokens_per_rank tokens.
+std::vector<bf16_bits> combine(ReferenceEp& ep, const Problem& problem, const DispatchBuffers& dispatched,
+                               Combine kind) {
+  const std::vector<bf16_bits> y = expert_outputs(problem, dispatched);
+  const std::vector<bf16_bits> shared = shared_expert_outputs(problem);
+  const int slots = kind == Combine::kUnweighted ? problem.config.top_k : 1;
+  std::vector<bf16_bits> out = poisoned<bf16_bits>(std::size_t{1} * problem.config.max_tokens_per_rank *
+                                                   slots * problem.config.hidden);
+  rocep::CombineArgs args;
+  args.expert_outputs = y.data();
+  args.row_weights = kind == Combine::kUnweighted ? nullptr : dispatched.recv_weights.data();
+  args.shared_expert_output = kind == Combine::kWeightedWithSharedExpert ? shared.data() : nullptr;
+  args.out = out.data();
+  ep.combine_send(args);
+  ep.combine_recv(args);
+  return out;
+}
+
+// The first num_tokens rows of `out` equal `expected` bit for bit, the rest is still poison.
+void expect_combine_matches(const std::vector<bf16_bits>& out, const std::vector<bf16_bits>& expected,
+                            int row_elements) {
+  ASSERT_LE(expected.size(), out.size());
+  for (std::size_t row = 0; row * row_elements < expected.size(); ++row) {
+    ASSERT_EQ(std::memcmp(out.data() + row * row_elements, expected.data() + row * row_elements,
+                          row_elements * sizeof(bf16_bits)),
+              0)
+        << "combined row " << row << " differs";
+  }
+  EXPECT_TRUE(still_poisoned(out, expected.size())) << "combine wrote past the last token";
+}
+
+// --- every routing on every shape ----------------------------------------------------------------------
+
+class ReferenceEpRoutingTest : public ::testing::TestWithParam<std::tuple<Routing, Shape>> {
+ protected:
+  ReferenceEpRoutingTest()
+      : problem_(std::get<1>(GetParam()), std::get<0>(GetParam())),
+        trace_(__FILE__, __LINE__, problem_.trace()),
+        ep_(MPI_COMM_WORLD, problem_.config) {}
+
+  Problem problem_;
+  ::testing::ScopedTrace trace_;
+  ReferenceEp ep_;
+};
+
+TEST_P(ReferenceEpRoutingTest, DispatchMatchesNaiveLayout) {
+  expect_dispatch_matches(dispatch(ep_, problem_), problem_);
+}
+
+TEST_P(ReferenceEpRoutingTest, WeightedCombineMatchesNaiveSum) {
+  const DispatchBuffers dispatched = dispatch(ep_, problem_);
+  expect_combine_matches(combine(ep_, problem_, dispatched, Combine::kWeighted),
+                         naive_weighted_combine(problem_, false), problem_.config.hidden);
+}
+
+TEST_P(ReferenceEpRoutingTest, WeightedCombineAddsSharedExpert) {
+  const DispatchBuffers dispatched = dispatch(ep_, problem_);
+  expect_combine_matches(combine(ep_, problem_, dispatched, Combine::kWeightedWithSharedExpert),
+                         naive_weighted_combine(problem_, true), problem_.config.hidden);
+}
+
+TEST_P(ReferenceEpRoutingTest, UnweightedCombineReturnsEverySlot) {
+  const DispatchBuffers dispatched = dispatch(ep_, problem_);
+  expect_combine_matches(combine(ep_, problem_, dispatched, Combine::kUnweighted),
+                         naive_unweighted_combine(problem_), problem_.config.top_k * problem_.config.hidden);
+}
+
+constexpr Routing kRoutings[] = {Routing::kUniform,   Routing::kMasked,     Routing::kUnevenCounts,
+                                 Routing::kOneExpert, Routing::kHotExperts, Routing::kFull};
+
+constexpr Shape kShapes[] = {
+    {64, 1, 8, 16, 1},
+    {256, 4, 4, 32, 4},
+    {64, 8, 16, 64, 4},
+    {256, 8, 16, 24, 1},
+};
+
+INSTANTIATE_TEST_SUITE_P(Routings, ReferenceEpRoutingTest,
+                         ::testing::Combine(::testing::ValuesIn(kRoutings), ::testing::ValuesIn(kShapes)),
+                         [](const ::testing::TestParamInfo<std::tuple<Routing, Shape>>& param_info) {
+                           return std::string(to_string(std::get<0>(param_info.param))) + "_" +
+                                  to_string(std::get<1>(param_info.param));
+                         });
+
+// --- calls, repeats and the EpGroup wrapper ------------------------------------------------------------
+
+constexpr Shape kSmallShape = {64, 4, 4, 16, 4};
+
+TEST(ReferenceEpTest, ExpertTokenCountsAccumulateOverCalls) {
+  const Problem problem(kSmallShape, Routing::kMasked);
+  SCOPED_TRACE(problem.trace());
+  ReferenceEp ep(MPI_COMM_WORLD, problem.config);
+  const std::vector<int64_t> expected = naive_dispatch(problem).token_counts;
+  std::vector<int64_t> counts(problem.local_experts(), 0);
+  for (int64_t calls = 1; calls <= 2; ++calls) {
+    DispatchBuffers buffers(problem);
+    rocep::DispatchOutputs outputs = buffers.view();
+    outputs.expert_token_counts = counts.data();
+    ep.dispatch_send(problem.mine().view());
+    ep.dispatch_recv(outputs);
+    expect_dispatch_matches(buffers, problem);
+    for (int expert = 0; expert < problem.local_experts(); ++expert) {
+      EXPECT_EQ(counts[expert], calls * expected[expert]) << "local expert " << expert << " after " << calls;
+    }
+  }
+}
+
+TEST(ReferenceEpTest, SplitCallsEqualEpGroupAndRepeatBitIdentically) {
+  const Problem problem({256, 8, 16, 32, 4}, Routing::kMasked);
+  SCOPED_TRACE(problem.trace());
+  ReferenceEp ep(MPI_COMM_WORLD, problem.config);
+  rocep::EpGroup group(MPI_COMM_WORLD, problem.config, rocep::Backend::kCpuReference);
+  EXPECT_EQ(group.backend(), rocep::Backend::kCpuReference);
+  EXPECT_EQ(group.max_recv_rows(), problem.max_recv_rows());
+  EXPECT_EQ(group.num_local_experts(), problem.local_experts());
+
+  const DispatchBuffers split = dispatch(ep, problem);
+  expect_dispatch_matches(split, problem);
+  const std::vector<bf16_bits> y = expert_outputs(problem, split);
+  const std::vector<bf16_bits> shared = shared_expert_outputs(problem);
+  const std::vector<bf16_bits> split_out = combine(ep, problem, split, Combine::kWeightedWithSharedExpert);
+
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE("EpGroup run " + std::to_string(run));
+    DispatchBuffers fused(problem);
+    group.dispatch(problem.mine().view(), fused.view());
+    EXPECT_TRUE(fused.same_bytes_as(split));
+    std::vector<bf16_bits> out = poisoned<bf16_bits>(split_out.size());
+    rocep::CombineArgs args;
+    args.expert_outputs = y.data();
+    args.row_weights = fused.recv_weights.data();
+    args.shared_expert_output = shared.data();
+    args.out = out.data();
+    group.combine(args);
+    EXPECT_TRUE(same_bytes(out, split_out));
+  }
+}
+
+// --- invalid input --------------------------------------------------------------------------------------
+
+// Every rank calls dispatch; the last rank passes `last_rank_inputs` instead of its own. Returns the
+// message of the InvalidInputError this rank got, or "" if it got none.
+std::string failed_dispatch_error(ReferenceEp& ep, const Problem& problem,
+                                  const RankInputs& last_rank_inputs) {
+  const bool last = problem.rank == problem.world - 1;
+  DispatchBuffers buffers(problem);
+  try {
+    ep.dispatch_send(last ? last_rank_inputs.view() : problem.mine().view());
+    ep.dispatch_recv(buffers.view());
+  } catch (const rocep::InvalidInputError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+class ReferenceEpInvalidInputTest : public ::testing::Test {
+ protected:
+  ReferenceEpInvalidInputTest()
+      : problem_(kSmallShape, Routing::kUniform),
+        trace_(__FILE__, __LINE__, problem_.trace()),
+        ep_(MPI_COMM_WORLD, problem_.config),
+        last_rank_(problem_.world - 1),
+        bad_inputs_(problem_.inputs[last_rank_]),
+        bad_token_(bad_inputs_.num_tokens / 2) {}
+
+  // Every rank threw; the last rank's message names it, the token and the slot, the others name the last
+  // rank. Then a valid dispatch on the same object gives the naive layout.
+  void expect_rejected_then_usable(const std::string& message, int slot) {
+    EXPECT_FALSE(message.empty()) << "no InvalidInputError on this rank";
+    EXPECT_TRUE(names(message, "rank", last_rank_));
+    if (problem_.rank == last_rank_) {
+      EXPECT_TRUE(names(message, "token", bad_token_));
+      EXPECT_TRUE(names(message, "slot", slot));
+    }
+    expect_dispatch_matches(dispatch(ep_, problem_), problem_);
+  }
+
+  Problem problem_;
+  ::testing::ScopedTrace trace_;
+  ReferenceEp ep_;
+  int last_rank_;
+  RankInputs bad_inputs_;  // the last rank's inputs, to be broken by a test
+  int bad_token_;
+};
+
+TEST_F(ReferenceEpInvalidInputTest, ExpertIdOutOfRangeThrowsOnEveryRank) {
+  const int slot = problem_.config.top_k - 1;
+  for (int32_t bad_id : {problem_.config.num_experts, -2}) {
+    SCOPED_TRACE("expert id " + std::to_string(bad_id));
+    RankInputs inputs = bad_inputs_;
+    inputs.topk_ids[bad_token_ * problem_.config.top_k + slot] = bad_id;
+    expect_rejected_then_usable(failed_dispatch_error(ep_, problem_, inputs), slot);
+  }
+}
+
+TEST_F(ReferenceEpInvalidInputTest, ExpertNamedTwiceByOneTokenThrowsOnEveryRank) {
+  const int slot = problem_.config.top_k - 1;
+  const int top_k = problem_.config.top_k;
+  bad_inputs_.topk_ids[bad_token_ * top_k + slot] = bad_inputs_.topk_ids[bad_token_ * top_k];
+  expect_rejected_then_usable(failed_dispatch_error(ep_, problem_, bad_inputs_), slot);
+}
+
+TEST_F(ReferenceEpInvalidInputTest, TokenCountOutsideTheMaximumThrowsOnEveryRank) {
+  const int top_k = problem_.config.top_k;
+  const int hidden = problem_.config.hidden;
+  // One token more than allowed, with valid data behind it.
+  bad_inputs_.num_tokens = problem_.config.max_tokens_per_rank + 1;
+  bad_inputs_.tokens.assign(std::size_t{1} * bad_inputs_.num_tokens * hidden, bf16_bits{0x3f80});
+  bad_inputs_.topk_ids.assign(std::size_t{1} * bad_inputs_.num_tokens * top_k, -1);
+  bad_inputs_.topk_weights.assign(std::size_t{1} * bad_inputs_.num_tokens * top_k, 1.0f);
+  for (int num_tokens : {bad_inputs_.num_tokens, -1}) {
+    SCOPED_TRACE("num_tokens " + std::to_string(num_tokens));
+    bad_inputs_.num_tokens = num_tokens;
+    const std::string message = failed_dispatch_error(ep_, problem_, bad_inputs_);
+    EXPECT_FALSE(message.empty()) << "no InvalidInputError on this rank";
+    EXPECT_TRUE(names(message, "rank", last_rank_));
+    if (problem_.rank == last_rank_) {
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring, "num_tokens = " + std::to_string(num_tokens), message);
+    }
+    expect_dispatch_matches(dispatch(ep_, problem_), problem_);
+  }
+}
+
+}  // namespace
