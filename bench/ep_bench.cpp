@@ -17,7 +17,18 @@
 #include <vector>
 
 #include "hip/bf16.hpp"
+#include "host/bootstrap.hpp"
 #include "rocep/rocep.hpp"
+
+#if defined(ROCEP_PLATFORM_AMD) || defined(ROCEP_PLATFORM_NVIDIA)
+#define ROCEP_HAS_GPU 1
+#include <memory>
+
+#include "host/device.hpp"
+#include "host/device_memory.hpp"
+#include "host/gpu_check.hpp"
+#include "host/ipc.hpp"
+#endif
 
 namespace {
 
@@ -138,15 +149,99 @@ struct SummaryRow {
 };
 std::vector<SummaryRow> summary;
 
-void print_summary() {
-  std::printf("\n%-28s %-16s %12s %12s %10s\n", "case", "backend", "median [us]", "remote [MB]", "GB/s");
+void print_summary(double link_peak) {
+  if (link_peak > 0) {
+    std::printf("\nP2P link peak measured in this run: %.1f GB/s per rank (copy engine, all ranks at once)\n",
+                link_peak);
+  }
+  std::printf("\n%-28s %-18s %12s %12s %10s %10s\n", "case", "backend", "median [us]", "remote [MB]", "GB/s",
+              "of link");
   for (const SummaryRow& row : summary) {
-    std::printf("%-28s %-16s %12.1f %12.3f %10.3f\n", row.name.c_str(), row.backend.c_str(), row.median_us,
-                row.remote_mb, row.gb_per_s);
+    std::printf("%-28s %-18s %12.1f %12.3f %10.3f %9.0f%%\n", row.name.c_str(), row.backend.c_str(),
+                row.median_us, row.remote_mb, row.gb_per_s,
+                link_peak > 0 ? 100 * row.gb_per_s / link_peak : 0.0);
   }
 }
 
 // Times `operation` on an EpGroup of the whole world. Counters: median and per-call bytes / bandwidth.
+#if defined(ROCEP_HAS_GPU)
+// The P2P link peak, measured in this run: every rank copies 256 MiB into the next rank's mapped buffer at
+// the same time (copy engine), median of 10; GB/s per rank, the slowest rank's.
+double measure_link_peak_gb_per_s() {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world < 2)
+    return 0.0;
+  rocep::MpiBootstrap bootstrap(MPI_COMM_WORLD);
+  const std::size_t bytes = rocep::ipc_allocation_bytes(std::size_t{256} << 20);
+  rocep::DeviceBuffer source(bytes);
+  rocep::DeviceBuffer target(bytes);
+  ROCEP_GPU_CHECK(hipMemset(source.get(), 1, bytes));
+  const rocep::PeerBuffers peers(bootstrap, target);
+  rocep::Stream stream;
+  rocep::Event start, stop;
+  std::vector<double> seconds;
+  for (int repeat = 0; repeat < 12; ++repeat) {
+    bootstrap.barrier();
+    start.record(stream.get());
+    ROCEP_GPU_CHECK(hipMemcpyAsync(peers[(bootstrap.rank() + 1) % world], source.get(), bytes,
+                                   hipMemcpyDeviceToDevice, stream.get()));
+    stop.record(stream.get());
+    stop.synchronize();
+    if (repeat >= 2)
+      seconds.push_back(max_over_ranks(stop.elapsed_ms_since(start) * 1e-3));
+  }
+  bootstrap.barrier();
+  return bytes / median(seconds) / 1e9;
+}
+#endif
+
+// Memory for one case: host vectors on the CPU reference backend, device buffers on the GPU backend.
+class CaseMemory {
+ public:
+  explicit CaseMemory(bool on_gpu) : on_gpu_(on_gpu) {}
+  template <typename T>
+  T* make(const std::vector<T>& contents) {
+    void* pointer = allocate(std::max<std::size_t>(contents.size(), 1) * sizeof(T));
+    copy_in(pointer, contents.data(), contents.size() * sizeof(T));
+    return static_cast<T*>(pointer);
+  }
+  template <typename T>
+  T* make(std::size_t count) {
+    return static_cast<T*>(allocate(std::max<std::size_t>(count, 1) * sizeof(T)));
+  }
+
+ private:
+  void* allocate(std::size_t bytes) {
+#if defined(ROCEP_HAS_GPU)
+    if (on_gpu_) {
+      device_.emplace_back(bytes);
+      ROCEP_GPU_CHECK(hipMemset(device_.back().get(), 0, bytes));
+      return device_.back().get();
+    }
+#endif
+    host_.emplace_back(bytes);
+    return host_.back().data();
+  }
+  void copy_in(void* destination, const void* source, std::size_t bytes) {
+#if defined(ROCEP_HAS_GPU)
+    if (on_gpu_) {
+      ROCEP_GPU_CHECK(hipMemcpy(destination, source, bytes, hipMemcpyHostToDevice));
+      return;
+    }
+#endif
+    if (bytes > 0)
+      std::memcpy(destination, source, bytes);
+  }
+  bool on_gpu_;
+  std::vector<std::vector<uint8_t>> host_;
+#if defined(ROCEP_HAS_GPU)
+  std::vector<rocep::DeviceBuffer> device_;
+#endif
+};
+
+// Times `operation` on an EpGroup of the whole world. Each iteration starts after a barrier and ends when
+// the rank's work is complete (device events on the GPU backend); its time is the slowest rank's.
 void run_case(benchmark::State& state, const std::string& name, Operation operation, rocep::EpConfig config,
               int num_tokens) {
   int rank = 0;
@@ -155,35 +250,67 @@ void run_case(benchmark::State& state, const std::string& name, Operation operat
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   config.max_tokens_per_rank = num_tokens;
   rocep::EpGroup group(MPI_COMM_WORLD, config);
+  const bool on_gpu = group.backend() == rocep::Backend::kGpu;
   const Workload workload = make_workload(config, num_tokens, rank, world, 12345u);
 
+  CaseMemory memory(on_gpu);
   const std::size_t rows = group.max_recv_rows();
-  std::vector<rocep::bf16_bits> recv_tokens(rows * config.hidden);
-  std::vector<uint32_t> row_offsets(group.num_local_experts() + 1);
-  std::vector<int32_t> expert_ids(group.num_local_experts());
-  std::vector<rocep::SrcInfo> src_info(rows);
-  std::vector<float> recv_weights(rows);
-  std::vector<rocep::bf16_bits> combined(static_cast<std::size_t>(num_tokens) * config.hidden);
-
-  const rocep::DispatchInputs inputs{workload.tokens.data(), workload.topk_ids.data(),
-                                     workload.topk_weights.data(), num_tokens, nullptr};
-  const rocep::DispatchOutputs outputs{recv_tokens.data(), row_offsets.data(),  expert_ids.data(),
-                                       src_info.data(),    recv_weights.data(), nullptr};
+  auto* recv_tokens = memory.make<rocep::bf16_bits>(rows * config.hidden);
+  auto* recv_weights = memory.make<float>(rows);
+  const rocep::DispatchInputs inputs{memory.make(workload.tokens), memory.make(workload.topk_ids),
+                                     memory.make(workload.topk_weights), num_tokens, nullptr};
+  const rocep::DispatchOutputs outputs{recv_tokens,
+                                       memory.make<uint32_t>(group.num_local_experts() + 1),
+                                       memory.make<int32_t>(group.num_local_experts()),
+                                       memory.make<rocep::SrcInfo>(rows),
+                                       recv_weights,
+                                       nullptr};
   // Expert outputs: the dispatched rows themselves (an identity expert) are as good as any for timing.
-  const rocep::CombineArgs combine_args{recv_tokens.data(), recv_weights.data(), nullptr, combined.data()};
+  const rocep::CombineArgs combine_args{
+      recv_tokens, recv_weights, nullptr,
+      memory.make<rocep::bf16_bits>(std::size_t{1} * num_tokens * config.hidden)};
+#if defined(ROCEP_HAS_GPU)
+  std::unique_ptr<rocep::Stream> stream = on_gpu ? std::make_unique<rocep::Stream>() : nullptr;
+  std::unique_ptr<rocep::Event> start_event = on_gpu ? std::make_unique<rocep::Event>() : nullptr;
+  std::unique_ptr<rocep::Event> stop_event = on_gpu ? std::make_unique<rocep::Event>() : nullptr;
+  void* stream_handle = on_gpu ? stream->get() : nullptr;
+#else
+  void* stream_handle = nullptr;
+#endif
 
-  group.dispatch(inputs, outputs);  // warm-up, and the layout combine needs
-  group.combine(combine_args);
+  // Warm-up (module load, first touch), and the layout combine needs.
+  for (int warm_up = 0; warm_up < 3; ++warm_up) {
+    group.dispatch(inputs, outputs, stream_handle);
+    group.combine(combine_args, stream_handle);
+  }
+  group.synchronize(stream_handle);
   std::vector<double> seconds;
   for (auto _ : state) {
     MPI_Barrier(MPI_COMM_WORLD);
-    const double start = MPI_Wtime();
-    if (operation == Operation::kDispatch) {
-      group.dispatch(inputs, outputs);
-    } else {
-      group.combine(combine_args);
+    double elapsed = 0;
+#if defined(ROCEP_HAS_GPU)
+    if (on_gpu) {
+      start_event->record(stream->get());
+      if (operation == Operation::kDispatch) {
+        group.dispatch(inputs, outputs, stream_handle);
+      } else {
+        group.combine(combine_args, stream_handle);
+      }
+      stop_event->record(stream->get());
+      group.synchronize(stream_handle);
+      elapsed = stop_event->elapsed_ms_since(*start_event) * 1e-3;
     }
-    const double slowest = max_over_ranks(MPI_Wtime() - start);
+#endif
+    if (!on_gpu) {
+      const double start = MPI_Wtime();
+      if (operation == Operation::kDispatch) {
+        group.dispatch(inputs, outputs);
+      } else {
+        group.combine(combine_args);
+      }
+      elapsed = MPI_Wtime() - start;
+    }
+    const double slowest = max_over_ranks(elapsed);
     seconds.push_back(slowest);
     state.SetIterationTime(slowest);
   }
@@ -225,6 +352,16 @@ int main(int argc, char** argv) {
     config.validate(world);
 
     benchmark::Initialize(&argc, argv);
+    double link_peak = 0.0;
+#if defined(ROCEP_HAS_GPU)
+    if (rocep::device_count() > 0) {
+      rocep::MpiBootstrap world_bootstrap(MPI_COMM_WORLD);
+      const auto node = world_bootstrap.split_node();
+      rocep::set_device(
+          rocep::device_for_local_rank(node->rank(), rocep::device_count(), std::getenv("ROCEP_DEVICE")));
+      link_peak = measure_link_peak_gb_per_s();
+    }
+#endif
     for (const int tokens : options.tokens) {
       for (const Operation operation : {Operation::kDispatch, Operation::kCombine}) {
         const std::string name = std::string(operation == Operation::kDispatch ? "dispatch" : "combine") +
@@ -239,7 +376,7 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       std::printf("rocep benchmark: %d rank(s), %s\n", world, config.describe().c_str());
       benchmark::RunSpecifiedBenchmarks();
-      print_summary();
+      print_summary(link_peak);
     } else {
       SilentReporter silent;
       benchmark::RunSpecifiedBenchmarks(&silent);

@@ -18,6 +18,7 @@
 #include <initializer_list>
 #include <limits>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <tuple>
@@ -75,8 +76,8 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// A bf16 that depends only on the seed and the indices: random sign, magnitude in [2^-12, 2^13). The wide
-// range makes sums cancel and round, so a change of summation order changes the result.
+// A bf16 that depends only on the seed and the indices: random sign, magnitude in [2^-12, 2^13). Over that
+// range float32 sums of bf16 values round, so a change in the order of the partial sums shows.
 bf16_bits hashed_bf16(uint64_t seed, std::initializer_list<int64_t> indices) {
   uint64_t state = seed;
   for (int64_t index : indices) {
@@ -169,6 +170,14 @@ std::string to_string(const Shape& shape) {
   return "h" + std::to_string(shape.hidden) + "_k" + std::to_string(shape.top_k) + "_e" +
          std::to_string(shape.experts_per_rank) + "PerRank_t" + std::to_string(shape.max_tokens_per_rank) +
          "_a" + std::to_string(shape.expert_alignment);
+}
+
+// Readable parameters in gtest's failure lines.
+void PrintTo(Routing routing, std::ostream* stream) {
+  *stream << to_string(routing);
+}
+void PrintTo(const Shape& shape, std::ostream* stream) {
+  *stream << to_string(shape);
 }
 
 // One rank's dispatch inputs.
@@ -589,6 +598,43 @@ TEST(ReferenceEpTest, ExpertTokenCountsAccumulateOverCalls) {
     for (int expert = 0; expert < problem.local_experts(); ++expert) {
       EXPECT_EQ(counts[expert], calls * expected[expert]) << "local expert " << expert << " after " << calls;
     }
+  }
+}
+
+TEST(ReferenceEpTest, WeightedCombineSumsSlotsAndRanksInAscendingOrder) {
+  // 256 - 256 + 2^-20 sums to 2^-20 in this order; in reverse, 2^-20 is lost next to -256 and the sum is 0.
+  const std::vector<float> slot_values = {256.0f, -256.0f, std::ldexp(1.0f, -20)};
+  Problem problem({8, 3, 4, 1, 1}, Routing::kUniform);  // one token per rank
+  SCOPED_TRACE(problem.trace());
+  ReferenceEp ep(MPI_COMM_WORLD, problem.config);
+  const int hidden = problem.config.hidden;
+  const int local_experts = problem.local_experts();
+  std::vector<std::vector<int32_t>> layouts = {{0, 1, 2}};  // every slot on rank 0: the order of k
+  if (problem.world >= 3) {
+    layouts.push_back({0, local_experts, 2 * local_experts});  // one slot per rank: the order of ranks
+  }
+  for (const std::vector<int32_t>& ids : layouts) {
+    SCOPED_TRACE("experts " + std::to_string(ids[0]) + ", " + std::to_string(ids[1]) + ", " +
+                 std::to_string(ids[2]));
+    for (RankInputs& in : problem.inputs) {
+      in.topk_ids = ids;
+      in.topk_weights.assign(ids.size(), 1.0f);
+    }
+    const DispatchBuffers dispatched = dispatch(ep, problem);
+    expect_dispatch_matches(dispatched, problem);
+    std::vector<bf16_bits> y(problem.max_recv_rows() * hidden, kBf16NaN);
+    for (uint32_t row = 0; row < dispatched.row_offsets[local_experts]; ++row) {
+      const float value = slot_values.at(dispatched.src_info[row].k);
+      std::fill_n(y.begin() + row * hidden, hidden, rocep::float_to_bf16(value));
+    }
+    std::vector<bf16_bits> out(hidden, kBf16NaN);
+    rocep::CombineArgs args;
+    args.expert_outputs = y.data();
+    args.row_weights = dispatched.recv_weights.data();
+    args.out = out.data();
+    ep.combine_send(args);
+    ep.combine_recv(args);
+    EXPECT_EQ(out, std::vector<bf16_bits>(hidden, rocep::float_to_bf16(slot_values[2])));
   }
 }
 
