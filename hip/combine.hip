@@ -154,6 +154,17 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 
 namespace rocep::device {
 
+hipError_t load_combine_kernels() {
+  hipFuncAttributes attributes;
+  for (const void* kernel : {reinterpret_cast<const void*>(&rocep_combine_send),
+                             reinterpret_cast<const void*>(&rocep_combine_recv)}) {
+    const hipError_t status = hipFuncGetAttributes(&attributes, kernel);
+    if (status != hipSuccess)
+      return status;
+  }
+  return hipSuccess;
+}
+
 void launch_combine_send(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream) {
   rocep_combine_send<<<blocks, kBlockThreads, 0, stream>>>(group, args);
 }

@@ -232,6 +232,19 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 
 namespace rocep::device {
 
+hipError_t load_dispatch_kernels() {
+  hipFuncAttributes attributes;
+  for (const void* kernel : {reinterpret_cast<const void*>(&rocep_dispatch_send),
+                             reinterpret_cast<const void*>(&rocep_dispatch_recv_count),
+                             reinterpret_cast<const void*>(&rocep_dispatch_recv_offsets),
+                             reinterpret_cast<const void*>(&rocep_dispatch_recv)}) {
+    const hipError_t status = hipFuncGetAttributes(&attributes, kernel);
+    if (status != hipSuccess)
+      return status;
+  }
+  return hipSuccess;
+}
+
 void launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, int blocks,
                           hipStream_t stream) {
   rocep_dispatch_send<<<blocks, kBlockThreads, 0, stream>>>(group, args);

@@ -54,6 +54,12 @@ struct CombineArgs {
   uint16_t* out;
 };
 
+// Loads every dispatch / combine kernel now. With lazy loading, a kernel's first launch waits for the device
+// to idle, which a spinning receive kernel of the same process can prevent forever; loading them all when
+// the group is created rules that out. Returns the runtime's status.
+hipError_t load_dispatch_kernels();
+hipError_t load_combine_kernels();
+
 void launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, int blocks,
                           hipStream_t stream);
 void launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, int blocks,

@@ -28,6 +28,7 @@
 #define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
 #define hipMemcpyDefault cudaMemcpyDefault
 #define hipGraph_t cudaGraph_t
+#define hipFuncAttributes cudaFuncAttributes
 #define hipGraphExec_t cudaGraphExec_t
 #define hipStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
 
@@ -61,6 +62,7 @@
 #define hipIpcOpenMemHandle cudaIpcOpenMemHandle
 #define hipIpcCloseMemHandle cudaIpcCloseMemHandle
 #define hipStreamBeginCapture cudaStreamBeginCapture
+#define hipFuncGetAttributes cudaFuncGetAttributes
 #define hipStreamEndCapture cudaStreamEndCapture
 #define hipGraphInstantiate cudaGraphInstantiate
 #define hipGraphLaunch cudaGraphLaunch

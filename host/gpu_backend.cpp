@@ -62,6 +62,8 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
     throw ConfigError(std::string("EpConfig.dispatch_format = ") + to_string(config.dispatch_format) +
                       " is not implemented yet: allowed value is bf16");
   }
+  ROCEP_GPU_CHECK(device::load_dispatch_kernels());
+  ROCEP_GPU_CHECK(device::load_combine_kernels());
   const int device = current_device();
   hipDeviceProp_t properties;
   ROCEP_GPU_CHECK(hipGetDeviceProperties(&properties, device));

@@ -126,14 +126,16 @@ TEST_F(IpcRoundTrip, KernelStoresIntoMappedPeerBuffer) {
     ROCEP_GPU_CHECK(hipMemset(status_buffer.get(), 0, status_buffer.bytes()));
     ROCEP_GPU_CHECK(hipDeviceSynchronize());
     node->barrier();  // the previous round's checks are done everywhere before anyone overwrites
-    // Receivers start first and spin: the sender's flag must become visible while they run.
-    receive_pattern<<<64, 256, 0, receive_stream.get()>>>(words.as<uint32_t>(), flags.as<uint32_t>(),
-                                                          previous, round, timeout_ticks,
-                                                          status_buffer.as<RoundTripStatus>());
-    ROCEP_GPU_CHECK(hipGetLastError());
+    // Senders are launched first: the first launch of a kernel may load it (lazy loading), and loading
+    // waits for the device to idle, which a receiver spinning in the same process would never allow.
+    // The peer's sender still runs while this rank's receiver spins.
     send_pattern<<<32, 256, 0, send_stream.get()>>>(static_cast<uint32_t*>(peer_words[next]),
                                                     static_cast<uint32_t*>(peer_flags[next]),
                                                     flags.as<uint32_t>() + 1, node->rank(), round);
+    ROCEP_GPU_CHECK(hipGetLastError());
+    receive_pattern<<<64, 256, 0, receive_stream.get()>>>(words.as<uint32_t>(), flags.as<uint32_t>(),
+                                                          previous, round, timeout_ticks,
+                                                          status_buffer.as<RoundTripStatus>());
     ROCEP_GPU_CHECK(hipGetLastError());
     send_stream.synchronize();
     receive_stream.synchronize();
