@@ -1,9 +1,11 @@
 #include "bootstrap.hpp"
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "rocep/errors.hpp"
 
@@ -51,12 +53,12 @@ void MpiBootstrap::all_gather(const void* sent, void* received, std::size_t byte
                          " bytes per rank exceeds int");
   }
   const int count = static_cast<int>(bytes);
-  // MPI forbids aliasing the send and receive buffers; MPI_IN_PLACE expects the contribution in place.
-  if (sent == static_cast<const char*>(received) + static_cast<std::size_t>(rank_) * bytes) {
-    check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, received, count, MPI_BYTE, comm_), "MPI_Allgather");
-  } else {
-    check_mpi(MPI_Allgather(sent, count, MPI_BYTE, received, count, MPI_BYTE, comm_), "MPI_Allgather");
-  }
+  // MPI forbids overlapping send and receive buffers, and MPI_IN_PLACE would have to be chosen by every
+  // rank alike; a private copy of the contribution avoids both.
+  const std::vector<uint8_t> contribution(static_cast<const uint8_t*>(sent),
+                                          static_cast<const uint8_t*>(sent) + bytes);
+  check_mpi(MPI_Allgather(contribution.data(), count, MPI_BYTE, received, count, MPI_BYTE, comm_),
+            "MPI_Allgather");
 }
 
 void MpiBootstrap::barrier() {
@@ -97,7 +99,8 @@ int device_for_local_rank(int local_rank, int device_count, const char* override
   }
   char* end = nullptr;
   const long device = std::strtol(override_text, &end, 10);
-  if (*end != '\0' || device < 0 || device >= device_count) {
+  const bool digits_only = std::isdigit(static_cast<unsigned char>(*override_text)) && *end == '\0';
+  if (!digits_only || device < 0 || device >= device_count) {
     throw ConfigError(std::string("ROCEP_DEVICE = '") + override_text +
                       "' is invalid: allowed range is [0, " + std::to_string(device_count - 1) + "]");
   }

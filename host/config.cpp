@@ -100,6 +100,13 @@ void require(bool ok, const char* field, T value, const std::string& allowed) {
   }
 }
 
+void require_world_size(int world_size) {
+  if (world_size < 1) {
+    throw ConfigError("world_size = " + std::to_string(world_size) +
+                      " is invalid: allowed range is [1, inf)");
+  }
+}
+
 std::string range(long long low, long long high) {
   return "allowed range is [" + std::to_string(low) + ", " + std::to_string(high) + "]";
 }
@@ -107,10 +114,7 @@ std::string range(long long low, long long high) {
 }  // namespace
 
 void EpConfig::validate(int world_size) const {
-  if (world_size < 1) {
-    throw ConfigError("world_size = " + std::to_string(world_size) +
-                      " is invalid: allowed range is [1, inf)");
-  }
+  require_world_size(world_size);
   const int format_code = static_cast<int>(dispatch_format);
   require(format_code >= 0 && format_code <= static_cast<int>(TokenFormat::kMxfp8), "dispatch_format",
           format_code, "allowed values are 0 (bf16) .. 4 (mxfp8)");
@@ -143,6 +147,7 @@ void EpConfig::validate(int world_size) const {
 }
 
 int EpConfig::num_local_experts(int world_size) const {
+  require_world_size(world_size);
   return num_experts / world_size;
 }
 

@@ -52,8 +52,15 @@ void require_same_config(Bootstrap& bootstrap, const EpConfig& config, Backend b
   bootstrap.all_gather(&mine, all.data(), sizeof mine);
   for (int peer = 0; peer < bootstrap.size(); ++peer) {
     if (all[peer] != all[0]) {
+      std::string verdict;
+      try {
+        config.validate(bootstrap.size());
+      } catch (const ConfigError& error) {
+        verdict = std::string(" (this rank's: ") + error.what() + ")";
+      }
       throw ConfigError("EpGroup: rank " + std::to_string(peer) +
-                        " passed a different EpConfig or backend than rank 0; every rank must pass the same");
+                        " passed a different EpConfig or backend than rank 0; every rank must pass the same" +
+                        verdict);
     }
   }
 }
@@ -81,8 +88,10 @@ Backend resolve_auto(Bootstrap& bootstrap) {
 struct EpGroup::Impl {
   Impl(MPI_Comm comm, const EpConfig& group_config, Backend requested)
       : bootstrap(comm), config(group_config), backend(requested) {
-    config.validate(bootstrap.size());
+    // Agree first, validate second: the same config gives the same verdict on every rank, so no rank is
+    // left waiting in a collective that a rank with a bad config never joins.
     require_same_config(bootstrap, config, requested);
+    config.validate(bootstrap.size());
     if (backend == Backend::kAuto) {
       backend = resolve_auto(bootstrap);
     }

@@ -27,8 +27,7 @@ class MessageReader {
   bool done() const { return offset_ >= bytes_.size(); }
   template <typename T>
   void read(T* values, std::size_t count) {
-    std::memcpy(values, bytes_.data() + offset_, count * sizeof(T));
-    offset_ += count * sizeof(T);
+    std::memcpy(values, take(count * sizeof(T)), count * sizeof(T));
   }
   template <typename T>
   T read_one() {
@@ -36,13 +35,19 @@ class MessageReader {
     read(&value, 1);
     return value;
   }
-  const uint8_t* skip(std::size_t bytes) {
+  const uint8_t* skip(std::size_t bytes) { return take(bytes); }
+
+ private:
+  // The next `bytes` of the message; a message shorter than its reader expects is a broken protocol.
+  const uint8_t* take(std::size_t bytes) {
+    if (bytes > bytes_.size() - offset_) {
+      throw Error("reference: a received message is shorter than expected (protocol mismatch between ranks)");
+    }
     const uint8_t* first = bytes_.data() + offset_;
     offset_ += bytes;
     return first;
   }
 
- private:
   const ByteVector& bytes_;
   std::size_t offset_ = 0;
 };
@@ -171,6 +176,7 @@ void ReferenceEp::dispatch_send(const DispatchInputs& inputs) {
       append(message, static_cast<const uint8_t*>(inputs.tokens) + token * payload_bytes, payload_bytes);
     }
   }
+  dispatched_ = false;  // until dispatch_recv lays this dispatch out, there is nothing to combine
   sent_tokens_ = num_tokens;
   sent_topk_ids_.assign(inputs.topk_ids, inputs.topk_ids + static_cast<std::size_t>(num_tokens) * top_k);
   received_messages_ = exchange(bootstrap_.comm(), messages);
@@ -181,7 +187,10 @@ void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs) {
   const int world = world_size();
   const int top_k = config_.top_k;
   std::string error;
-  if (!dispatch_sent_) {
+  // A failed dispatch_recv still ends the dispatch in flight, so the group stays usable.
+  const bool was_sent = dispatch_sent_;
+  dispatch_sent_ = false;
+  if (!was_sent) {
     error = "dispatch_recv called without dispatch_send";
   } else if (outputs.recv_tokens == nullptr || outputs.row_offsets == nullptr ||
              outputs.expert_ids == nullptr || outputs.src_info == nullptr ||
@@ -189,7 +198,6 @@ void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs) {
     error = "dispatch_recv: rank " + std::to_string(rank()) + " passed a null output pointer";
   }
   agree_on_input_errors(bootstrap_.comm(), error, "dispatch_recv");
-  dispatch_sent_ = false;
 
   // Decode the messages: per source rank, in the order sent (ascending token).
   struct Arrival {
@@ -269,6 +277,16 @@ void ReferenceEp::combine_send(const CombineArgs& args) {
     error = "combine_send called twice without combine_recv";
   } else if (args.expert_outputs == nullptr || args.out == nullptr) {
     error = "combine: rank " + std::to_string(rank()) + " passed a null expert_outputs/out pointer";
+  }
+  // Weighted and unweighted combines lay their messages out differently: every rank must do the same.
+  const int weighted = args.row_weights != nullptr ? 1 : 0;
+  int weighted_ranks = 0;
+  check_mpi(MPI_Allreduce(&weighted, &weighted_ranks, 1, MPI_INT, MPI_SUM, bootstrap_.comm()),
+            "MPI_Allreduce");
+  if (error.empty() && weighted_ranks != 0 && weighted_ranks != world) {
+    error = "combine: rank " + std::to_string(rank()) + " passed row_weights " + (weighted ? "set" : "null") +
+            " but " + std::to_string(weighted ? world - weighted_ranks : weighted_ranks) +
+            " other rank(s) did not: weighted or not must agree on every rank";
   }
   agree_on_input_errors(bootstrap_.comm(), error, "combine");
 

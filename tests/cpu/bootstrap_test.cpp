@@ -14,21 +14,13 @@
 #include <vector>
 
 #include "host/reference.hpp"
+#include "mpi_support.hpp"
 #include "rocep/errors.hpp"
 
 namespace {
 
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using rocep::testing::world_rank;
+using rocep::testing::world_size;
 
 // The byte rank `rank` contributes at `index`: distinct for every (rank, index) within one contribution.
 uint8_t pattern(int rank, std::size_t index) {
@@ -153,7 +145,7 @@ TEST(DeviceForLocalRankTest, OverrideNamesTheDevice) {
 }
 
 TEST(DeviceForLocalRankTest, OverrideOutsideTheDevicesThrowsNamingRocepDevice) {
-  for (const char* override_text : {"5", "2", "-1", "abc", "1x", "1.0"}) {
+  for (const char* override_text : {"5", "2", "-1", "abc", "1x", "1.0", " 1", "+1"}) {
     SCOPED_TRACE(std::string("ROCEP_DEVICE=") + override_text);
     try {
       rocep::device_for_local_rank(0, 2, override_text);

@@ -25,12 +25,17 @@
 #include <vector>
 
 #include "hip/bf16.hpp"
+#include "mpi_support.hpp"
 #include "rocep/config.hpp"
 #include "rocep/ep_group.hpp"
 #include "rocep/errors.hpp"
 #include "rocep/types.hpp"
 
 namespace {
+
+using rocep::testing::shared_seed;
+using rocep::testing::world_rank;
+using rocep::testing::world_size;
 
 using rocep::bf16_bits;
 using rocep::EpConfig;
@@ -39,35 +44,6 @@ using rocep::reference::ReferenceEp;
 
 constexpr uint8_t kPoison = 0xA5;
 constexpr bf16_bits kBf16NaN = 0x7FC0;
-
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
-
-// Drawn fresh by rank 0 on every run (or taken from ROCEP_TEST_SEED to replay a failure), the same on
-// every rank.
-uint64_t shared_seed() {
-  uint64_t seed = 0;
-  if (world_rank() == 0) {
-    const char* replay = std::getenv("ROCEP_TEST_SEED");
-    if (replay != nullptr) {
-      seed = std::strtoull(replay, nullptr, 10);
-    } else {
-      std::random_device device;
-      seed = (uint64_t{device()} << 32) | device();
-    }
-  }
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  return seed;
-}
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -751,6 +727,66 @@ TEST_F(ReferenceEpInvalidInputTest, TokenCountOutsideTheMaximumThrowsOnEveryRank
       EXPECT_PRED_FORMAT2(::testing::IsSubstring, "num_tokens = " + std::to_string(num_tokens), message);
     }
     expect_dispatch_matches(dispatch(ep_, problem_), problem_);
+  }
+}
+
+TEST_F(ReferenceEpInvalidInputTest, NullOutputOnOneRankThrowsEverywhereAndLeavesTheObjectUsable) {
+  const bool last = problem_.rank == last_rank_;
+  DispatchBuffers buffers(problem_);
+  rocep::DispatchOutputs outputs = buffers.view();
+  if (last)
+    outputs.recv_weights = nullptr;
+  ep_.dispatch_send(problem_.mine().view());
+  try {
+    ep_.dispatch_recv(outputs);
+    ADD_FAILURE() << "no InvalidInputError on this rank";
+  } catch (const rocep::InvalidInputError& error) {
+    EXPECT_TRUE(names(error.what(), "rank", last_rank_)) << error.what();
+  }
+  expect_dispatch_matches(dispatch(ep_, problem_), problem_);
+}
+
+TEST_F(ReferenceEpInvalidInputTest, CombineBetweenDispatchSendAndRecvIsRejected) {
+  expect_dispatch_matches(dispatch(ep_, problem_), problem_);
+  ep_.dispatch_send(problem_.mine().view());
+  std::vector<bf16_bits> expert_outputs(problem_.max_recv_rows() * problem_.config.hidden, bf16_bits{0x3f80});
+  std::vector<bf16_bits> out(std::max(problem_.mine().num_tokens, 1) * problem_.config.hidden);
+  rocep::CombineArgs args;
+  args.expert_outputs = expert_outputs.data();
+  args.out = out.data();
+  EXPECT_THROW(ep_.combine_send(args), rocep::InvalidInputError);
+  DispatchBuffers buffers(problem_);
+  ep_.dispatch_recv(buffers.view());
+  expect_dispatch_matches(buffers, problem_);
+}
+
+TEST_F(ReferenceEpInvalidInputTest, WeightedOnSomeRanksOnlyIsRejected) {
+  if (problem_.world < 2)
+    GTEST_SKIP() << "needs 2 ranks to disagree";
+  DispatchBuffers buffers = dispatch(ep_, problem_);
+  std::vector<bf16_bits> expert_outputs(problem_.max_recv_rows() * problem_.config.hidden, bf16_bits{0x3f80});
+  std::vector<bf16_bits> out(std::max(problem_.mine().num_tokens, 1) * problem_.config.top_k *
+                             problem_.config.hidden);
+  rocep::CombineArgs args;
+  args.expert_outputs = expert_outputs.data();
+  args.row_weights = problem_.rank == last_rank_ ? nullptr : buffers.recv_weights.data();
+  args.out = out.data();
+  EXPECT_THROW(ep_.combine_send(args), rocep::InvalidInputError);
+}
+
+TEST(EpGroupConstruction, ConfigInvalidOnOneRankThrowsOnEveryRank) {
+  EpConfig config;
+  config.num_experts = 8 * world_size();
+  if (world_rank() == world_size() - 1)
+    config.hidden = 0;
+  try {
+    rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
+    ADD_FAILURE() << "no ConfigError on this rank";
+  } catch (const rocep::ConfigError& error) {
+    const std::string message = error.what();
+    // At one rank there is nobody to disagree with: validation itself names the field.
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, world_size() == 1 ? "hidden = 0" : "different EpConfig",
+                        message);
   }
 }
 

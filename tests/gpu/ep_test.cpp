@@ -16,9 +16,14 @@
 #include "host/device_memory.hpp"
 #include "host/gpu_check.hpp"
 #include "host/reference.hpp"
+#include "mpi_support.hpp"
 #include "rocep/rocep.hpp"
 
 namespace {
+
+using rocep::testing::shared_seed;
+using rocep::testing::world_rank;
+using rocep::testing::world_size;
 
 using rocep::bf16_bits;
 using rocep::DeviceBuffer;
@@ -26,28 +31,6 @@ using rocep::EpConfig;
 using rocep::SrcInfo;
 
 constexpr uint8_t kPoison = 0xFF;
-
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
-
-uint64_t fresh_shared_seed() {
-  uint64_t seed = 0;
-  if (world_rank() == 0) {
-    std::random_device device;
-    seed = (uint64_t{device()} << 32) | device();
-  }
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  return seed;
-}
 
 enum class Routing { kUniform, kMasked, kHotExpert, kUnevenCounts, kFull };
 
@@ -167,7 +150,7 @@ class GpuEp : public ::testing::Test {
 
   // Runs dispatch + combine on the reference and on the GPU and compares everything.
   void check_against_reference(const EpConfig& config, Routing routing) {
-    const uint64_t seed = fresh_shared_seed();
+    const uint64_t seed = shared_seed();
     SCOPED_TRACE("seed " + std::to_string(seed) + ", routing " + std::to_string(static_cast<int>(routing)) +
                  ", " + config.describe());
     const Inputs inputs = make_inputs(config, routing, seed);
@@ -304,7 +287,7 @@ TEST_F(GpuEp, MatchesReferenceAcrossShapesAndRoutings) {
 
 TEST_F(GpuEp, TwoRunsAreBitIdenticalAndGraphReplaysMatchEager) {
   const EpConfig config = make_config(2048, 8, 64 / world_size(), 64);
-  const uint64_t seed = fresh_shared_seed();
+  const uint64_t seed = shared_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   const Inputs inputs = make_inputs(config, Routing::kMasked, seed);
   const int local_experts = config.num_local_experts(world_size());
@@ -359,7 +342,7 @@ TEST_F(GpuEp, TwoRunsAreBitIdenticalAndGraphReplaysMatchEager) {
 TEST_F(GpuEp, InvalidExpertIdIsReportedWithRankTokenAndSlot) {
   const int world = world_size();
   const EpConfig config = make_config(2048, 4, 8, 16);
-  const uint64_t seed = fresh_shared_seed();
+  const uint64_t seed = shared_seed();
   Inputs inputs = make_inputs(config, Routing::kFull, seed);
   const bool culprit = world_rank() == world - 1;
   if (culprit)
@@ -395,7 +378,7 @@ TEST_F(GpuEp, RankThatNeverJoinsMakesPeersTimeOut) {
   const int world = world_size();
   EpConfig config = make_config(2048, 4, 8, 16);
   config.timeout_seconds = 1.0;
-  const uint64_t seed = fresh_shared_seed();
+  const uint64_t seed = shared_seed();
   const Inputs inputs = make_inputs(config, Routing::kFull, seed);
   const int absent = world - 1;
   {

@@ -1,0 +1,41 @@
+// Helpers shared by the tests that run under mpirun.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+
+namespace rocep::testing {
+
+inline int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+inline int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+// Drawn fresh by rank 0 on every run (or taken from ROCEP_TEST_SEED to replay a failure), the same on
+// every rank. Collective.
+inline uint64_t shared_seed() {
+  uint64_t seed = 0;
+  if (world_rank() == 0) {
+    const char* replay = std::getenv("ROCEP_TEST_SEED");
+    if (replay != nullptr) {
+      seed = std::strtoull(replay, nullptr, 10);
+    } else {
+      std::random_device device;
+      seed = (uint64_t{device()} << 32) | device();
+    }
+  }
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  return seed;
+}
+
+}  // namespace rocep::testing
