@@ -137,7 +137,10 @@ double median(std::vector<double> values) {
   return values.empty() ? 0.0 : values[values.size() / 2];
 }
 
-enum class Operation { kDispatch, kCombine };
+// kDispatch / kCombine time the fused call. The phase cases time the send alone, then the receive alone
+// after a barrier (every peer's data has arrived): the receive then measures only this rank's own layout
+// and reduction work, apart from the link.
+enum class Operation { kDispatch, kCombine, kDispatchPhases, kCombinePhases };
 
 // One line of the summary table rank 0 prints after the run.
 struct SummaryRow {
@@ -154,10 +157,10 @@ void print_summary(double link_peak) {
     std::printf("\nP2P link peak measured in this run: %.1f GB/s per rank (copy engine, all ranks at once)\n",
                 link_peak);
   }
-  std::printf("\n%-28s %-18s %12s %12s %10s %10s\n", "case", "backend", "median [us]", "remote [MB]", "GB/s",
+  std::printf("\n%-36s %-18s %12s %12s %10s %10s\n", "case", "backend", "median [us]", "remote [MB]", "GB/s",
               "of link");
   for (const SummaryRow& row : summary) {
-    std::printf("%-28s %-18s %12.1f %12.3f %10.3f %9.0f%%\n", row.name.c_str(), row.backend.c_str(),
+    std::printf("%-36s %-18s %12.1f %12.3f %10.3f %9.0f%%\n", row.name.c_str(), row.backend.c_str(),
                 row.median_us, row.remote_mb, row.gb_per_s,
                 link_peak > 0 ? 100 * row.gb_per_s / link_peak : 0.0);
   }
@@ -284,18 +287,14 @@ void run_case(benchmark::State& state, const std::string& name, Operation operat
     group.combine(combine_args, stream_handle);
   }
   group.synchronize(stream_handle);
-  std::vector<double> seconds;
-  for (auto _ : state) {
+  // One step on every rank after a barrier; the slowest rank's time (device events on the GPU backend).
+  auto timed = [&](auto&& step) {
     MPI_Barrier(MPI_COMM_WORLD);
     double elapsed = 0;
 #if defined(ROCEP_HAS_GPU)
     if (on_gpu) {
       start_event->record(stream->get());
-      if (operation == Operation::kDispatch) {
-        group.dispatch(inputs, outputs, stream_handle);
-      } else {
-        group.combine(combine_args, stream_handle);
-      }
+      step();
       stop_event->record(stream->get());
       group.synchronize(stream_handle);
       elapsed = stop_event->elapsed_ms_since(*start_event) * 1e-3;
@@ -303,19 +302,48 @@ void run_case(benchmark::State& state, const std::string& name, Operation operat
 #endif
     if (!on_gpu) {
       const double start = MPI_Wtime();
-      if (operation == Operation::kDispatch) {
-        group.dispatch(inputs, outputs);
-      } else {
-        group.combine(combine_args);
-      }
+      step();
       elapsed = MPI_Wtime() - start;
     }
-    const double slowest = max_over_ranks(elapsed);
+    return max_over_ranks(elapsed);
+  };
+  const bool dispatching = operation == Operation::kDispatch || operation == Operation::kDispatchPhases;
+  const bool phases = operation == Operation::kDispatchPhases || operation == Operation::kCombinePhases;
+  std::vector<double> seconds;
+  std::vector<double> send_seconds;
+  std::vector<double> recv_seconds;
+  for (auto _ : state) {
+    double slowest = 0;
+    if (!phases) {
+      slowest = timed([&] {
+        if (dispatching) {
+          group.dispatch(inputs, outputs, stream_handle);
+        } else {
+          group.combine(combine_args, stream_handle);
+        }
+      });
+    } else {
+      send_seconds.push_back(timed([&] {
+        if (dispatching) {
+          group.dispatch_send(inputs, stream_handle);
+        } else {
+          group.combine_send(combine_args, stream_handle);
+        }
+      }));
+      recv_seconds.push_back(timed([&] {
+        if (dispatching) {
+          group.dispatch_recv(outputs, stream_handle);
+        } else {
+          group.combine_recv(combine_args, stream_handle);
+        }
+      }));
+      slowest = send_seconds.back() + recv_seconds.back();
+    }
     seconds.push_back(slowest);
     state.SetIterationTime(slowest);
   }
-  const double bytes = max_over_ranks(operation == Operation::kDispatch ? workload.remote_dispatch_bytes
-                                                                        : workload.remote_combine_bytes);
+  const double bytes =
+      max_over_ranks(dispatching ? workload.remote_dispatch_bytes : workload.remote_combine_bytes);
   const double median_seconds = median(seconds);
   const double gb_per_s = median_seconds > 0 ? bytes / median_seconds / 1e9 : 0.0;
   const std::string backend = std::string(rocep::to_string(group.backend())) + " EP" + std::to_string(world);
@@ -323,7 +351,14 @@ void run_case(benchmark::State& state, const std::string& name, Operation operat
   state.counters["remote_MB"] = bytes / 1e6;
   state.counters["GB/s"] = gb_per_s;
   state.SetLabel(backend);
-  summary.push_back({name, backend, median_seconds * 1e6, bytes / 1e6, gb_per_s});
+  if (phases) {
+    const double send = median(send_seconds);
+    summary.push_back(
+        {name + " send", backend, send * 1e6, bytes / 1e6, send > 0 ? bytes / send / 1e9 : 0.0});
+    summary.push_back({name + " recv", backend, median(recv_seconds) * 1e6, 0.0, 0.0});
+  } else {
+    summary.push_back({name, backend, median_seconds * 1e6, bytes / 1e6, gb_per_s});
+  }
 }
 
 // Rank 0 prints; the other ranks run the same benchmarks silently.
@@ -363,9 +398,11 @@ int main(int argc, char** argv) {
     }
 #endif
     for (const int tokens : options.tokens) {
-      for (const Operation operation : {Operation::kDispatch, Operation::kCombine}) {
-        const std::string name = std::string(operation == Operation::kDispatch ? "dispatch" : "combine") +
-                                 "/bf16/tokens:" + std::to_string(tokens);
+      for (const Operation operation : {Operation::kDispatch, Operation::kCombine, Operation::kDispatchPhases,
+                                        Operation::kCombinePhases}) {
+        const char* names[] = {"dispatch", "combine", "dispatch-phases", "combine-phases"};
+        const std::string name =
+            std::string(names[static_cast<int>(operation)]) + "/bf16/tokens:" + std::to_string(tokens);
         // A fixed iteration count: every rank must run the same number of collective calls.
         benchmark::RegisterBenchmark(name.c_str(), run_case, name, operation, config, tokens)
             ->Iterations(options.iterations)
