@@ -3,7 +3,7 @@
 // table: median time per call, bytes that crossed to other ranks, and the resulting GB/s.
 //
 //   mpirun -np 2 rocep_bench [--tokens=128,4096] [--hidden=7168] [--top_k=8] [--experts=256]
-//                            [--iterations=20] [benchmark flags]
+//                            [--iterations=20] [--blocks=N] [benchmark flags]
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 
@@ -38,6 +38,7 @@ struct BenchOptions {
   int top_k = 8;
   int experts = 256;
   int iterations = 20;
+  int blocks = 0;  // 0 = the library's choice
 };
 
 // Removes --name=value from argv (so Google Benchmark does not see it) and returns the value.
@@ -383,6 +384,7 @@ int main(int argc, char** argv) {
     config.hidden = options.hidden;
     config.top_k = options.top_k;
     config.num_experts = options.experts;
+    config.num_blocks = options.blocks;
     config.max_tokens_per_rank = *std::max_element(options.tokens.begin(), options.tokens.end());
     config.validate(world);
 

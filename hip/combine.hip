@@ -39,8 +39,38 @@ __device__ inline Vector16 pack(const Lanes& lanes) {
   return vector;
 }
 
-__device__ inline const Vector16* row_vectors(const uint16_t* rows, std::size_t row, int hidden) {
-  return reinterpret_cast<const Vector16*>(rows + row * hidden);
+// destination = bf16(sum_j weights[j] * rows[j]), accumulated in float32 by fused multiply-add in list
+// order. A plain sum uses weight 1: fma(1, y, s) rounds once, exactly like s + y. Each thread keeps
+// kStaged vectors of every row in flight before it uses them.
+__device__ inline void reduce_rows(Vector16* destination, const Vector16* const* rows, const float* weights,
+                                   int count, int vectors, int thread, int num_threads) {
+  for (int first = thread; first < vectors; first += kStaged * num_threads) {
+    Lanes sum[kStaged] = {};
+    for (int j = 0; j < count; ++j) {
+      Vector16 staged[kStaged];
+#pragma unroll
+      for (int i = 0; i < kStaged; ++i) {
+        const int index = first + i * num_threads;
+        if (index < vectors) {
+          staged[i] = rows[j][index];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kStaged; ++i) {
+        const Lanes y = unpack(staged[i]);
+        for (int lane = 0; lane < kLanes; ++lane) {
+          sum[i].value[lane] = fmaf(weights[j], y.value[lane], sum[i].value[lane]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kStaged; ++i) {
+      const int index = first + i * num_threads;
+      if (index < vectors) {
+        destination[index] = pack(sum[i]);
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -51,6 +81,11 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   const uint64_t sequence = group.state->combine_sequence + 1;
   const int vectors = shape.hidden / kLanes;
   const int total = shape.world * shape.max_tokens;
+  const bool weighted = args.row_weights != nullptr;
+  __shared__ const Vector16* inputs[kMaxTopK];
+  __shared__ float weights[kMaxTopK];
+  __shared__ uint8_t* destinations[kMaxTopK];
+  __shared__ int input_count;
   for (int index = blockIdx.x; index < total; index += gridDim.x) {
     const int source = index / shape.max_tokens;
     const int token = index % shape.max_tokens;
@@ -59,39 +94,32 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     }
     const int32_t* rows = group.token_rows + static_cast<std::size_t>(index) * shape.top_k;
     auto* region = reinterpret_cast<uint16_t*>(group.peer_combine_regions[source]);
-    if (args.row_weights != nullptr) {
-      bool any = false;
-      for (int k = 0; k < shape.top_k; ++k) {
-        any = any || rows[k] >= 0;
-      }
-      if (!any) {
-        continue;
-      }
-      auto* partial = reinterpret_cast<Vector16*>(
-          region + (static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * shape.hidden);
-      for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-        Lanes sum{};
-        for (int k = 0; k < shape.top_k; ++k) {
-          if (rows[k] < 0) {
-            continue;
-          }
-          const float weight = args.row_weights[rows[k]];
-          const Lanes y = unpack(row_vectors(args.expert_outputs, rows[k], shape.hidden)[v]);
-          for (int i = 0; i < kLanes; ++i) {
-            sum.value[i] = fmaf(weight, y.value[i], sum.value[i]);
-          }
-        }
-        partial[v] = pack(sum);
-      }
-    } else {
+    // The token's rows on this rank in ascending k, with their weights (1 when unweighted).
+    if (threadIdx.x == 0) {
+      int count = 0;
       for (int k = 0; k < shape.top_k; ++k) {
         if (rows[k] >= 0) {
-          copy_bytes16(region + (static_cast<std::size_t>(token) * shape.top_k + k) * shape.hidden,
-                       args.expert_outputs + static_cast<std::size_t>(rows[k]) * shape.hidden,
-                       CombineRegion::row_bytes(shape), threadIdx.x, blockDim.x);
+          inputs[count] = reinterpret_cast<const Vector16*>(args.expert_outputs +
+                                                            static_cast<std::size_t>(rows[k]) * shape.hidden);
+          weights[count] = weighted ? args.row_weights[rows[k]] : 1.0f;
+          destinations[count] = reinterpret_cast<uint8_t*>(
+              region + (static_cast<std::size_t>(token) * shape.top_k + k) * shape.hidden);
+          ++count;
         }
       }
+      input_count = count;
     }
+    __syncthreads();
+    if (weighted && input_count > 0) {
+      auto* partial = reinterpret_cast<Vector16*>(
+          region + (static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * shape.hidden);
+      reduce_rows(partial, inputs, weights, input_count, vectors, threadIdx.x, blockDim.x);
+    } else {
+      for (int j = 0; j < input_count; ++j) {
+        copy_bytes16(destinations[j], inputs[j], CombineRegion::row_bytes(shape), threadIdx.x, blockDim.x);
+      }
+    }
+    __syncthreads();  // the shared lists are rewritten for the next token
   }
   if (last_block_to_finish(&group.state->blocks_done)) {
     for (int peer = 0; peer < shape.world; ++peer) {
@@ -108,30 +136,35 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
                                             group.timeout_ticks, group.status, Operation::kCombineRecv);
   const int vectors = shape.hidden / kLanes;
   const int tokens = group.state->sent_tokens;
+  __shared__ const Vector16* partials[kMaxWorld + 1];
+  __shared__ float ones[kMaxWorld + 1];
+  __shared__ int partial_count;
+  for (int i = threadIdx.x; i <= kMaxWorld; i += blockDim.x) {
+    ones[i] = 1.0f;
+  }
   const auto* region = reinterpret_cast<const uint16_t*>(group.combine_region);
   for (int token = blockIdx.x; arrived && token < tokens; token += gridDim.x) {
     if (args.row_weights != nullptr) {
-      const uint64_t mask = group.sent_masks[token];
-      auto* out = reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(token) * shape.hidden);
-      for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-        Lanes sum{};
+      // The partials in ascending rank order, then the shared expert's row, all with weight 1.
+      if (threadIdx.x == 0) {
+        const uint64_t mask = group.sent_masks[token];
+        int count = 0;
         for (int peer = 0; peer < shape.world; ++peer) {
           if ((mask >> peer) & 1) {
-            const Lanes partial = unpack(row_vectors(
-                region, static_cast<std::size_t>(peer) * shape.max_tokens + token, shape.hidden)[v]);
-            for (int i = 0; i < kLanes; ++i) {
-              sum.value[i] += partial.value[i];
-            }
+            partials[count++] = reinterpret_cast<const Vector16*>(
+                region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden);
           }
         }
         if (args.shared_expert_output != nullptr) {
-          const Lanes shared = unpack(row_vectors(args.shared_expert_output, token, shape.hidden)[v]);
-          for (int i = 0; i < kLanes; ++i) {
-            sum.value[i] += shared.value[i];
-          }
+          partials[count++] = reinterpret_cast<const Vector16*>(
+              args.shared_expert_output + static_cast<std::size_t>(token) * shape.hidden);
         }
-        out[v] = pack(sum);
+        partial_count = count;
       }
+      __syncthreads();
+      reduce_rows(reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(token) * shape.hidden),
+                  partials, ones, partial_count, vectors, threadIdx.x, blockDim.x);
+      __syncthreads();
     } else {
       for (int k = 0; k < shape.top_k; ++k) {
         const std::size_t row = static_cast<std::size_t>(token) * shape.top_k + k;

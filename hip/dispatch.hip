@@ -41,57 +41,70 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     num_tokens = 0;  // still signal every peer, so nobody waits for tokens that will never come
   }
 
-  __shared__ int32_t ids[kMaxTopK];
-  __shared__ uint64_t destinations;
+  __shared__ int32_t given[kMaxTopK];  // the ids as passed
+  __shared__ int32_t ids[kMaxTopK];    // validated: an invalid id is reported and becomes -1
+  __shared__ unsigned long long destinations;
+  __shared__ uint8_t* payloads[kMaxWorld];
+  const int thread = threadIdx.x;
   for (int token = blockIdx.x; token < num_tokens; token += gridDim.x) {
-    if (threadIdx.x == 0) {
-      // An invalid id is reported and dropped: nothing is stored for that (token, slot).
-      uint64_t mask = 0;
-      for (int k = 0; k < shape.top_k; ++k) {
-        int32_t id = args.topk_ids[static_cast<std::size_t>(token) * shape.top_k + k];
-        if (id < -1 || id >= shape.num_experts) {
-          report_failure(group.status, StatusCode::kExpertOutOfRange, Operation::kDispatchSend, -1, token, k,
-                         id);
-          id = -1;
-        }
-        for (int earlier = 0; id >= 0 && earlier < k; ++earlier) {
-          if (ids[earlier] == id) {
-            report_failure(group.status, StatusCode::kExpertRepeated, Operation::kDispatchSend, -1, token, k,
-                           id);
-            id = -1;
-          }
-        }
-        ids[k] = id;
-        if (id >= 0) {
-          mask |= uint64_t{1} << (id / shape.local_experts);
-        }
-      }
-      destinations = mask;
-      group.sent_masks[token] = mask;
+    const std::size_t slots = static_cast<std::size_t>(token) * shape.top_k;
+    if (thread == 0) {
+      destinations = 0;
+    }
+    if (thread < shape.top_k) {
+      given[thread] = args.topk_ids[slots + thread];
     }
     __syncthreads();
-    if (static_cast<int>(threadIdx.x) < shape.top_k) {
-      group.sent_ids[static_cast<std::size_t>(token) * shape.top_k + threadIdx.x] = ids[threadIdx.x];
+    // Slot k checks its own id (range, and not named by an earlier slot), all slots at once.
+    if (thread < shape.top_k) {
+      int32_t id = given[thread];
+      if (id < -1 || id >= shape.num_experts) {
+        report_failure(group.status, StatusCode::kExpertOutOfRange, Operation::kDispatchSend, -1, token,
+                       thread, id);
+        id = -1;
+      }
+      for (int earlier = 0; id >= 0 && earlier < thread; ++earlier) {
+        if (given[earlier] == id) {
+          report_failure(group.status, StatusCode::kExpertRepeated, Operation::kDispatchSend, -1, token,
+                         thread, id);
+          id = -1;
+        }
+      }
+      ids[thread] = id;
+      group.sent_ids[slots + thread] = id;
+      if (id >= 0) {
+        atomicOr(&destinations, 1ull << (id / shape.local_experts));
+      }
     }
-    // Every peer gets the ids (all -1 if none concern it), so receivers can read sources densely; start
-    // at the next rank so the ranks do not all hit the same peer first.
+    __syncthreads();
+    // Every peer gets the ids (all -1 if none concern it), so receivers can read sources densely.
+    for (int slot = thread; slot < shape.world * shape.top_k; slot += blockDim.x) {
+      const int peer = slot / shape.top_k;
+      const int k = slot % shape.top_k;
+      uint8_t* region = group.peer_dispatch_regions[peer];
+      const int32_t id = ids[k];
+      region_ids(region, shape, shape.rank, token)[k] = id >= 0 && id / shape.local_experts == peer ? id : -1;
+      region_weights(region, shape, shape.rank, token)[k] = args.topk_weights[slots + k];
+    }
+    // The payload is read once and stored to every destination; start at the next rank so the ranks do not
+    // all hit the same peer first.
+    int count = 0;
     for (int step = 0; step < shape.world; ++step) {
       const int peer = (shape.rank + 1 + step) % shape.world;
-      uint8_t* region = group.peer_dispatch_regions[peer];
-      if (static_cast<int>(threadIdx.x) < shape.top_k) {
-        const int32_t id = ids[threadIdx.x];
-        const bool here = id >= 0 && id / shape.local_experts == peer;
-        region_ids(region, shape, shape.rank, token)[threadIdx.x] = here ? id : -1;
-        region_weights(region, shape, shape.rank, token)[threadIdx.x] =
-            args.topk_weights[static_cast<std::size_t>(token) * shape.top_k + threadIdx.x];
-      }
       if ((destinations >> peer) & 1) {
-        copy_bytes16(region_payload(region, shape, shape.rank, token),
-                     args.tokens + static_cast<std::size_t>(token) * shape.payload_bytes, shape.payload_bytes,
-                     threadIdx.x, blockDim.x);
+        if (thread == 0) {
+          payloads[count] = region_payload(group.peer_dispatch_regions[peer], shape, shape.rank, token);
+        }
+        ++count;
       }
     }
-    __syncthreads();  // ids / destinations are rewritten by the next token
+    if (thread == 0) {
+      group.sent_masks[token] = destinations;
+    }
+    __syncthreads();
+    copy_bytes16_to_many(payloads, count, args.tokens + static_cast<std::size_t>(token) * shape.payload_bytes,
+                         shape.payload_bytes, thread, blockDim.x);
+    __syncthreads();  // the shared arrays are rewritten for the next token
   }
 
   if (last_block_to_finish(&group.state->blocks_done)) {
@@ -179,6 +192,8 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     return;
   }
   __shared__ int32_t rows[kMaxTopK];
+  __shared__ uint8_t* row_starts[kMaxTopK];
+  __shared__ int row_count;
   const int total = shape.world * shape.max_tokens;
   for (int index = blockIdx.x; index < total; index += gridDim.x) {
     const int source = index / shape.max_tokens;
@@ -203,13 +218,18 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
       rows[k] = row;
     }
     __syncthreads();
-    const uint8_t* payload = region_payload(group.dispatch_region, shape, source, token);
-    for (int k = 0; k < shape.top_k; ++k) {
-      if (rows[k] >= 0) {
-        copy_bytes16(args.recv_tokens + static_cast<std::size_t>(rows[k]) * shape.payload_bytes, payload,
-                     shape.payload_bytes, threadIdx.x, blockDim.x);
+    if (threadIdx.x == 0) {
+      int count = 0;
+      for (int k = 0; k < shape.top_k; ++k) {
+        if (rows[k] >= 0) {
+          row_starts[count++] = args.recv_tokens + static_cast<std::size_t>(rows[k]) * shape.payload_bytes;
+        }
       }
+      row_count = count;
     }
+    __syncthreads();
+    copy_bytes16_to_many(row_starts, row_count, region_payload(group.dispatch_region, shape, source, token),
+                         shape.payload_bytes, threadIdx.x, blockDim.x);
     __syncthreads();
   }
   // Padding rows after each expert's rows: zero payload, no source, weight 0.
