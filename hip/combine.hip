@@ -86,6 +86,8 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   __shared__ float weights[kMaxTopK];
   __shared__ uint8_t* destinations[kMaxTopK];
   __shared__ int input_count;
+  __shared__ int32_t slot_rows[kMaxTopK];
+  __shared__ float slot_weights[kMaxTopK];
   for (int index = blockIdx.x; index < total; index += gridDim.x) {
     const int source = index / shape.max_tokens;
     const int token = index % shape.max_tokens;
@@ -94,14 +96,21 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     }
     const int32_t* rows = group.token_rows + static_cast<std::size_t>(index) * shape.top_k;
     auto* region = reinterpret_cast<uint16_t*>(group.peer_combine_regions[source]);
-    // The token's rows on this rank in ascending k, with their weights (1 when unweighted).
+    // The token's rows on this rank in ascending k, with their weights (1 when unweighted): every slot is
+    // loaded at once, then thread 0 compacts them from shared memory.
+    if (static_cast<int>(threadIdx.x) < shape.top_k) {
+      const int32_t row = rows[threadIdx.x];
+      slot_rows[threadIdx.x] = row;
+      slot_weights[threadIdx.x] = row >= 0 && weighted ? args.row_weights[row] : 1.0f;
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
       int count = 0;
       for (int k = 0; k < shape.top_k; ++k) {
-        if (rows[k] >= 0) {
-          inputs[count] = reinterpret_cast<const Vector16*>(args.expert_outputs +
-                                                            static_cast<std::size_t>(rows[k]) * shape.hidden);
-          weights[count] = weighted ? args.row_weights[rows[k]] : 1.0f;
+        if (slot_rows[k] >= 0) {
+          inputs[count] = reinterpret_cast<const Vector16*>(
+              args.expert_outputs + static_cast<std::size_t>(slot_rows[k]) * shape.hidden);
+          weights[count] = slot_weights[k];
           destinations[count] = reinterpret_cast<uint8_t*>(
               region + (static_cast<std::size_t>(token) * shape.top_k + k) * shape.hidden);
           ++count;
