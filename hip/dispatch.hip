@@ -26,9 +26,6 @@ __device__ inline uint8_t* region_payload(uint8_t* region, const Shape& shape, i
   return region + DispatchRegion::payload_offset(shape, source, token);
 }
 
-// Tokens one thread ranks between block scans in rocep_dispatch_recv_count.
-constexpr int kTokensPerThread = 8;
-
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
@@ -132,31 +129,22 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) rocep_dispatch_recv_
     uint32_t rows = 0;
     for (int source = 0; source < shape.world; ++source) {
       const int tokens = group.signals->tokens_from[source];
-      // Each thread ranks kTokensPerThread consecutive tokens itself, so one block scan covers
-      // kScanBlockThreads * kTokensPerThread tokens.
-      for (int first = 0; first < tokens; first += kScanBlockThreads * kTokensPerThread) {
-        const int mine = first + threadIdx.x * kTokensPerThread;
-        int slots[kTokensPerThread];
-        uint32_t count = 0;
-#pragma unroll
-        for (int i = 0; i < kTokensPerThread; ++i) {
-          slots[i] = -1;
-          if (mine + i < tokens) {
-            const int32_t* ids = region_ids(group.dispatch_region, shape, source, mine + i);
-            for (int k = 0; k < shape.top_k; ++k) {
-              slots[i] = ids[k] == global_expert ? k : slots[i];
-            }
+      // One token per thread per block scan. (Ranking 8 tokens per thread was measured slower at 128
+      // tokens, 23 -> 30 us, and no faster at 4096 on H200: the expansion copy dominates there.)
+      for (int first = 0; first < tokens; first += kScanBlockThreads) {
+        const int token = first + threadIdx.x;
+        int slot = -1;
+        if (token < tokens) {
+          const int32_t* ids = region_ids(group.dispatch_region, shape, source, token);
+          for (int k = 0; k < shape.top_k; ++k) {
+            slot = ids[k] == global_expert ? k : slot;
           }
-          count += slots[i] >= 0 ? 1u : 0u;
         }
         uint32_t block_rows = 0;
-        uint32_t position = rows + block_exclusive_scan(count, &block_rows);
-#pragma unroll
-        for (int i = 0; i < kTokensPerThread; ++i) {
-          if (slots[i] >= 0) {
-            group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + mine + i) * shape.top_k +
-                             slots[i]] = static_cast<int32_t>(position++);
-          }
+        const uint32_t position = block_exclusive_scan(slot >= 0 ? 1u : 0u, &block_rows);
+        if (slot >= 0) {
+          group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k +
+                           slot] = static_cast<int32_t>(rows + position);
         }
         rows += block_rows;
       }
