@@ -27,7 +27,8 @@ __device__ inline void copy_bytes16_to_many(uint8_t* const* destinations, int co
                                             std::size_t bytes, int thread, int num_threads) {
   const auto* src = static_cast<const Vector16*>(source);
   const std::size_t vectors = bytes / kVectorBytes;
-  for (std::size_t first = thread; first < vectors; first += static_cast<std::size_t>(kStaged) * num_threads) {
+  for (std::size_t first = thread; first < vectors;
+       first += static_cast<std::size_t>(kStaged) * num_threads) {
     Vector16 staged[kStaged];
 #pragma unroll
     for (int i = 0; i < kStaged; ++i) {

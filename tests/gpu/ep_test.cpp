@@ -106,6 +106,25 @@ bool all_poison(const uint8_t* first, const uint8_t* last) {
   return std::all_of(first, last, [](uint8_t byte) { return byte == kPoison; });
 }
 
+// One rank's inputs in device memory. With `count_on_device`, the token count is read from device memory,
+// as a captured graph would take it.
+struct DeviceInputs {
+  explicit DeviceInputs(const Inputs& inputs, bool read_count_on_device = false)
+      : tokens(upload(inputs.tokens)),
+        ids(upload(inputs.topk_ids)),
+        weights(upload(inputs.topk_weights)),
+        num_tokens(upload(std::vector<int32_t>{inputs.num_tokens})),
+        host_num_tokens(inputs.num_tokens),
+        count_on_device(read_count_on_device) {}
+  rocep::DispatchInputs view() const {
+    return {tokens.get(), ids.as<int32_t>(), weights.as<float>(), count_on_device ? 0 : host_num_tokens,
+            count_on_device ? num_tokens.as<int32_t>() : nullptr};
+  }
+  DeviceBuffer tokens, ids, weights, num_tokens;
+  int host_num_tokens;
+  bool count_on_device;
+};
+
 // Device-side dispatch outputs of one rank.
 struct DeviceOutputs {
   DeviceOutputs(const EpConfig& config, std::size_t rows, int local_experts)
@@ -203,22 +222,18 @@ class GpuEp : public ::testing::Test {
 
     rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
     rocep::Stream stream;
-    const DeviceBuffer tokens = upload(inputs.tokens);
-    const DeviceBuffer ids = upload(inputs.topk_ids);
-    const DeviceBuffer weights = upload(inputs.topk_weights);
+    const DeviceInputs device_inputs(inputs);
     const DeviceBuffer device_expert_outputs = upload(expert_outputs);
     const DeviceBuffer device_shared = upload(shared);
-    const rocep::DispatchInputs device_inputs{tokens.get(), ids.as<int32_t>(), weights.as<float>(),
-                                              inputs.num_tokens, nullptr};
     for (const bool weighted : {true, false}) {
       SCOPED_TRACE(weighted ? "weighted combine" : "unweighted combine");
       DeviceOutputs outputs(config, rows, local_experts);
       // Split calls for the weighted pass, fused calls for the unweighted one: both must match.
       if (weighted) {
-        group.dispatch_send(device_inputs, stream.get());
+        group.dispatch_send(device_inputs.view(), stream.get());
         group.dispatch_recv(outputs.view(), stream.get());
       } else {
-        group.dispatch(device_inputs, outputs.view(), stream.get());
+        group.dispatch(device_inputs.view(), outputs.view(), stream.get());
       }
       group.synchronize(stream.get());
       const auto row_offsets = download<uint32_t>(outputs.row_offsets, local_experts + 1);
@@ -294,13 +309,7 @@ TEST_F(GpuEp, TwoRunsAreBitIdenticalAndGraphReplaysMatchEager) {
   const std::size_t rows = config.max_recv_rows(world_size());
   rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
   rocep::Stream stream;
-  const DeviceBuffer tokens = upload(inputs.tokens);
-  const DeviceBuffer ids = upload(inputs.topk_ids);
-  const DeviceBuffer weights = upload(inputs.topk_weights);
-  const DeviceBuffer num_tokens = upload(std::vector<int32_t>{inputs.num_tokens});
-  // The token count comes from device memory, as a captured graph would take it.
-  const rocep::DispatchInputs device_inputs{tokens.get(), ids.as<int32_t>(), weights.as<float>(), 0,
-                                            num_tokens.as<int32_t>()};
+  const DeviceInputs device_inputs(inputs, /*count_on_device=*/true);
   DeviceOutputs outputs(config, rows, local_experts);
   DeviceBuffer out = poisoned(std::max(inputs.num_tokens, 1) * config.hidden * sizeof(bf16_bits));
   // Expert outputs = the dispatched rows themselves.
@@ -310,7 +319,7 @@ TEST_F(GpuEp, TwoRunsAreBitIdenticalAndGraphReplaysMatchEager) {
       static_cast<std::size_t>(inputs.num_tokens) * config.hidden * sizeof(bf16_bits);
 
   auto run_eager = [&] {
-    group.dispatch(device_inputs, outputs.view(), stream.get());
+    group.dispatch(device_inputs.view(), outputs.view(), stream.get());
     group.combine(combine, stream.get());
     group.synchronize(stream.get());
     return download<uint8_t>(out, out_bytes);
@@ -323,7 +332,7 @@ TEST_F(GpuEp, TwoRunsAreBitIdenticalAndGraphReplaysMatchEager) {
   hipGraph_t graph;
   hipGraphExec_t executable;
   ROCEP_GPU_CHECK(hipStreamBeginCapture(stream.get(), hipStreamCaptureModeThreadLocal));
-  group.dispatch(device_inputs, outputs.view(), stream.get());
+  group.dispatch(device_inputs.view(), outputs.view(), stream.get());
   group.combine(combine, stream.get());
   ROCEP_GPU_CHECK(hipStreamEndCapture(stream.get(), &graph));
   ROCEP_GPU_CHECK(hipGraphInstantiate(&executable, graph, nullptr, nullptr, 0));
@@ -349,12 +358,9 @@ TEST_F(GpuEp, InvalidExpertIdIsReportedWithRankTokenAndSlot) {
     inputs.topk_ids[3 * config.top_k + 2] = config.num_experts;  // token 3, slot 2
   rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
   rocep::Stream stream;
-  const DeviceBuffer tokens = upload(inputs.tokens);
-  const DeviceBuffer ids = upload(inputs.topk_ids);
-  const DeviceBuffer weights = upload(inputs.topk_weights);
+  const DeviceInputs device_inputs(inputs);
   DeviceOutputs outputs(config, config.max_recv_rows(world), config.num_local_experts(world));
-  group.dispatch({tokens.get(), ids.as<int32_t>(), weights.as<float>(), inputs.num_tokens, nullptr},
-                 outputs.view(), stream.get());
+  group.dispatch(device_inputs.view(), outputs.view(), stream.get());
   if (culprit) {
     try {
       group.synchronize(stream.get());
@@ -384,14 +390,11 @@ TEST_F(GpuEp, RankThatNeverJoinsMakesPeersTimeOut) {
   {
     rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
     rocep::Stream stream;
-    const DeviceBuffer tokens = upload(inputs.tokens);
-    const DeviceBuffer ids = upload(inputs.topk_ids);
-    const DeviceBuffer weights = upload(inputs.topk_weights);
+    const DeviceInputs device_inputs(inputs);
     DeviceOutputs outputs(config, config.max_recv_rows(world), config.num_local_experts(world));
     if (world_rank() != absent) {
       const double start = MPI_Wtime();
-      group.dispatch({tokens.get(), ids.as<int32_t>(), weights.as<float>(), inputs.num_tokens, nullptr},
-                     outputs.view(), stream.get());
+      group.dispatch(device_inputs.view(), outputs.view(), stream.get());
       try {
         group.synchronize(stream.get());
         ADD_FAILURE() << "no TimeoutError";
