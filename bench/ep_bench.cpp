@@ -20,8 +20,8 @@
 #include "host/bootstrap.hpp"
 #include "rocep/rocep.hpp"
 
-#if defined(ROCEP_PLATFORM_AMD) || defined(ROCEP_PLATFORM_NVIDIA)
-#define ROCEP_HAS_GPU 1
+#include "hip/portable.hpp"
+#if defined(ROCEP_GPU_BUILD)
 #include <memory>
 
 #include "host/device.hpp"
@@ -168,7 +168,7 @@ void print_summary(double link_peak) {
 }
 
 // Times `operation` on an EpGroup of the whole world. Counters: median and per-call bytes / bandwidth.
-#if defined(ROCEP_HAS_GPU)
+#if defined(ROCEP_GPU_BUILD)
 // The P2P link peak, measured in this run: every rank copies 256 MiB into the next rank's mapped buffer at
 // the same time (copy engine), median of 10; GB/s per rank, the slowest rank's.
 double measure_link_peak_gb_per_s() {
@@ -217,7 +217,7 @@ class CaseMemory {
 
  private:
   void* allocate(std::size_t bytes) {
-#if defined(ROCEP_HAS_GPU)
+#if defined(ROCEP_GPU_BUILD)
     if (on_gpu_) {
       device_.emplace_back(bytes);
       ROCEP_GPU_CHECK(hipMemset(device_.back().get(), 0, bytes));
@@ -228,7 +228,7 @@ class CaseMemory {
     return host_.back().data();
   }
   void copy_in(void* destination, const void* source, std::size_t bytes) {
-#if defined(ROCEP_HAS_GPU)
+#if defined(ROCEP_GPU_BUILD)
     if (on_gpu_) {
       ROCEP_GPU_CHECK(hipMemcpy(destination, source, bytes, hipMemcpyHostToDevice));
       return;
@@ -239,7 +239,7 @@ class CaseMemory {
   }
   bool on_gpu_;
   std::vector<std::vector<uint8_t>> host_;
-#if defined(ROCEP_HAS_GPU)
+#if defined(ROCEP_GPU_BUILD)
   std::vector<rocep::DeviceBuffer> device_;
 #endif
 };
@@ -273,7 +273,7 @@ void run_case(benchmark::State& state, const std::string& name, Operation operat
   const rocep::CombineArgs combine_args{
       recv_tokens, recv_weights, nullptr,
       memory.make<rocep::bf16_bits>(std::size_t{1} * num_tokens * config.hidden)};
-#if defined(ROCEP_HAS_GPU)
+#if defined(ROCEP_GPU_BUILD)
   std::unique_ptr<rocep::Stream> stream = on_gpu ? std::make_unique<rocep::Stream>() : nullptr;
   std::unique_ptr<rocep::Event> start_event = on_gpu ? std::make_unique<rocep::Event>() : nullptr;
   std::unique_ptr<rocep::Event> stop_event = on_gpu ? std::make_unique<rocep::Event>() : nullptr;
@@ -292,7 +292,7 @@ void run_case(benchmark::State& state, const std::string& name, Operation operat
   auto timed = [&](auto&& step) {
     MPI_Barrier(MPI_COMM_WORLD);
     double elapsed = 0;
-#if defined(ROCEP_HAS_GPU)
+#if defined(ROCEP_GPU_BUILD)
     if (on_gpu) {
       start_event->record(stream->get());
       step();
@@ -390,7 +390,7 @@ int main(int argc, char** argv) {
 
     benchmark::Initialize(&argc, argv);
     double link_peak = 0.0;
-#if defined(ROCEP_HAS_GPU)
+#if defined(ROCEP_GPU_BUILD)
     if (rocep::device_count() > 0) {
       rocep::MpiBootstrap world_bootstrap(MPI_COMM_WORLD);
       const auto node = world_bootstrap.split_node();

@@ -13,20 +13,17 @@
 // Types and constants.
 #define hipError_t cudaError_t
 #define hipSuccess cudaSuccess
-#define hipErrorNotReady cudaErrorNotReady
 #define hipStream_t cudaStream_t
 #define hipEvent_t cudaEvent_t
 #define hipDeviceProp_t cudaDeviceProp
 #define hipIpcMemHandle_t cudaIpcMemHandle_t
 #define hipIpcMemLazyEnablePeerAccess cudaIpcMemLazyEnablePeerAccess
 #define hipStreamNonBlocking cudaStreamNonBlocking
-#define hipEventDisableTiming cudaEventDisableTiming
 #define hipEventDefault cudaEventDefault
 #define hipHostMallocDefault cudaHostAllocDefault
 #define hipMemcpyHostToDevice cudaMemcpyHostToDevice
 #define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
 #define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
-#define hipMemcpyDefault cudaMemcpyDefault
 #define hipGraph_t cudaGraph_t
 #define hipFuncAttributes cudaFuncAttributes
 #define hipGraphExec_t cudaGraphExec_t
@@ -41,7 +38,6 @@
 #define hipSetDevice cudaSetDevice
 #define hipGetDeviceProperties cudaGetDeviceProperties
 #define hipDeviceSynchronize cudaDeviceSynchronize
-#define hipDeviceCanAccessPeer cudaDeviceCanAccessPeer
 #define hipMalloc cudaMalloc
 #define hipFree cudaFree
 #define hipHostMalloc cudaHostAlloc

@@ -2,6 +2,11 @@
 // compiler, so nothing here may need the GPU runtime).
 #pragma once
 
+// Set in builds with a GPU platform (the build defines ROCEP_PLATFORM_AMD or ROCEP_PLATFORM_NVIDIA).
+#if defined(ROCEP_PLATFORM_AMD) || defined(ROCEP_PLATFORM_NVIDIA)
+#define ROCEP_GPU_BUILD 1
+#endif
+
 #if defined(__HIPCC__) || defined(__CUDACC__)
 #define ROCEP_HOST_DEVICE __host__ __device__
 #define ROCEP_DEVICE __device__

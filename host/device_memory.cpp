@@ -28,7 +28,7 @@ void* allocate_device(std::size_t bytes, DeviceMemoryKind kind) {
 }  // namespace
 
 DeviceBuffer::DeviceBuffer(std::size_t bytes, DeviceMemoryKind kind)
-    : pointer_(bytes > 0 ? allocate_device(bytes, kind) : nullptr), bytes_(bytes), kind_(kind) {}
+    : pointer_(bytes > 0 ? allocate_device(bytes, kind) : nullptr), bytes_(bytes) {}
 
 DeviceBuffer::~DeviceBuffer() {
   if (pointer_ != nullptr) {
@@ -62,8 +62,8 @@ void Stream::synchronize() const {
   ROCEP_GPU_CHECK(hipStreamSynchronize(stream_));
 }
 
-Event::Event(bool timing) {
-  ROCEP_GPU_CHECK(hipEventCreateWithFlags(&event_, timing ? hipEventDefault : hipEventDisableTiming));
+Event::Event() {
+  ROCEP_GPU_CHECK(hipEventCreateWithFlags(&event_, hipEventDefault));
 }
 
 Event::~Event() {

@@ -36,17 +36,14 @@ class DeviceBuffer {
     return static_cast<T*>(pointer_);
   }
   std::size_t bytes() const { return bytes_; }
-  DeviceMemoryKind kind() const { return kind_; }
 
  private:
   void swap(DeviceBuffer& other) noexcept {
     std::swap(pointer_, other.pointer_);
     std::swap(bytes_, other.bytes_);
-    std::swap(kind_, other.kind_);
   }
   void* pointer_ = nullptr;
   std::size_t bytes_ = 0;
-  DeviceMemoryKind kind_ = DeviceMemoryKind::kDefault;
 };
 
 // Page-locked host memory (fast copies, host-visible status words).
@@ -101,7 +98,7 @@ class Stream {
 
 class Event {
  public:
-  explicit Event(bool timing = true);
+  Event();  // records timing, for elapsed_ms_since
   ~Event();
   Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
   Event& operator=(Event&& other) noexcept {

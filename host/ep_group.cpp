@@ -7,8 +7,8 @@
 #include "reference.hpp"
 #include "rocep/errors.hpp"
 
-#if defined(ROCEP_PLATFORM_AMD) || defined(ROCEP_PLATFORM_NVIDIA)
-#define ROCEP_HAS_GPU_BACKEND 1
+#include "hip/portable.hpp"
+#if defined(ROCEP_GPU_BUILD)
 #include "device.hpp"
 #include "gpu_backend.hpp"
 #endif
@@ -67,7 +67,7 @@ void require_same_config(Bootstrap& bootstrap, const EpConfig& config, Backend b
 
 // The GPU backend when this build has one and every rank sees a GPU (the same answer on every rank).
 Backend resolve_auto(Bootstrap& bootstrap) {
-#if defined(ROCEP_HAS_GPU_BACKEND)
+#if defined(ROCEP_GPU_BUILD)
   const int mine = device_count() > 0 ? 1 : 0;
   std::vector<int> all(bootstrap.size());
   bootstrap.all_gather(&mine, all.data(), sizeof mine);
@@ -99,7 +99,7 @@ struct EpGroup::Impl {
       reference = std::make_unique<reference::ReferenceEp>(bootstrap.comm(), config);
       return;
     }
-#if defined(ROCEP_HAS_GPU_BACKEND)
+#if defined(ROCEP_GPU_BUILD)
     gpu = std::make_unique<GpuEp>(bootstrap, config);
 #else
     throw ConfigError("EpGroup: backend gpu is not available: this build of rocep has no GPU platform");
@@ -110,7 +110,7 @@ struct EpGroup::Impl {
   EpConfig config;
   Backend backend;
   std::unique_ptr<reference::ReferenceEp> reference;
-#if defined(ROCEP_HAS_GPU_BACKEND)
+#if defined(ROCEP_GPU_BUILD)
   std::unique_ptr<GpuEp> gpu;
 #endif
 };
@@ -149,7 +149,7 @@ void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outp
 }
 
 void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
-#if defined(ROCEP_HAS_GPU_BACKEND)
+#if defined(ROCEP_GPU_BUILD)
   if (impl_->gpu) {
     impl_->gpu->dispatch_send(inputs, static_cast<hipStream_t>(stream));
     return;
@@ -160,7 +160,7 @@ void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
 }
 
 void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
-#if defined(ROCEP_HAS_GPU_BACKEND)
+#if defined(ROCEP_GPU_BUILD)
   if (impl_->gpu) {
     impl_->gpu->dispatch_recv(outputs, static_cast<hipStream_t>(stream));
     return;
@@ -176,7 +176,7 @@ void EpGroup::combine(const CombineArgs& args, void* stream) {
 }
 
 void EpGroup::combine_send(const CombineArgs& args, void* stream) {
-#if defined(ROCEP_HAS_GPU_BACKEND)
+#if defined(ROCEP_GPU_BUILD)
   if (impl_->gpu) {
     impl_->gpu->combine_send(args, static_cast<hipStream_t>(stream));
     return;
@@ -187,7 +187,7 @@ void EpGroup::combine_send(const CombineArgs& args, void* stream) {
 }
 
 void EpGroup::combine_recv(const CombineArgs& args, void* stream) {
-#if defined(ROCEP_HAS_GPU_BACKEND)
+#if defined(ROCEP_GPU_BUILD)
   if (impl_->gpu) {
     impl_->gpu->combine_recv(args, static_cast<hipStream_t>(stream));
     return;
@@ -198,7 +198,7 @@ void EpGroup::combine_recv(const CombineArgs& args, void* stream) {
 }
 
 void EpGroup::synchronize(void* stream) {
-#if defined(ROCEP_HAS_GPU_BACKEND)
+#if defined(ROCEP_GPU_BUILD)
   if (impl_->gpu) {
     impl_->gpu->synchronize(static_cast<hipStream_t>(stream));
   }

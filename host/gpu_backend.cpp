@@ -178,25 +178,23 @@ void GpuEp::dispatch_recv(const DispatchOutputs& outputs, hipStream_t stream) {
   ROCEP_GPU_CHECK(hipGetLastError());
 }
 
-void GpuEp::combine_send(const CombineArgs& args, hipStream_t stream) {
+device::CombineArgs GpuEp::combine_kernel_args(const CombineArgs& args) const {
   require_usable();
   if (args.expert_outputs == nullptr || args.out == nullptr) {
     throw InvalidInputError("combine: rank " + std::to_string(rank_) +
                             " passed a null expert_outputs/out pointer");
   }
-  const device::CombineArgs kernel_args{static_cast<const uint16_t*>(args.expert_outputs), args.row_weights,
-                                        static_cast<const uint16_t*>(args.shared_expert_output),
-                                        static_cast<uint16_t*>(args.out)};
-  device::launch_combine_send(view_, kernel_args, blocks_, stream);
+  return {static_cast<const uint16_t*>(args.expert_outputs), args.row_weights,
+          static_cast<const uint16_t*>(args.shared_expert_output), static_cast<uint16_t*>(args.out)};
+}
+
+void GpuEp::combine_send(const CombineArgs& args, hipStream_t stream) {
+  device::launch_combine_send(view_, combine_kernel_args(args), blocks_, stream);
   ROCEP_GPU_CHECK(hipGetLastError());
 }
 
 void GpuEp::combine_recv(const CombineArgs& args, hipStream_t stream) {
-  require_usable();
-  const device::CombineArgs kernel_args{static_cast<const uint16_t*>(args.expert_outputs), args.row_weights,
-                                        static_cast<const uint16_t*>(args.shared_expert_output),
-                                        static_cast<uint16_t*>(args.out)};
-  device::launch_combine_recv(view_, kernel_args, blocks_, stream);
+  device::launch_combine_recv(view_, combine_kernel_args(args), blocks_, stream);
   ROCEP_GPU_CHECK(hipGetLastError());
 }
 

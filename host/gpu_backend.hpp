@@ -34,6 +34,8 @@ class GpuEp {
 
  private:
   void require_usable() const;
+  // Checks the arguments both halves of combine take (throws InvalidInputError) and converts them.
+  device::CombineArgs combine_kernel_args(const CombineArgs& args) const;
 
   EpConfig config_;
   int rank_;
