@@ -1,6 +1,7 @@
-// Dispatch / combine benchmark under MPI. Every rank runs every iteration; an iteration's time is the
-// slowest rank's (MPI_MAX), since a collective step is as slow as its slowest member. Rank 0 prints the
-// table: median time per call, bytes that crossed to other ranks, and the resulting GB/s.
+// Dispatch / combine benchmark under MPI. Every rank runs every call; a call's time is the slowest rank's
+// (MPI_MAX), since a collective step is as slow as its slowest member. Rank 0 prints the table: median time
+// per call, bytes that crossed to other ranks, and the resulting GB/s. --iterations counts the timed calls
+// of each kind.
 //
 //   mpirun -np 2 rocep_bench [--tokens=128,4096] [--hidden=7168] [--top_k=8] [--experts=256]
 //                            [--iterations=20] [--blocks=N] [benchmark flags]
@@ -8,9 +9,11 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -138,10 +141,10 @@ double median(std::vector<double> values) {
   return values.empty() ? 0.0 : values[values.size() / 2];
 }
 
-// kDispatch / kCombine time the fused call. The phase cases time the send alone, then the receive alone
-// after a barrier (every peer's data has arrived): the receive then measures only this rank's own layout
-// and reduction work, apart from the link.
-enum class Operation { kDispatch, kCombine, kDispatchPhases, kCombinePhases };
+// A case runs a sequence of calls repeatedly and times each call on its own: kFused runs dispatch then
+// combine; kSplit runs dispatch_send, dispatch_recv, combine_send, combine_recv (each receive's time
+// includes any wait for the peers' sends).
+enum class Sequence { kFused, kSplit };
 
 // One line of the summary table rank 0 prints after the run.
 struct SummaryRow {
@@ -244,9 +247,45 @@ class CaseMemory {
 #endif
 };
 
-// Times `operation` on an EpGroup of the whole world. Each iteration starts after a barrier and ends when
-// the rank's work is complete (device events on the GPU backend); its time is the slowest rank's.
-void run_case(benchmark::State& state, const std::string& name, Operation operation, rocep::EpConfig config,
+// Holds a stream in a host function until opened, so that a whole batch of calls is queued before the device
+// starts on it: events between the calls then time the device's work, not the host's launch overhead (as
+// in a server that replays graphs or launches ahead of the device).
+class StreamGate {
+ public:
+  void close(void* stream) {
+    open_.store(false);
+#if defined(ROCEP_GPU_BUILD)
+    ROCEP_GPU_CHECK(hipLaunchHostFunc(static_cast<hipStream_t>(stream), &StreamGate::wait, this));
+#else
+    (void)stream;
+#endif
+  }
+  void open() {
+    open_.store(true);
+  }
+
+ private:
+  static void wait(void* gate) {
+    while (!static_cast<StreamGate*>(gate)->open_.load()) {
+    }
+  }
+  std::atomic<bool> open_{true};
+};
+
+// One timed call of a sequence.
+struct Step {
+  std::string name;
+  bool dispatching;  // counts dispatch bytes (else combine bytes)
+  bool moves_data;   // a send or a fused call: bytes / time is reported
+  std::function<void()> call;
+};
+
+// Times every step of `sequence` on an EpGroup of the whole world. One benchmark iteration queues
+// kRepeats rounds of the sequence behind a gate (GPU) with an event between consecutive calls, then
+// opens the gate after a barrier; a call's time is the slowest rank's. Medians over all rounds.
+constexpr int kRepeats = 8;
+
+void run_case(benchmark::State& state, const std::string& name, Sequence sequence, rocep::EpConfig config,
               int num_tokens) {
   int rank = 0;
   int world = 1;
@@ -275,90 +314,83 @@ void run_case(benchmark::State& state, const std::string& name, Operation operat
       memory.make<rocep::bf16_bits>(std::size_t{1} * num_tokens * config.hidden)};
 #if defined(ROCEP_GPU_BUILD)
   std::unique_ptr<rocep::Stream> stream = on_gpu ? std::make_unique<rocep::Stream>() : nullptr;
-  std::unique_ptr<rocep::Event> start_event = on_gpu ? std::make_unique<rocep::Event>() : nullptr;
-  std::unique_ptr<rocep::Event> stop_event = on_gpu ? std::make_unique<rocep::Event>() : nullptr;
+  std::vector<rocep::Event> events;
   void* stream_handle = on_gpu ? stream->get() : nullptr;
 #else
   void* stream_handle = nullptr;
 #endif
 
-  // Warm-up (module load, first touch), and the layout combine needs.
+  std::vector<Step> steps;
+  if (sequence == Sequence::kFused) {
+    steps.push_back({"dispatch", true, true, [&] { group.dispatch(inputs, outputs, stream_handle); }});
+    steps.push_back({"combine", false, true, [&] { group.combine(combine_args, stream_handle); }});
+  } else {
+    steps.push_back({"dispatch send", true, true, [&] { group.dispatch_send(inputs, stream_handle); }});
+    steps.push_back({"dispatch recv", true, false, [&] { group.dispatch_recv(outputs, stream_handle); }});
+    steps.push_back({"combine send", false, true, [&] { group.combine_send(combine_args, stream_handle); }});
+    steps.push_back({"combine recv", false, false, [&] { group.combine_recv(combine_args, stream_handle); }});
+  }
+  const std::size_t calls = steps.size() * kRepeats;
+#if defined(ROCEP_GPU_BUILD)
+  if (on_gpu) {
+    events.resize(calls + 1);
+  }
+#endif
+
+  // Warm-up (module load, first touch).
   for (int warm_up = 0; warm_up < 3; ++warm_up) {
-    group.dispatch(inputs, outputs, stream_handle);
-    group.combine(combine_args, stream_handle);
+    for (const Step& step : steps) {
+      step.call();
+    }
   }
   group.synchronize(stream_handle);
-  // One step on every rank after a barrier; the slowest rank's time (device events on the GPU backend).
-  auto timed = [&](auto&& step) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    double elapsed = 0;
-#if defined(ROCEP_GPU_BUILD)
-    if (on_gpu) {
-      start_event->record(stream->get());
-      step();
-      stop_event->record(stream->get());
-      group.synchronize(stream_handle);
-      elapsed = stop_event->elapsed_ms_since(*start_event) * 1e-3;
-    }
-#endif
-    if (!on_gpu) {
-      const double start = MPI_Wtime();
-      step();
-      elapsed = MPI_Wtime() - start;
-    }
-    return max_over_ranks(elapsed);
-  };
-  const bool dispatching = operation == Operation::kDispatch || operation == Operation::kDispatchPhases;
-  const bool phases = operation == Operation::kDispatchPhases || operation == Operation::kCombinePhases;
-  std::vector<double> seconds;
-  std::vector<double> send_seconds;
-  std::vector<double> recv_seconds;
+
+  StreamGate gate;
+  std::vector<std::vector<double>> step_seconds(steps.size());
+  std::vector<double> seconds(calls);
   for (auto _ : state) {
-    double slowest = 0;
-    if (!phases) {
-      slowest = timed([&] {
-        if (dispatching) {
-          group.dispatch(inputs, outputs, stream_handle);
-        } else {
-          group.combine(combine_args, stream_handle);
-        }
-      });
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (on_gpu) {
+#if defined(ROCEP_GPU_BUILD)
+      gate.close(stream_handle);
+      events[0].record(stream->get());
+      for (std::size_t call = 0; call < calls; ++call) {
+        steps[call % steps.size()].call();
+        events[call + 1].record(stream->get());
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      gate.open();
+      group.synchronize(stream_handle);
+      for (std::size_t call = 0; call < calls; ++call) {
+        seconds[call] = events[call + 1].elapsed_ms_since(events[call]) * 1e-3;
+      }
+#endif
     } else {
-      send_seconds.push_back(timed([&] {
-        if (dispatching) {
-          group.dispatch_send(inputs, stream_handle);
-        } else {
-          group.combine_send(combine_args, stream_handle);
-        }
-      }));
-      recv_seconds.push_back(timed([&] {
-        if (dispatching) {
-          group.dispatch_recv(outputs, stream_handle);
-        } else {
-          group.combine_recv(combine_args, stream_handle);
-        }
-      }));
-      slowest = send_seconds.back() + recv_seconds.back();
+      for (std::size_t call = 0; call < calls; ++call) {
+        const double start = MPI_Wtime();
+        steps[call % steps.size()].call();
+        seconds[call] = MPI_Wtime() - start;
+      }
     }
-    seconds.push_back(slowest);
-    state.SetIterationTime(slowest);
+    MPI_Allreduce(MPI_IN_PLACE, seconds.data(), static_cast<int>(calls), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    double round = 0;
+    for (std::size_t call = 0; call < calls; ++call) {
+      step_seconds[call % steps.size()].push_back(seconds[call]);
+      round += seconds[call];
+    }
+    state.SetIterationTime(round / kRepeats);
   }
-  const double bytes =
-      max_over_ranks(dispatching ? workload.remote_dispatch_bytes : workload.remote_combine_bytes);
-  const double median_seconds = median(seconds);
-  const double gb_per_s = median_seconds > 0 ? bytes / median_seconds / 1e9 : 0.0;
   const std::string backend = std::string(rocep::to_string(group.backend())) + " EP" + std::to_string(world);
-  state.counters["median_us"] = median_seconds * 1e6;
-  state.counters["remote_MB"] = bytes / 1e6;
-  state.counters["GB/s"] = gb_per_s;
   state.SetLabel(backend);
-  if (phases) {
-    const double send = median(send_seconds);
-    summary.push_back(
-        {name + " send", backend, send * 1e6, bytes / 1e6, send > 0 ? bytes / send / 1e9 : 0.0});
-    summary.push_back({name + " recv", backend, median(recv_seconds) * 1e6, 0.0, 0.0});
-  } else {
-    summary.push_back({name, backend, median_seconds * 1e6, bytes / 1e6, gb_per_s});
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const Step& step = steps[i];
+    const double bytes = step.moves_data ? max_over_ranks(step.dispatching ? workload.remote_dispatch_bytes
+                                                                           : workload.remote_combine_bytes)
+                                         : 0.0;
+    const double median_seconds = median(step_seconds[i]);
+    const double gb_per_s = median_seconds > 0 ? bytes / median_seconds / 1e9 : 0.0;
+    state.counters[step.name + " [us]"] = median_seconds * 1e6;
+    summary.push_back({step.name + name, backend, median_seconds * 1e6, bytes / 1e6, gb_per_s});
   }
 }
 
@@ -400,14 +432,12 @@ int main(int argc, char** argv) {
     }
 #endif
     for (const int tokens : options.tokens) {
-      for (const Operation operation : {Operation::kDispatch, Operation::kCombine, Operation::kDispatchPhases,
-                                        Operation::kCombinePhases}) {
-        const char* names[] = {"dispatch", "combine", "dispatch-phases", "combine-phases"};
-        const std::string name =
-            std::string(names[static_cast<int>(operation)]) + "/bf16/tokens:" + std::to_string(tokens);
+      for (const Sequence sequence : {Sequence::kFused, Sequence::kSplit}) {
+        const std::string name = "/bf16/tokens:" + std::to_string(tokens);
         // A fixed iteration count: every rank must run the same number of collective calls.
-        benchmark::RegisterBenchmark(name.c_str(), run_case, name, operation, config, tokens)
-            ->Iterations(options.iterations)
+        const std::string case_name = (sequence == Sequence::kFused ? "fused" : "split") + name;
+        benchmark::RegisterBenchmark(case_name.c_str(), run_case, name, sequence, config, tokens)
+            ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
             ->UseManualTime()
             ->Unit(benchmark::kMicrosecond);
       }

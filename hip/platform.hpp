@@ -64,6 +64,7 @@
 #define hipGraphLaunch cudaGraphLaunch
 #define hipGraphExecDestroy cudaGraphExecDestroy
 #define hipGraphDestroy cudaGraphDestroy
+#define hipLaunchHostFunc cudaLaunchHostFunc
 
 #elif defined(ROCEP_PLATFORM_AMD)
 
