@@ -247,30 +247,26 @@ class CaseMemory {
 #endif
 };
 
-// Holds a stream in a host function until opened, so that a whole batch of calls is queued before the device
+#if defined(ROCEP_GPU_BUILD)
+// Holds a stream in a host callback until opened, so that a whole batch of calls is queued before the device
 // starts on it: events between the calls then time the device's work, not the host's launch overhead (as
 // in a server that replays graphs or launches ahead of the device).
 class StreamGate {
  public:
-  void close(void* stream) {
+  void close(hipStream_t stream) {
     open_.store(false);
-#if defined(ROCEP_GPU_BUILD)
-    ROCEP_GPU_CHECK(hipLaunchHostFunc(static_cast<hipStream_t>(stream), &StreamGate::wait, this));
-#else
-    (void)stream;
-#endif
+    ROCEP_GPU_CHECK(hipStreamAddCallback(stream, &StreamGate::wait, this, 0));
   }
-  void open() {
-    open_.store(true);
-  }
+  void open() { open_.store(true); }
 
  private:
-  static void wait(void* gate) {
+  static void wait(hipStream_t, hipError_t, void* gate) {
     while (!static_cast<StreamGate*>(gate)->open_.load()) {
     }
   }
   std::atomic<bool> open_{true};
 };
+#endif
 
 // One timed call of a sequence.
 struct Step {
@@ -345,14 +341,14 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
   }
   group.synchronize(stream_handle);
 
-  StreamGate gate;
   std::vector<std::vector<double>> step_seconds(steps.size());
   std::vector<double> seconds(calls);
   for (auto _ : state) {
     MPI_Barrier(MPI_COMM_WORLD);
     if (on_gpu) {
 #if defined(ROCEP_GPU_BUILD)
-      gate.close(stream_handle);
+      StreamGate gate;
+      gate.close(stream->get());
       events[0].record(stream->get());
       for (std::size_t call = 0; call < calls; ++call) {
         steps[call % steps.size()].call();

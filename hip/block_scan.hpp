@@ -1,5 +1,5 @@
-// Exclusive prefix sum over the threads of one block, through shared memory: no wave intrinsics, so the
-// same code is right for waves of 64 (CDNA) and warps of 32 (NVIDIA).
+// Exclusive prefix sum over the threads of one block: a shuffle scan inside each wave, then the wave totals
+// through shared memory. Written for any wave size (64 on CDNA, 32 on NVIDIA).
 #pragma once
 
 #include <cstdint>
@@ -10,26 +10,41 @@ namespace rocep::device {
 
 inline constexpr int kScanBlockThreads = 256;
 
+// The value `distance` lanes below this one in the same wave (this lane's own value where there is none).
+__device__ inline uint32_t shuffle_up(uint32_t value, int distance) {
+#if defined(ROCEP_PLATFORM_AMD)
+  return __shfl_up(value, distance, kWaveSize);
+#else
+  return __shfl_up_sync(0xffffffffu, value, distance);
+#endif
+}
+
 // Every thread of a block of kScanBlockThreads threads calls it. Returns the sum of `value` over the
-// threads before this one and stores the block's total in *total. Starts and ends with a barrier, so
-// it may be called again in a loop.
+// threads before this one and stores the block's total in *total. It holds block barriers and may be
+// called again in a loop.
 __device__ inline uint32_t block_exclusive_scan(uint32_t value, uint32_t* total) {
-  __shared__ uint32_t partial[kScanBlockThreads];
-  const int thread = threadIdx.x;
-  __syncthreads();
-  partial[thread] = value;
-  // Hillis-Steele inclusive scan: log2(block) steps.
-  for (int distance = 1; distance < kScanBlockThreads; distance *= 2) {
-    __syncthreads();
-    const uint32_t earlier = thread >= distance ? partial[thread - distance] : 0;
-    __syncthreads();
-    partial[thread] += earlier;
+  constexpr int kWaves = kScanBlockThreads / kWaveSize;
+  __shared__ uint32_t wave_totals[kWaves];
+  const int lane = threadIdx.x % kWaveSize;
+  const int wave = threadIdx.x / kWaveSize;
+  uint32_t inclusive = value;
+  for (int distance = 1; distance < kWaveSize; distance *= 2) {
+    const uint32_t earlier = shuffle_up(inclusive, distance);
+    inclusive += lane >= distance ? earlier : 0u;
+  }
+  __syncthreads();  // an earlier call may still read wave_totals
+  if (lane == kWaveSize - 1) {
+    wave_totals[wave] = inclusive;
   }
   __syncthreads();
-  *total = partial[kScanBlockThreads - 1];
-  const uint32_t inclusive = partial[thread];
-  __syncthreads();
-  return inclusive - value;
+  uint32_t before = 0;
+  uint32_t sum = 0;
+  for (int w = 0; w < kWaves; ++w) {
+    before += w < wave ? wave_totals[w] : 0u;
+    sum += wave_totals[w];
+  }
+  *total = sum;
+  return before + inclusive - value;
 }
 
 }  // namespace rocep::device

@@ -6,6 +6,7 @@
 //                       releases every peer's combine_arrived[rank].
 //   rocep_combine_recv  source rank, blocks over its tokens: wait for every rank, then sum the partials in
 //                       ascending rank order (+ shared expert), or copy the rows; store bf16.
+//   rocep_combine       both halves in one kernel (the fused call)
 #include "bf16.hpp"
 #include "ep_kernels.hpp"
 #include "group_sync.hpp"
@@ -73,12 +74,9 @@ __device__ inline void reduce_rows(Vector16* destination, const Vector16* const*
   }
 }
 
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_combine_send(GroupView group, rocep::device::CombineArgs args) {
+__device__ void send_partials(const GroupView& group, const rocep::device::CombineArgs& args,
+                              uint64_t sequence) {
   const Shape& shape = group.shape;
-  const uint64_t sequence = group.state->combine_sequence + 1;
   const int vectors = shape.hidden / kLanes;
   const int total = shape.world * shape.max_tokens;
   const bool weighted = args.row_weights != nullptr;
@@ -130,17 +128,16 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     }
     __syncthreads();  // the shared lists are rewritten for the next token
   }
-  if (last_block_to_finish(&group.state->blocks_done)) {
+  if (last_block_to_finish(&group.state->send_blocks_done)) {
     for (int peer = 0; peer < shape.world; ++peer) {
       store_release<Scope::kSystem>(&group.peer_signals[peer]->combine_arrived[shape.rank], sequence);
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_combine_recv(GroupView group, rocep::device::CombineArgs args) {
+__device__ void receive_partials(const GroupView& group, const rocep::device::CombineArgs& args,
+                                 uint64_t sequence) {
   const Shape& shape = group.shape;
-  const uint64_t sequence = group.state->combine_sequence + 1;
   const bool arrived = block_wait_for_peers(group.signals->combine_arrived, sequence, shape.world,
                                             group.timeout_ticks, group.status, Operation::kCombineRecv);
   const int vectors = shape.hidden / kLanes;
@@ -189,22 +186,37 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
       }
     }
   }
-  if (last_block_to_finish(&group.state->blocks_done) && !timed_out(group.status)) {
-    group.state->combine_sequence += 1;
+  if (last_block_to_finish(&group.state->receive_blocks_done) && !timed_out(group.status)) {
+    group.state->combine_sequence = sequence;
   }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_combine_send(GroupView group, rocep::device::CombineArgs args) {
+  send_partials(group, args, group.state->combine_sequence + 1);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_combine_recv(GroupView group, rocep::device::CombineArgs args) {
+  receive_partials(group, args, group.state->combine_sequence + 1);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_combine(GroupView group, rocep::device::CombineArgs args) {
+  const uint64_t sequence = group.state->combine_sequence + 1;
+  send_partials(group, args, sequence);
+  receive_partials(group, args, sequence);
 }
 
 namespace rocep::device {
 
-hipError_t load_combine_kernels() {
-  hipFuncAttributes attributes;
-  for (const void* kernel : {reinterpret_cast<const void*>(&rocep_combine_send),
-                             reinterpret_cast<const void*>(&rocep_combine_recv)}) {
-    const hipError_t status = hipFuncGetAttributes(&attributes, kernel);
-    if (status != hipSuccess)
-      return status;
-  }
-  return hipSuccess;
+hipError_t load_combine_kernels(int* resident_blocks) {
+  return load_kernels(
+      {reinterpret_cast<const void*>(&rocep_combine_send), reinterpret_cast<const void*>(&rocep_combine_recv),
+       reinterpret_cast<const void*>(&rocep_combine)},
+      resident_blocks);
 }
 
 void launch_combine_send(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream) {
@@ -213,6 +225,10 @@ void launch_combine_send(const GroupView& group, const CombineArgs& args, int bl
 
 void launch_combine_recv(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream) {
   rocep_combine_recv<<<blocks, kBlockThreads, 0, stream>>>(group, args);
+}
+
+void launch_combine(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream) {
+  rocep_combine<<<blocks, kBlockThreads, 0, stream>>>(group, args);
 }
 
 }  // namespace rocep::device

@@ -1,12 +1,13 @@
 // Dispatch: every token goes once to each rank that owns one of its experts; the receiver expands it into
 // rows grouped by local expert, in (source rank, source token, k) order.
 //
-//   rocep_dispatch_send         sender: validate ids, store ids / weights / payload into each peer's region,
-//                               then the last block releases the peers' dispatch_arrived[rank] words
-//   rocep_dispatch_recv_count   receiver, one block per local expert: wait for every source, then rank the
-//                               expert's (source, token) pairs with block scans: position inside the expert
-//   rocep_dispatch_recv_offsets receiver, one block: padded prefix over experts -> row_offsets
-//   rocep_dispatch_recv         receiver, blocks over (source, token): copy each token into its rows
+//   rocep_dispatch_send  sending half: validate ids, store ids / weights / payload into each peer's region,
+//                        then the last block releases the peers' dispatch_arrived[rank] words
+//   rocep_dispatch_recv  receiving half: wait for every source; blocks over local experts rank each
+//                        expert's (source, token) pairs (position inside the expert); a grid barrier; every
+//                        block takes the padded prefix over experts (row_offsets); blocks over
+//                        (source, token) copy each token into its rows
+//   rocep_dispatch       both halves in one kernel (the fused call)
 #include "block_scan.hpp"
 #include "ep_kernels.hpp"
 #include "group_sync.hpp"
@@ -26,12 +27,8 @@ __device__ inline uint8_t* region_payload(uint8_t* region, const Shape& shape, i
   return region + DispatchRegion::payload_offset(shape, source, token);
 }
 
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_dispatch_send(GroupView group, DispatchSendArgs args) {
+__device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args, uint64_t sequence) {
   const Shape& shape = group.shape;
-  const uint64_t sequence = group.state->dispatch_sequence + 1;
   int num_tokens = args.num_tokens_on_device != nullptr ? *args.num_tokens_on_device : args.num_tokens;
   if (num_tokens < 0 || num_tokens > shape.max_tokens) {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -107,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     __syncthreads();  // the shared arrays are rewritten for the next token
   }
 
-  if (last_block_to_finish(&group.state->blocks_done)) {
+  if (last_block_to_finish(&group.state->send_blocks_done)) {
     group.state->sent_tokens = num_tokens;
     for (int peer = 0; peer < shape.world; ++peer) {
       Signals* signals = group.peer_signals[peer];
@@ -117,13 +114,10 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads) rocep_dispatch_recv_count(GroupView group) {
+// Blocks over local experts: the position of each received (source, token) inside its expert's rows, in
+// token_rows, and each expert's row count, in expert_rows.
+__device__ void rank_expert_rows(const GroupView& group) {
   const Shape& shape = group.shape;
-  const uint64_t sequence = group.state->dispatch_sequence + 1;
-  if (!block_wait_for_peers(group.signals->dispatch_arrived, sequence, shape.world, group.timeout_ticks,
-                            group.status, Operation::kDispatchRecv)) {
-    return;
-  }
   for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
     const int32_t global_expert = shape.rank * shape.local_experts + expert;
     uint32_t rows = 0;
@@ -155,12 +149,10 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) rocep_dispatch_recv_
   }
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_dispatch_recv_offsets(GroupView group, DispatchRecvArgs args) {
+// Every block: offsets[e] = first row of local expert e, each expert's rows padded to the alignment;
+// offsets[local_experts] = all rows. Block 0 also publishes them (and the statistics) to the caller.
+__device__ void compute_row_offsets(const GroupView& group, const DispatchRecvArgs& args, uint32_t* offsets) {
   const Shape& shape = group.shape;
-  if (timed_out(group.status)) {
-    return;
-  }
   uint32_t offset = 0;
   for (int first = 0; first < shape.local_experts; first += kScanBlockThreads) {
     const int expert = first + threadIdx.x;
@@ -173,26 +165,44 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     uint32_t block_rows = 0;
     const uint32_t position = block_exclusive_scan(padded, &block_rows);
     if (expert < shape.local_experts) {
-      args.row_offsets[expert] = offset + position;
-      args.expert_ids[expert] = expert;
-      if (args.expert_token_counts != nullptr) {
-        args.expert_token_counts[expert] += rows;
+      offsets[expert] = offset + position;
+      if (blockIdx.x == 0) {
+        args.row_offsets[expert] = offset + position;
+        args.expert_ids[expert] = expert;
+        if (args.expert_token_counts != nullptr) {
+          args.expert_token_counts[expert] += rows;
+        }
       }
     }
     offset += block_rows;
   }
   if (threadIdx.x == 0) {
-    args.row_offsets[shape.local_experts] = offset;
-    group.state->dispatch_sequence += 1;
+    offsets[shape.local_experts] = offset;
+    if (blockIdx.x == 0) {
+      args.row_offsets[shape.local_experts] = offset;
+    }
   }
+  __syncthreads();
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_dispatch_recv(GroupView group, DispatchRecvArgs args) {
+__device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence) {
   const Shape& shape = group.shape;
-  if (timed_out(group.status)) {
+  if (!block_wait_for_peers(group.signals->dispatch_arrived, sequence, shape.world, group.timeout_ticks,
+                            group.status, Operation::kDispatchRecv)) {
     return;
   }
+  rank_expert_rows(group);
+  if (!grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
+                    Operation::kDispatchRecv)) {
+    return;
+  }
+  // Every block has read the sequence number by now.
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    group.state->dispatch_sequence = sequence;
+  }
+  __shared__ uint32_t offsets[kMaxLocalExperts + 1];
+  compute_row_offsets(group, args, offsets);
+
   __shared__ int32_t rows[kMaxTopK];
   __shared__ uint8_t* row_starts[kMaxTopK];
   __shared__ int row_count;
@@ -210,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
       int32_t row = -1;
       if (id >= 0) {
         const int expert = id - shape.rank * shape.local_experts;
-        row = static_cast<int32_t>(args.row_offsets[expert]) + token_rows[k];
+        row = static_cast<int32_t>(offsets[expert]) + token_rows[k];
         args.src_info[3 * static_cast<std::size_t>(row) + 0] = source;
         args.src_info[3 * static_cast<std::size_t>(row) + 1] = token;
         args.src_info[3 * static_cast<std::size_t>(row) + 2] = k;
@@ -236,8 +246,8 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   }
   // Padding rows after each expert's rows: zero payload, no source, weight 0.
   for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
-    const uint32_t first = args.row_offsets[expert] + group.expert_rows[expert];
-    for (uint32_t row = first; row < args.row_offsets[expert + 1]; ++row) {
+    const uint32_t first = offsets[expert] + group.expert_rows[expert];
+    for (uint32_t row = first; row < offsets[expert + 1]; ++row) {
       uint8_t* destination = args.recv_tokens + static_cast<std::size_t>(row) * shape.payload_bytes;
       for (uint32_t i = threadIdx.x; i < shape.payload_bytes / kVectorBytes; i += blockDim.x) {
         reinterpret_cast<Vector16*>(destination)[i] = Vector16{0, 0, 0, 0};
@@ -252,19 +262,32 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_dispatch_send(GroupView group, DispatchSendArgs args) {
+  send_tokens(group, args, group.state->dispatch_sequence + 1);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_dispatch_recv(GroupView group, DispatchRecvArgs args) {
+  receive_tokens(group, args, group.state->dispatch_sequence + 1);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_dispatch(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
+  const uint64_t sequence = group.state->dispatch_sequence + 1;
+  send_tokens(group, send_args, sequence);
+  receive_tokens(group, recv_args, sequence);
+}
+
 namespace rocep::device {
 
-hipError_t load_dispatch_kernels() {
-  hipFuncAttributes attributes;
-  for (const void* kernel : {reinterpret_cast<const void*>(&rocep_dispatch_send),
-                             reinterpret_cast<const void*>(&rocep_dispatch_recv_count),
-                             reinterpret_cast<const void*>(&rocep_dispatch_recv_offsets),
-                             reinterpret_cast<const void*>(&rocep_dispatch_recv)}) {
-    const hipError_t status = hipFuncGetAttributes(&attributes, kernel);
-    if (status != hipSuccess)
-      return status;
-  }
-  return hipSuccess;
+hipError_t load_dispatch_kernels(int* resident_blocks) {
+  return load_kernels(
+      {reinterpret_cast<const void*>(&rocep_dispatch_send),
+       reinterpret_cast<const void*>(&rocep_dispatch_recv), reinterpret_cast<const void*>(&rocep_dispatch)},
+      resident_blocks);
 }
 
 void launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, int blocks,
@@ -274,10 +297,12 @@ void launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, 
 
 void launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, int blocks,
                           hipStream_t stream) {
-  const int count_blocks = group.shape.local_experts < blocks ? group.shape.local_experts : blocks;
-  rocep_dispatch_recv_count<<<count_blocks, kBlockThreads, 0, stream>>>(group);
-  rocep_dispatch_recv_offsets<<<1, kBlockThreads, 0, stream>>>(group, args);
   rocep_dispatch_recv<<<blocks, kBlockThreads, 0, stream>>>(group, args);
+}
+
+void launch_dispatch(const GroupView& group, const DispatchSendArgs& send_args,
+                     const DispatchRecvArgs& recv_args, int blocks, hipStream_t stream) {
+  rocep_dispatch<<<blocks, kBlockThreads, 0, stream>>>(group, send_args, recv_args);
 }
 
 }  // namespace rocep::device

@@ -2,7 +2,9 @@
 // launchers; the kernels themselves live in dispatch.hip and combine.hip.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 #include "ep_params.hpp"
 #include "platform.hpp"
@@ -11,6 +13,8 @@ namespace rocep::device {
 
 inline constexpr int kMaxTopK = 32;
 inline constexpr int kBlockThreads = 256;
+inline constexpr int kMaxLocalExperts =
+    1024;  // the receiver keeps one row offset per local expert in shared memory
 
 // What every kernel of one group needs: who we are, where the peers' regions are, our own state.
 struct GroupView {
@@ -56,14 +60,36 @@ struct CombineArgs {
 
 // Loads every dispatch / combine kernel now. With lazy loading, a kernel's first launch waits for the device
 // to idle, which a spinning receive kernel of the same process can prevent forever; loading them all when
-// the group is created rules that out. Returns the runtime's status.
-hipError_t load_dispatch_kernels();
-hipError_t load_combine_kernels();
+// the group is created rules that out. Also lowers *resident_blocks to the fewest blocks of kBlockThreads
+// that any of them keeps resident on one multiprocessor: kernels that wait on other blocks of their own grid
+// (a grid barrier, or the wait for their own send's signal) need the whole grid resident at once. Returns
+// the runtime's status.
+inline hipError_t load_kernels(std::initializer_list<const void*> kernels, int* resident_blocks) {
+  for (const void* kernel : kernels) {
+    hipFuncAttributes attributes;
+    hipError_t status = hipFuncGetAttributes(&attributes, kernel);
+    int blocks = 0;
+    if (status == hipSuccess) {
+      status = hipOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kBlockThreads, 0);
+    }
+    if (status != hipSuccess) {
+      return status;
+    }
+    *resident_blocks = std::min(*resident_blocks, blocks);
+  }
+  return hipSuccess;
+}
+hipError_t load_dispatch_kernels(int* resident_blocks);
+hipError_t load_combine_kernels(int* resident_blocks);
 
 void launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, int blocks,
                           hipStream_t stream);
 void launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, int blocks,
                           hipStream_t stream);
+// The fused calls run both halves in one kernel.
+void launch_dispatch(const GroupView& group, const DispatchSendArgs& send_args,
+                     const DispatchRecvArgs& recv_args, int blocks, hipStream_t stream);
+void launch_combine(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream);
 void launch_combine_send(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream);
 void launch_combine_recv(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream);
 

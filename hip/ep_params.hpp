@@ -96,12 +96,22 @@ struct Signals {
   int32_t tokens_from[kMaxWorld];        // [s]: tokens source s sent in its last dispatch
 };
 
+// A barrier across the blocks of one kernel: blocks count in, the last one resets the count and bumps the
+// generation the others wait for.
+struct GridBarrier {
+  uint32_t arrived;
+  uint32_t unused;
+  uint64_t generation;
+};
+
 // State a rank keeps for itself between the kernels of one dispatch / combine (device memory).
 struct LocalState {
   uint64_t dispatch_sequence;  // completed dispatches; the next one signals dispatch_sequence + 1
   uint64_t combine_sequence;
-  uint32_t blocks_done;  // grid-completion counter of the kernel in flight; reset by its last block
-  int32_t sent_tokens;   // tokens of this rank's last dispatch_send
+  GridBarrier barrier;
+  uint32_t send_blocks_done;  // blocks done with the sending part of the kernel in flight; reset by the last
+  uint32_t receive_blocks_done;  // blocks done with its receiving part; reset by the last
+  int32_t sent_tokens;           // tokens of this rank's last dispatch_send
 };
 
 }  // namespace rocep::device

@@ -63,4 +63,35 @@ __device__ inline bool last_block_to_finish(uint32_t* blocks_done) {
   return true;
 }
 
+// Returns once every block of the grid has called it, in every thread. All blocks of the grid must be
+// resident at once: the host sizes grids that use it by occupancy. Gives up (false) when another wait of the
+// group has timed out, or after `timeout_ticks`, which is then reported against this rank itself.
+__device__ inline bool grid_barrier(GridBarrier* barrier, int rank, uint64_t timeout_ticks, Status* status,
+                                    Operation operation) {
+  __shared__ bool passed;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    passed = true;
+    const uint64_t generation = load_acquire<Scope::kDevice>(&barrier->generation);
+    __threadfence();
+    if (atomicAdd(&barrier->arrived, 1u) == gridDim.x - 1) {
+      __threadfence();
+      barrier->arrived = 0;
+      store_release<Scope::kDevice>(&barrier->generation, generation + 1);
+    } else {
+      const uint64_t start = wall_clock_ticks();
+      while (passed && load_acquire<Scope::kDevice>(&barrier->generation) == generation) {
+        if (timed_out(status)) {
+          passed = false;
+        } else if (wall_clock_ticks() - start > timeout_ticks) {
+          report_failure(status, StatusCode::kTimeout, operation, rank, -1, -1, 0);
+          passed = false;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  return passed;
+}
+
 }  // namespace rocep::device

@@ -64,7 +64,8 @@
 #define hipGraphLaunch cudaGraphLaunch
 #define hipGraphExecDestroy cudaGraphExecDestroy
 #define hipGraphDestroy cudaGraphDestroy
-#define hipLaunchHostFunc cudaLaunchHostFunc
+#define hipStreamAddCallback cudaStreamAddCallback
+#define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 
 #elif defined(ROCEP_PLATFORM_AMD)
 

@@ -144,6 +144,12 @@ std::size_t EpGroup::memory_bytes() const {
 }  // the reference keeps only transient host vectors
 
 void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {
+#if defined(ROCEP_GPU_BUILD)
+  if (impl_->gpu) {
+    impl_->gpu->dispatch(inputs, outputs, static_cast<hipStream_t>(stream));
+    return;
+  }
+#endif
   dispatch_send(inputs, stream);
   dispatch_recv(outputs, stream);
 }
@@ -171,6 +177,12 @@ void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
 }
 
 void EpGroup::combine(const CombineArgs& args, void* stream) {
+#if defined(ROCEP_GPU_BUILD)
+  if (impl_->gpu) {
+    impl_->gpu->combine(args, static_cast<hipStream_t>(stream));
+    return;
+  }
+#endif
   combine_send(args, stream);
   combine_recv(args, stream);
 }

@@ -1,5 +1,6 @@
 #include "gpu_backend.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -62,12 +63,26 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
     throw ConfigError(std::string("EpConfig.dispatch_format = ") + to_string(config.dispatch_format) +
                       " is not implemented yet: allowed value is bf16");
   }
-  ROCEP_GPU_CHECK(device::load_dispatch_kernels());
-  ROCEP_GPU_CHECK(device::load_combine_kernels());
+  if (config.num_local_experts(world.size()) > device::kMaxLocalExperts) {
+    throw ConfigError("EpConfig.num_experts = " + std::to_string(config.num_experts) + " gives " +
+                      std::to_string(config.num_local_experts(world.size())) +
+                      " experts per rank, invalid for backend gpu: allowed range is [1, " +
+                      std::to_string(device::kMaxLocalExperts) + "] per rank");
+  }
+  int resident_per_multiprocessor = 1 << 30;
+  ROCEP_GPU_CHECK(device::load_dispatch_kernels(&resident_per_multiprocessor));
+  ROCEP_GPU_CHECK(device::load_combine_kernels(&resident_per_multiprocessor));
   const int device = current_device();
   hipDeviceProp_t properties;
   ROCEP_GPU_CHECK(hipGetDeviceProperties(&properties, device));
-  blocks_ = config.num_blocks > 0 ? config.num_blocks : properties.multiProcessorCount;
+  const int resident_blocks = resident_per_multiprocessor * properties.multiProcessorCount;
+  if (config.num_blocks > resident_blocks) {
+    throw ConfigError("EpConfig.num_blocks = " + std::to_string(config.num_blocks) +
+                      " is invalid on this device: allowed range is [1, " + std::to_string(resident_blocks) +
+                      "] (the blocks of one kernel must all be resident at once)");
+  }
+  blocks_ =
+      config.num_blocks > 0 ? config.num_blocks : std::min(properties.multiProcessorCount, resident_blocks);
 
   device::Shape& shape = view_.shape;
   shape.hidden = config.hidden;
@@ -146,7 +161,7 @@ void GpuEp::require_usable() const {
   }
 }
 
-void GpuEp::dispatch_send(const DispatchInputs& inputs, hipStream_t stream) {
+device::DispatchSendArgs GpuEp::dispatch_send_args(const DispatchInputs& inputs) const {
   require_usable();
   if (inputs.num_tokens_on_device == nullptr &&
       (inputs.num_tokens < 0 || inputs.num_tokens > config_.max_tokens_per_rank)) {
@@ -158,23 +173,33 @@ void GpuEp::dispatch_send(const DispatchInputs& inputs, hipStream_t stream) {
     throw InvalidInputError("dispatch: rank " + std::to_string(rank_) +
                             " passed a null tokens/topk_ids/topk_weights pointer");
   }
-  const device::DispatchSendArgs args{static_cast<const uint8_t*>(inputs.tokens), inputs.topk_ids,
-                                      inputs.topk_weights, inputs.num_tokens, inputs.num_tokens_on_device};
-  device::launch_dispatch_send(view_, args, blocks_, stream);
-  ROCEP_GPU_CHECK(hipGetLastError());
+  return {static_cast<const uint8_t*>(inputs.tokens), inputs.topk_ids, inputs.topk_weights, inputs.num_tokens,
+          inputs.num_tokens_on_device};
 }
 
-void GpuEp::dispatch_recv(const DispatchOutputs& outputs, hipStream_t stream) {
+device::DispatchRecvArgs GpuEp::dispatch_recv_args(const DispatchOutputs& outputs) const {
   require_usable();
   if (outputs.recv_tokens == nullptr || outputs.row_offsets == nullptr || outputs.expert_ids == nullptr ||
       outputs.src_info == nullptr || outputs.recv_weights == nullptr) {
     throw InvalidInputError("dispatch_recv: rank " + std::to_string(rank_) + " passed a null output pointer");
   }
   static_assert(sizeof(SrcInfo) == 3 * sizeof(int32_t), "src_info rows are three int32");
-  const device::DispatchRecvArgs args{
-      static_cast<uint8_t*>(outputs.recv_tokens),   outputs.row_offsets,  outputs.expert_ids,
-      reinterpret_cast<int32_t*>(outputs.src_info), outputs.recv_weights, outputs.expert_token_counts};
-  device::launch_dispatch_recv(view_, args, blocks_, stream);
+  return {static_cast<uint8_t*>(outputs.recv_tokens),   outputs.row_offsets,  outputs.expert_ids,
+          reinterpret_cast<int32_t*>(outputs.src_info), outputs.recv_weights, outputs.expert_token_counts};
+}
+
+void GpuEp::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, hipStream_t stream) {
+  device::launch_dispatch(view_, dispatch_send_args(inputs), dispatch_recv_args(outputs), blocks_, stream);
+  ROCEP_GPU_CHECK(hipGetLastError());
+}
+
+void GpuEp::dispatch_send(const DispatchInputs& inputs, hipStream_t stream) {
+  device::launch_dispatch_send(view_, dispatch_send_args(inputs), blocks_, stream);
+  ROCEP_GPU_CHECK(hipGetLastError());
+}
+
+void GpuEp::dispatch_recv(const DispatchOutputs& outputs, hipStream_t stream) {
+  device::launch_dispatch_recv(view_, dispatch_recv_args(outputs), blocks_, stream);
   ROCEP_GPU_CHECK(hipGetLastError());
 }
 
@@ -186,6 +211,11 @@ device::CombineArgs GpuEp::combine_kernel_args(const CombineArgs& args) const {
   }
   return {static_cast<const uint16_t*>(args.expert_outputs), args.row_weights,
           static_cast<const uint16_t*>(args.shared_expert_output), static_cast<uint16_t*>(args.out)};
+}
+
+void GpuEp::combine(const CombineArgs& args, hipStream_t stream) {
+  device::launch_combine(view_, combine_kernel_args(args), blocks_, stream);
+  ROCEP_GPU_CHECK(hipGetLastError());
 }
 
 void GpuEp::combine_send(const CombineArgs& args, hipStream_t stream) {

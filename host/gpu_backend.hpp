@@ -24,6 +24,9 @@ class GpuEp {
 
   std::size_t memory_bytes() const { return memory_bytes_; }
 
+  // The fused calls run one kernel each; the halves one each.
+  void dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, hipStream_t stream);
+  void combine(const CombineArgs& args, hipStream_t stream);
   void dispatch_send(const DispatchInputs& inputs, hipStream_t stream);
   void dispatch_recv(const DispatchOutputs& outputs, hipStream_t stream);
   void combine_send(const CombineArgs& args, hipStream_t stream);
@@ -34,7 +37,10 @@ class GpuEp {
 
  private:
   void require_usable() const;
-  // Checks the arguments both halves of combine take (throws InvalidInputError) and converts them.
+  // Check the arguments of each half (throw InvalidInputError) and convert them.
+  device::DispatchSendArgs dispatch_send_args(const DispatchInputs& inputs) const;
+  device::DispatchRecvArgs dispatch_recv_args(const DispatchOutputs& outputs) const;
+  // The same for the arguments both halves of combine take.
   device::CombineArgs combine_kernel_args(const CombineArgs& args) const;
 
   EpConfig config_;
