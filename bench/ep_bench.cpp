@@ -86,6 +86,8 @@ BenchOptions parse_options(int& argc, char** argv) {
     options.experts = parse_positive(value, "experts");
   if (take_flag(argc, argv, "iterations", value))
     options.iterations = parse_positive(value, "iterations");
+  if (take_flag(argc, argv, "blocks", value))
+    options.blocks = parse_positive(value, "blocks");
   return options;
 }
 
