@@ -43,8 +43,12 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
   __shared__ unsigned long long destinations;
   __shared__ uint8_t* payloads[kMaxWorld];
   const int thread = threadIdx.x;
+  const std::size_t vectors = shape.payload_bytes / kVectorBytes;
   for (int token = blockIdx.x; token < num_tokens; token += gridDim.x) {
     const std::size_t slots = static_cast<std::size_t>(token) * shape.top_k;
+    const uint8_t* payload = args.tokens + static_cast<std::size_t>(token) * shape.payload_bytes;
+    StagedVectors head;  // in flight while the ids are checked
+    head.load(payload, thread, vectors, blockDim.x);
     if (thread == 0) {
       destinations = 0;
     }
@@ -99,8 +103,7 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
       group.sent_masks[token] = destinations;
     }
     __syncthreads();
-    copy_bytes16_to_many(payloads, count, args.tokens + static_cast<std::size_t>(token) * shape.payload_bytes,
-                         shape.payload_bytes, thread, blockDim.x);
+    copy_bytes16_to_many(payloads, count, payload, shape.payload_bytes, thread, blockDim.x, head);
     __syncthreads();  // the shared arrays are rewritten for the next token
   }
 
@@ -206,6 +209,7 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
   __shared__ int32_t rows[kMaxTopK];
   __shared__ uint8_t* row_starts[kMaxTopK];
   __shared__ int row_count;
+  const std::size_t vectors = shape.payload_bytes / kVectorBytes;
   const int total = shape.world * shape.max_tokens;
   for (int index = blockIdx.x; index < total; index += gridDim.x) {
     const int source = index / shape.max_tokens;
@@ -214,22 +218,36 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
       continue;  // uniform across the block
     }
     int32_t* token_rows = group.token_rows + static_cast<std::size_t>(index) * shape.top_k;
+    const uint8_t* payload = region_payload(group.dispatch_region, shape, source, token);
     if (static_cast<int>(threadIdx.x) < shape.top_k) {
       const int k = threadIdx.x;
       const int32_t id = region_ids(group.dispatch_region, shape, source, token)[k];
-      int32_t row = -1;
-      if (id >= 0) {
-        const int expert = id - shape.rank * shape.local_experts;
-        row = static_cast<int32_t>(offsets[expert]) + token_rows[k];
+      const int32_t rank_in_expert = token_rows[k];
+      rows[k] = id >= 0
+                    ? static_cast<int32_t>(offsets[id - shape.rank * shape.local_experts]) + rank_in_expert
+                    : -1;
+    }
+    __syncthreads();
+    // The payload loads go out first; the row metadata is written while they are in flight.
+    bool wanted = false;
+    for (int k = 0; k < shape.top_k; ++k) {
+      wanted = wanted || rows[k] >= 0;
+    }
+    StagedVectors head{};
+    if (wanted) {
+      head.load(payload, threadIdx.x, vectors, blockDim.x);
+    }
+    if (static_cast<int>(threadIdx.x) < shape.top_k) {
+      const int k = threadIdx.x;
+      const int32_t row = rows[k];
+      if (row >= 0) {
         args.src_info[3 * static_cast<std::size_t>(row) + 0] = source;
         args.src_info[3 * static_cast<std::size_t>(row) + 1] = token;
         args.src_info[3 * static_cast<std::size_t>(row) + 2] = k;
         args.recv_weights[row] = region_weights(group.dispatch_region, shape, source, token)[k];
       }
       token_rows[k] = row;  // the final row, for combine
-      rows[k] = row;
     }
-    __syncthreads();
     if (threadIdx.x == 0) {
       int count = 0;
       for (int k = 0; k < shape.top_k; ++k) {
@@ -240,8 +258,7 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
       row_count = count;
     }
     __syncthreads();
-    copy_bytes16_to_many(row_starts, row_count, region_payload(group.dispatch_region, shape, source, token),
-                         shape.payload_bytes, threadIdx.x, blockDim.x);
+    copy_bytes16_to_many(row_starts, row_count, payload, shape.payload_bytes, threadIdx.x, blockDim.x, head);
     __syncthreads();
   }
   // Padding rows after each expert's rows: zero payload, no source, weight 0.

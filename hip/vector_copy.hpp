@@ -12,20 +12,63 @@ namespace rocep::device {
 inline constexpr std::size_t kVectorBytes = 16;
 using Vector16 = uint4;
 
-// Copies one 16-byte vector. Both pointers must be 16-byte aligned.
-__device__ inline void copy16(void* destination, const void* source) {
-  *static_cast<Vector16*>(destination) = *static_cast<const Vector16*>(source);
-}
-
-// Copies `bytes` (a multiple of 16) from `source` to each of `count` destinations with the threads
-// [thread, ..., num_threads) of a block. Each thread loads kStaged vectors into registers before it stores
-// any, so many loads are in flight at once (one load then one store per step leaves the copy waiting on
-// memory latency: measured 3x slower on H200), and the source is read once however many copies are made.
+// Each thread loads kStaged vectors into registers before it stores any, so many loads are in flight at once
+// (one load then one store per step leaves a copy waiting on memory latency: measured 3x slower on H200).
 inline constexpr int kStaged = 4;
 
+// kStaged vectors of one thread, `num_threads` apart, starting at vector `first`: the unit every copy below
+// loads into registers before it stores any of them.
+struct StagedVectors {
+  Vector16 vector[kStaged];
+
+  __device__ void load(const void* source, std::size_t first, std::size_t vectors, int num_threads) {
+    const auto* src = static_cast<const Vector16*>(source);
+#pragma unroll
+    for (int i = 0; i < kStaged; ++i) {
+      const std::size_t index = first + static_cast<std::size_t>(i) * num_threads;
+      if (index < vectors) {
+        vector[i] = src[index];
+      }
+    }
+  }
+  __device__ void store(void* destination, std::size_t first, std::size_t vectors, int num_threads) const {
+    auto* dst = static_cast<Vector16*>(destination);
+#pragma unroll
+    for (int i = 0; i < kStaged; ++i) {
+      const std::size_t index = first + static_cast<std::size_t>(i) * num_threads;
+      if (index < vectors) {
+        dst[index] = vector[i];
+      }
+    }
+  }
+};
+
+// Copies `bytes` (a multiple of 16) from `source` to each of `count` destinations with the threads
+// [thread, ..., num_threads) of a block, the source read once however many copies are made. `head` is the
+// thread's first StagedVectors of the source (at vector `thread`), loaded by the caller ahead of time so
+// that its latency overlaps whatever the caller did meanwhile.
 __device__ inline void copy_bytes16_to_many(uint8_t* const* destinations, int count, const void* source,
-                                            std::size_t bytes, int thread, int num_threads) {
+                                            std::size_t bytes, int thread, int num_threads,
+                                            const StagedVectors& head) {
+  const std::size_t vectors = bytes / kVectorBytes;
+  const std::size_t step = static_cast<std::size_t>(kStaged) * num_threads;
+  for (int d = 0; d < count; ++d) {
+    head.store(destinations[d], thread, vectors, num_threads);
+  }
+  for (std::size_t first = thread + step; first < vectors; first += step) {
+    StagedVectors staged;
+    staged.load(source, first, vectors, num_threads);
+    for (int d = 0; d < count; ++d) {
+      staged.store(destinations[d], first, vectors, num_threads);
+    }
+  }
+}
+
+// One destination, nothing loaded ahead.
+__device__ inline void copy_bytes16(void* destination, const void* source, std::size_t bytes, int thread,
+                                    int num_threads) {
   const auto* src = static_cast<const Vector16*>(source);
+  auto* dst = static_cast<Vector16*>(destination);
   const std::size_t vectors = bytes / kVectorBytes;
   for (std::size_t first = thread; first < vectors;
        first += static_cast<std::size_t>(kStaged) * num_threads) {
@@ -37,24 +80,14 @@ __device__ inline void copy_bytes16_to_many(uint8_t* const* destinations, int co
         staged[i] = src[index];
       }
     }
-    for (int d = 0; d < count; ++d) {
-      auto* dst = reinterpret_cast<Vector16*>(destinations[d]);
 #pragma unroll
-      for (int i = 0; i < kStaged; ++i) {
-        const std::size_t index = first + static_cast<std::size_t>(i) * num_threads;
-        if (index < vectors) {
-          dst[index] = staged[i];
-        }
+    for (int i = 0; i < kStaged; ++i) {
+      const std::size_t index = first + static_cast<std::size_t>(i) * num_threads;
+      if (index < vectors) {
+        dst[index] = staged[i];
       }
     }
   }
-}
-
-// One destination.
-__device__ inline void copy_bytes16(void* destination, const void* source, std::size_t bytes, int thread,
-                                    int num_threads) {
-  auto* target = static_cast<uint8_t*>(destination);
-  copy_bytes16_to_many(&target, 1, source, bytes, thread, num_threads);
 }
 
 }  // namespace rocep::device

@@ -1,6 +1,5 @@
 #include "gpu_backend.hpp"
 
-#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -81,8 +80,9 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
                       " is invalid on this device: allowed range is [1, " + std::to_string(resident_blocks) +
                       "] (the blocks of one kernel must all be resident at once)");
   }
-  blocks_ =
-      config.num_blocks > 0 ? config.num_blocks : std::min(properties.multiProcessorCount, resident_blocks);
+  // Every block that fits: the copies are bound by memory latency, so more blocks in flight move more bytes
+  // (on H200, 3 blocks per multiprocessor instead of 1 took prefill dispatch from 452 to 385 us).
+  blocks_ = config.num_blocks > 0 ? config.num_blocks : resident_blocks;
 
   device::Shape& shape = view_.shape;
   shape.hidden = config.hidden;
