@@ -1,5 +1,6 @@
 #include "gpu_backend.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -80,9 +81,18 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
                       " is invalid on this device: allowed range is [1, " + std::to_string(resident_blocks) +
                       "] (the blocks of one kernel must all be resident at once)");
   }
+  // Ranks of this node that run on this same GPU (several ranks per GPU under MPS) share its
+  // multiprocessors: each one's grid must fit its share, or ranks spinning on each other deadlock.
+  const int gpu_id[3] = {properties.pciDomainID, properties.pciBusID, properties.pciDeviceID};
+  std::vector<int> gpu_ids(3 * static_cast<std::size_t>(node_->size()));
+  node_->all_gather(gpu_id, gpu_ids.data(), sizeof gpu_id);
+  int ranks_on_this_gpu = 0;
+  for (int peer = 0; peer < node_->size(); ++peer) {
+    ranks_on_this_gpu += std::equal(gpu_id, gpu_id + 3, gpu_ids.begin() + 3 * peer) ? 1 : 0;
+  }
   // Every block that fits: the copies are bound by memory latency, so more blocks in flight move more bytes
   // (on H200, 3 blocks per multiprocessor instead of 1 took prefill dispatch from 452 to 385 us).
-  blocks_ = config.num_blocks > 0 ? config.num_blocks : resident_blocks;
+  blocks_ = config.num_blocks > 0 ? config.num_blocks : std::max(1, resident_blocks / ranks_on_this_gpu);
 
   device::Shape& shape = view_.shape;
   shape.hidden = config.hidden;
