@@ -39,7 +39,7 @@ struct EpConfig {
   TokenFormat dispatch_format = TokenFormat::kBf16;
   CombineDtype combine_dtype = CombineDtype::kBf16;
   int gpus_per_node = 0;          // ranks that share a node (and reach each other by IPC); 0 = detect
-  int num_blocks = 0;             // blocks per communication kernel; 0 = choose from the device
+  int num_blocks = 0;             // blocks per communication kernel; 0 = every block that stays resident
   int expert_alignment = 1;       // each expert's rows padded to a multiple of this (padding rows invalid)
   double timeout_seconds = 10.0;  // bound on every device-side wait
 
