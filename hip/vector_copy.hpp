@@ -64,7 +64,8 @@ __device__ inline void copy_bytes16_to_many(uint8_t* const* destinations, int co
   }
 }
 
-// One destination, nothing loaded ahead.
+// One destination, nothing loaded ahead. Written out rather than through StagedVectors: that form took the
+// combine kernels from 79 to 93 registers on sm_90, one resident block per multiprocessor fewer.
 __device__ inline void copy_bytes16(void* destination, const void* source, std::size_t bytes, int thread,
                                     int num_threads) {
   const auto* src = static_cast<const Vector16*>(source);
