@@ -140,8 +140,13 @@ std::size_t EpGroup::max_recv_rows() const {
   return impl_->config.max_recv_rows(world_size());
 }
 std::size_t EpGroup::memory_bytes() const {
-  return 0;
-}  // the reference keeps only transient host vectors
+#if defined(ROCEP_GPU_BUILD)
+  if (impl_->gpu) {
+    return impl_->gpu->memory_bytes();
+  }
+#endif
+  return 0;  // the reference keeps only transient host vectors
+}
 
 void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {
 #if defined(ROCEP_GPU_BUILD)

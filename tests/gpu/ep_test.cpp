@@ -221,6 +221,15 @@ class GpuEp : public ::testing::Test {
     }
 
     rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+    // Receive memory is O(world x T x message) whatever the expert count: the dispatch and combine regions,
+    // per-slot bookkeeping, and each of the three exported buffers rounded up to 2 MiB.
+    const std::size_t tokens = config.max_tokens_per_rank;
+    const std::size_t slots = tokens * config.top_k;
+    const std::size_t regions = (world + std::max(world, config.top_k)) * tokens * hidden * sizeof(bf16_bits);
+    const std::size_t bookkeeping = (3 * world + 1) * slots * sizeof(int32_t) + tokens * sizeof(uint64_t) +
+                                    local_experts * sizeof(uint32_t) + 3 * (std::size_t{2} << 20) + 4096;
+    EXPECT_GE(group.memory_bytes(), regions);
+    EXPECT_LE(group.memory_bytes(), regions + bookkeeping);
     rocep::Stream stream;
     const DeviceInputs device_inputs(inputs);
     const DeviceBuffer device_expert_outputs = upload(expert_outputs);
