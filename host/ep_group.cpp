@@ -106,6 +106,20 @@ struct EpGroup::Impl {
 #endif
   }
 
+  // Runs on_gpu(gpu backend, its stream) when the group runs on the GPU, on_reference(reference) otherwise.
+  template <typename OnGpu, typename OnReference>
+  void run(void* stream, OnGpu on_gpu, OnReference on_reference) {
+#if defined(ROCEP_GPU_BUILD)
+    if (gpu) {
+      on_gpu(*gpu, static_cast<hipStream_t>(stream));
+      return;
+    }
+#endif
+    (void)stream;
+    (void)on_gpu;
+    on_reference(*reference);
+  }
+
   MpiBootstrap bootstrap;
   EpConfig config;
   Backend backend;
@@ -149,79 +163,50 @@ std::size_t EpGroup::memory_bytes() const {
 }
 
 void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {
-#if defined(ROCEP_GPU_BUILD)
-  if (impl_->gpu) {
-    impl_->gpu->dispatch(inputs, outputs, static_cast<hipStream_t>(stream));
-    return;
-  }
-#endif
-  dispatch_send(inputs, stream);
-  dispatch_recv(outputs, stream);
+  impl_->run(
+      stream, [&](auto& gpu, auto gpu_stream) { gpu.dispatch(inputs, outputs, gpu_stream); },
+      [&](auto& reference) {
+        reference.dispatch_send(inputs);
+        reference.dispatch_recv(outputs);
+      });
 }
 
 void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
-#if defined(ROCEP_GPU_BUILD)
-  if (impl_->gpu) {
-    impl_->gpu->dispatch_send(inputs, static_cast<hipStream_t>(stream));
-    return;
-  }
-#endif
-  (void)stream;
-  impl_->reference->dispatch_send(inputs);
+  impl_->run(
+      stream, [&](auto& gpu, auto gpu_stream) { gpu.dispatch_send(inputs, gpu_stream); },
+      [&](auto& reference) { reference.dispatch_send(inputs); });
 }
 
 void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
-#if defined(ROCEP_GPU_BUILD)
-  if (impl_->gpu) {
-    impl_->gpu->dispatch_recv(outputs, static_cast<hipStream_t>(stream));
-    return;
-  }
-#endif
-  (void)stream;
-  impl_->reference->dispatch_recv(outputs);
+  impl_->run(
+      stream, [&](auto& gpu, auto gpu_stream) { gpu.dispatch_recv(outputs, gpu_stream); },
+      [&](auto& reference) { reference.dispatch_recv(outputs); });
 }
 
 void EpGroup::combine(const CombineArgs& args, void* stream) {
-#if defined(ROCEP_GPU_BUILD)
-  if (impl_->gpu) {
-    impl_->gpu->combine(args, static_cast<hipStream_t>(stream));
-    return;
-  }
-#endif
-  combine_send(args, stream);
-  combine_recv(args, stream);
+  impl_->run(
+      stream, [&](auto& gpu, auto gpu_stream) { gpu.combine(args, gpu_stream); },
+      [&](auto& reference) {
+        reference.combine_send(args);
+        reference.combine_recv(args);
+      });
 }
 
 void EpGroup::combine_send(const CombineArgs& args, void* stream) {
-#if defined(ROCEP_GPU_BUILD)
-  if (impl_->gpu) {
-    impl_->gpu->combine_send(args, static_cast<hipStream_t>(stream));
-    return;
-  }
-#endif
-  (void)stream;
-  impl_->reference->combine_send(args);
+  impl_->run(
+      stream, [&](auto& gpu, auto gpu_stream) { gpu.combine_send(args, gpu_stream); },
+      [&](auto& reference) { reference.combine_send(args); });
 }
 
 void EpGroup::combine_recv(const CombineArgs& args, void* stream) {
-#if defined(ROCEP_GPU_BUILD)
-  if (impl_->gpu) {
-    impl_->gpu->combine_recv(args, static_cast<hipStream_t>(stream));
-    return;
-  }
-#endif
-  (void)stream;
-  impl_->reference->combine_recv(args);
+  impl_->run(
+      stream, [&](auto& gpu, auto gpu_stream) { gpu.combine_recv(args, gpu_stream); },
+      [&](auto& reference) { reference.combine_recv(args); });
 }
 
 void EpGroup::synchronize(void* stream) {
-#if defined(ROCEP_GPU_BUILD)
-  if (impl_->gpu) {
-    impl_->gpu->synchronize(static_cast<hipStream_t>(stream));
-  }
-#else
-  (void)stream;
-#endif
+  impl_->run(
+      stream, [](auto& gpu, auto gpu_stream) { gpu.synchronize(gpu_stream); }, [](auto&) {});
 }
 
 }  // namespace rocep
