@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "hip/scale_layout.hpp"
 #include "rocep/errors.hpp"
 
 namespace rocep {
@@ -20,6 +21,18 @@ const char* to_string(TokenFormat format) {
       return "nvfp4";
     case TokenFormat::kMxfp8:
       return "mxfp8";
+  }
+  return "unknown";
+}
+
+const char* to_string(Fp8Encoding encoding) {
+  switch (encoding) {
+    case Fp8Encoding::kAuto:
+      return "auto";
+    case Fp8Encoding::kE4m3fn:
+      return "e4m3fn";
+    case Fp8Encoding::kE4m3fnuz:
+      return "e4m3fnuz";
   }
   return "unknown";
 }
@@ -80,6 +93,11 @@ std::size_t format_scale_bytes(TokenFormat format, int hidden) {
                     " is not a known format");
 }
 
+std::size_t format_scale_tensor_bytes(TokenFormat format, std::size_t rows, int columns) {
+  format_block_elements(format);  // throws for an unknown format
+  return device::scale_tensor_bytes(static_cast<device::Format>(format), rows, columns);
+}
+
 namespace {
 
 // Largest sizes accepted: well past any model, small enough that every byte count fits in 64 bits and
@@ -118,13 +136,19 @@ void EpConfig::validate(int world_size) const {
   const int format_code = static_cast<int>(dispatch_format);
   require(format_code >= 0 && format_code <= static_cast<int>(TokenFormat::kMxfp8), "dispatch_format",
           format_code, "allowed values are 0 (bf16) .. 4 (mxfp8)");
+  const int encoding_code = static_cast<int>(fp8_encoding);
+  require(encoding_code >= 0 && encoding_code <= static_cast<int>(Fp8Encoding::kE4m3fnuz), "fp8_encoding",
+          encoding_code, "allowed values are 0 (auto), 1 (e4m3fn), 2 (e4m3fnuz)");
   require(combine_dtype == CombineDtype::kBf16, "combine_dtype", static_cast<int>(combine_dtype),
           "allowed value is 0 (bf16)");
   require(hidden >= 1 && hidden <= kMaxHidden, "hidden", hidden, range(1, kMaxHidden));
   // Token rows move in 16-byte vectors, so the payload of every format must fill whole vectors: 8 bf16
   // elements, and for scaled formats whole scale blocks.
   const int block = format_block_elements(dispatch_format);
-  const int multiple = std::max(block, dispatch_format == TokenFormat::kBf16 ? 8 : 32);
+  // nvfp4's swizzled scale tiles hold 4 blocks of 16 per row.
+  const int multiple = dispatch_format == TokenFormat::kNvfp4
+                           ? 64
+                           : std::max(block, dispatch_format == TokenFormat::kBf16 ? 8 : 32);
   require(hidden % multiple == 0, "hidden", hidden,
           std::string("must be a multiple of ") + std::to_string(multiple) + " for dispatch_format " +
               to_string(dispatch_format));
@@ -161,6 +185,7 @@ std::string EpConfig::describe() const {
   std::ostringstream text;
   text << "hidden=" << hidden << " top_k=" << top_k << " experts=" << num_experts
        << " max_tokens_per_rank=" << max_tokens_per_rank << " format=" << to_string(dispatch_format)
+       << (dispatch_format == TokenFormat::kFp8Block128 ? std::string("/") + to_string(fp8_encoding) : "")
        << " combine=" << to_string(combine_dtype) << " alignment=" << expert_alignment;
   return text.str();
 }

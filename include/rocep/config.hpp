@@ -5,31 +5,16 @@
 #include <cstdint>
 #include <string>
 
-namespace rocep {
+#include "formats.hpp"
 
-// How tokens travel in dispatch (DESIGN: token formats).
-enum class TokenFormat : int32_t {
-  kBf16 = 0,         // hidden x 2 bytes, no scales
-  kFp8Block128 = 1,  // hidden x 1 byte e4m3 (fn or fnuz by target) + one float32 scale per 128 elements
-  kMxfp4 = 2,        // hidden / 2 bytes e2m1 + one e8m0 scale per 32 elements
-  kNvfp4 = 3,        // hidden / 2 bytes e2m1 + one e4m3 scale per 16 elements + a float32 global scale
-  kMxfp8 = 4,        // hidden x 1 byte e4m3 + one e8m0 scale per 32 elements
-};
+namespace rocep {
 
 // Element type of the expert outputs that combine reads and of the combined tokens it writes.
 enum class CombineDtype : int32_t {
   kBf16 = 0,
 };
 
-const char* to_string(TokenFormat format);
 const char* to_string(CombineDtype dtype);
-
-// Number of consecutive elements that share one scale (1 for formats without scales).
-int format_block_elements(TokenFormat format);
-// Bytes of the payload of one token of `hidden` elements, scales excluded.
-std::size_t format_payload_bytes(TokenFormat format, int hidden);
-// Bytes of the per-token scales of one token of `hidden` elements (0 for bf16).
-std::size_t format_scale_bytes(TokenFormat format, int hidden);
 
 struct EpConfig {
   int hidden = 7168;              // elements per token
@@ -37,6 +22,7 @@ struct EpConfig {
   int num_experts = 256;          // experts over the whole group, split evenly over the ranks
   int max_tokens_per_rank = 128;  // upper bound on the tokens any rank passes to one call
   TokenFormat dispatch_format = TokenFormat::kBf16;
+  Fp8Encoding fp8_encoding = Fp8Encoding::kAuto;  // for kFp8Block128 (and the SiLU kernels' fp8 output)
   CombineDtype combine_dtype = CombineDtype::kBf16;
   int gpus_per_node = 0;          // ranks that share a node (and reach each other by IPC); 0 = detect
   int num_blocks = 0;             // blocks per communication kernel; 0 = every block that stays resident

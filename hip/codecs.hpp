@@ -1,0 +1,213 @@
+// Element and scale codecs of the quantised token formats (DESIGN: token formats), written with integer
+// and IEEE float32 operations only, so host and device compute the same bits. include/rocep/formats.hpp
+// states the rules; host/codecs.cpp restates them independently (table lookups) as the test oracle.
+//
+// Every float operation here is a single IEEE operation with round to nearest even: the build turns off
+// floating-point contraction (CMakeLists.txt), so `a / b * c` is two roundings on every compiler.
+#pragma once
+
+#include <cstdint>
+
+#include "portable.hpp"
+
+namespace rocep::device {
+
+// Formats and encodings as the kernels see them (same values as rocep::TokenFormat / rocep::Fp8Encoding).
+enum class Format : int32_t { kBf16 = 0, kFp8Block128 = 1, kMxfp4 = 2, kNvfp4 = 3, kMxfp8 = 4 };
+enum class Fp8 : int32_t { kE4m3fn = 1, kE4m3fnuz = 2 };
+
+ROCEP_HOST_DEVICE inline uint32_t float_bits(float value) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+ROCEP_HOST_DEVICE inline float bits_float(uint32_t bits) {
+  float value;
+  __builtin_memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+inline constexpr uint32_t kFloatExponentMask = 0x7f800000u;  // |x| bits at or above this: inf or NaN
+inline constexpr uint32_t kFloatNan = 0x7fc00000u;
+
+// A minifloat with `E` exponent bits, `M` mantissa bits and exponent bias `B`, without infinities.
+// Magnitude code of |x| rounded to nearest even, for finite |x| at most the format's largest value (the
+// callers clamp first). Integer arithmetic only.
+template <int E, int M, int B>
+ROCEP_HOST_DEVICE inline uint32_t minifloat_magnitude(uint32_t abs_bits) {
+  const int exponent = static_cast<int>(abs_bits >> 23) - 127;
+  if (exponent >= 1 - B) {  // a normal number of the target
+    const uint32_t rounded = abs_bits + ((1u << (22 - M)) - 1) + ((abs_bits >> (23 - M)) & 1u);
+    return (rounded >> (23 - M)) - (static_cast<uint32_t>(127 - B) << M);
+  }
+  if ((abs_bits >> 23) == 0) {
+    return 0;  // float32 zero or subnormal: far below the target's smallest step
+  }
+  // A subnormal of the target: |x| in units of its smallest step 2^(1-B-M), rounded to nearest even.
+  const uint32_t mantissa = (abs_bits & 0x7fffffu) | 0x800000u;  // |x| = mantissa * 2^(exponent - 23)
+  const int shift = 24 - exponent - B - M;                       // >= 1 here
+  if (shift > 24) {
+    return 0;  // below half a step
+  }
+  const uint32_t quotient = mantissa >> shift;
+  const uint32_t remainder = mantissa & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
+  return quotient + ((remainder > half || (remainder == half && (quotient & 1u))) ? 1u : 0u);
+}
+
+// Largest finite value of each element type.
+inline constexpr float kE4m3fnMax = 448.0f;
+inline constexpr float kE4m3fnuzMax = 240.0f;
+inline constexpr float kE2m1Max = 6.0f;
+
+ROCEP_HOST_DEVICE inline float fp8_max(Fp8 encoding) {
+  return encoding == Fp8::kE4m3fnuz ? kE4m3fnuzMax : kE4m3fnMax;
+}
+
+ROCEP_HOST_DEVICE inline float clamp_magnitude(float value, float limit) {
+  return value > limit ? limit : (value < -limit ? -limit : value);
+}
+
+// Saturating encoders: |x| above the largest value gives the largest value; NaN gives the NaN code
+// (e4m3fn 0x7f, e4m3fnuz 0x80); e2m1 has no NaN, callers never pass one (non-finite blocks are handled
+// whole, see below). Negative zero keeps its sign where the format has one (e4m3fn, e2m1), and is +0 in
+// e4m3fnuz, whose 0x80 is NaN.
+ROCEP_HOST_DEVICE inline uint8_t encode_e4m3fn(float value) {
+  const uint32_t bits = float_bits(value);
+  const uint32_t abs_bits = bits & 0x7fffffffu;
+  if (abs_bits > kFloatExponentMask) {
+    return 0x7f;
+  }
+  const uint32_t magnitude =
+      minifloat_magnitude<4, 3, 7>(float_bits(clamp_magnitude(bits_float(abs_bits), kE4m3fnMax)));
+  return static_cast<uint8_t>(magnitude | ((bits >> 24) & 0x80u));
+}
+
+ROCEP_HOST_DEVICE inline uint8_t encode_e4m3fnuz(float value) {
+  const uint32_t bits = float_bits(value);
+  const uint32_t abs_bits = bits & 0x7fffffffu;
+  if (abs_bits > kFloatExponentMask) {
+    return 0x80;
+  }
+  const uint32_t magnitude =
+      minifloat_magnitude<4, 3, 8>(float_bits(clamp_magnitude(bits_float(abs_bits), kE4m3fnuzMax)));
+  return static_cast<uint8_t>(magnitude == 0 ? 0u : magnitude | ((bits >> 24) & 0x80u));
+}
+
+ROCEP_HOST_DEVICE inline uint8_t encode_fp8(float value, Fp8 encoding) {
+  return encoding == Fp8::kE4m3fnuz ? encode_e4m3fnuz(value) : encode_e4m3fn(value);
+}
+
+// 4-bit code in the low nibble.
+ROCEP_HOST_DEVICE inline uint8_t encode_e2m1(float value) {
+  const uint32_t bits = float_bits(value);
+  const uint32_t magnitude =
+      minifloat_magnitude<2, 1, 1>(float_bits(clamp_magnitude(bits_float(bits & 0x7fffffffu), kE2m1Max)));
+  return static_cast<uint8_t>(magnitude | ((bits >> 28) & 0x8u));
+}
+
+// Decoders: exact, since every code is a float32 value.
+template <int M, int B>
+ROCEP_HOST_DEVICE inline float minifloat_value(uint32_t magnitude) {
+  const uint32_t exponent = magnitude >> M;
+  const uint32_t mantissa = magnitude & ((1u << M) - 1u);
+  if (exponent == 0) {  // subnormal: mantissa * 2^(1-B-M), built from its exponent bits
+    return static_cast<float>(mantissa) * bits_float(static_cast<uint32_t>(127 + 1 - B - M) << 23);
+  }
+  return bits_float(((exponent + 127 - B) << 23) | (mantissa << (23 - M)));
+}
+
+ROCEP_HOST_DEVICE inline float decode_e4m3fn(uint8_t code) {
+  if ((code & 0x7f) == 0x7f) {
+    return bits_float(kFloatNan);
+  }
+  const float magnitude = minifloat_value<3, 7>(code & 0x7fu);
+  return (code & 0x80) ? -magnitude : magnitude;
+}
+
+ROCEP_HOST_DEVICE inline float decode_e4m3fnuz(uint8_t code) {
+  if (code == 0x80) {
+    return bits_float(kFloatNan);
+  }
+  const float magnitude = minifloat_value<3, 8>(code & 0x7fu);
+  return (code & 0x80) ? -magnitude : magnitude;
+}
+
+ROCEP_HOST_DEVICE inline float decode_fp8(uint8_t code, Fp8 encoding) {
+  return encoding == Fp8::kE4m3fnuz ? decode_e4m3fnuz(code) : decode_e4m3fn(code);
+}
+
+ROCEP_HOST_DEVICE inline float decode_e2m1(uint8_t code) {
+  const float magnitude = minifloat_value<1, 1>(code & 0x7u);
+  return (code & 0x8) ? -magnitude : magnitude;
+}
+
+// e8m0: 2^(code - 127); 0xff is NaN.
+ROCEP_HOST_DEVICE inline float decode_e8m0(uint8_t code) {
+  if (code == 0xff) {
+    return bits_float(kFloatNan);
+  }
+  if (code == 0) {
+    return bits_float(0x00400000u);  // 2^-127, a float32 subnormal
+  }
+  return bits_float(static_cast<uint32_t>(code) << 23);
+}
+
+// ---- block scales ---------------------------------------------------------------------------------------
+// `amax_bits` is the largest |x| bit pattern of the block (integer max of bits & 0x7fffffff), so a NaN or
+// infinity anywhere in the block shows as amax_bits >= kFloatExponentMask. Such a block is stored as a NaN
+// scale with every element code 0: it dequantises to NaN, whatever the consumer multiplies it by.
+
+ROCEP_HOST_DEVICE inline bool block_is_finite(uint32_t amax_bits) {
+  return amax_bits < kFloatExponentMask;
+}
+
+// fp8 block-128: scale = max(amax, 1e-4) / fp8_max; elements encode x / scale.
+ROCEP_HOST_DEVICE inline float fp8_block_scale(uint32_t amax_bits, Fp8 encoding) {
+  if (!block_is_finite(amax_bits)) {
+    return bits_float(kFloatNan);
+  }
+  const float amax = bits_float(amax_bits);
+  return (amax > 1e-4f ? amax : 1e-4f) / fp8_max(encoding);
+}
+
+// MX (e8m0): the smallest power of two X with amax / X <= element max, i.e. code = 127 +
+// ceil(log2(amax / element_max)), the quotient rounded to float32 first; clamped to [0, 254] (amax = 0
+// gives 0). Elements encode x / X.
+ROCEP_HOST_DEVICE inline uint8_t mx_scale_code(uint32_t amax_bits, float element_max) {
+  if (!block_is_finite(amax_bits)) {
+    return 0xff;
+  }
+  const uint32_t ratio = float_bits(bits_float(amax_bits) / element_max);
+  const uint32_t exponent = ratio >> 23;
+  if (exponent == 0) {  // ratio below 2^-126: 2^-127 covers it unless it exceeds 2^-127
+    return ratio > 0x00400000u ? 1 : 0;
+  }
+  const uint32_t code = exponent + ((ratio & 0x7fffffu) != 0 ? 1u : 0u);
+  return static_cast<uint8_t>(code > 254 ? 254 : code);
+}
+
+// 1 / X for an e8m0 code of a finite block: exact (a power of two, a normal float32 for every code the
+// rule above produces from a bf16 or float32 amax).
+ROCEP_HOST_DEVICE inline float mx_inverse_scale(uint8_t code) {
+  const int exponent = 254 - static_cast<int>(code);  // biased exponent of 2^(127 - code)
+  return exponent >= 1 ? bits_float(static_cast<uint32_t>(exponent) << 23) : bits_float(0x00400000u);
+}
+
+// nvfp4: e4m3fn block scale sf = e4m3fn((amax / 6) * global_scale) (saturating); elements encode
+// x * (global_scale / sf), all 0 when sf is 0. A global scale that is not finite and positive makes every
+// block NaN.
+ROCEP_HOST_DEVICE inline uint8_t nvfp4_scale_code(uint32_t amax_bits, float global_scale) {
+  const bool usable_global = global_scale > 0.0f && float_bits(global_scale) < kFloatExponentMask;
+  if (!block_is_finite(amax_bits) || !usable_global) {
+    return 0x7f;
+  }
+  return encode_e4m3fn(bits_float(amax_bits) / kE2m1Max * global_scale);
+}
+
+// Multiplier of the elements of an nvfp4 block with scale code `code` (finite block): 0 when sf = 0.
+ROCEP_HOST_DEVICE inline float nvfp4_element_factor(uint8_t code, float global_scale) {
+  return code == 0 ? 0.0f : global_scale / decode_e4m3fn(code);
+}
+
+}  // namespace rocep::device

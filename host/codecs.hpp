@@ -1,0 +1,31 @@
+// The CPU reference codecs of the quantised formats: the definition of every bit the kernels produce
+// (include/rocep/formats.hpp states the rules). Written independently of hip/codecs.hpp: element
+// conversions pick the nearest value from the format's table of codes, so the two implementations test
+// each other.
+#pragma once
+
+#include <cstdint>
+
+#include "rocep/formats.hpp"
+
+namespace rocep::reference {
+
+// Element conversions (round to nearest even, saturating; NaN as formats.hpp says). `encoding` is
+// kE4m3fn or kE4m3fnuz.
+uint8_t encode_fp8(float value, Fp8Encoding encoding);
+float decode_fp8(uint8_t code, Fp8Encoding encoding);
+uint8_t encode_e2m1(float value);  // code in the low nibble
+float decode_e2m1(uint8_t code);   // low nibble
+float decode_e8m0(uint8_t code);
+
+// One row of `columns` float32 values (a whole number of the format's blocks) into `payload`
+// (format_payload_bytes) and `scales` (format_scale_bytes: the row's scales in block order, float32 for fp8
+// block-128, one byte each otherwise). `global_scale` is used by nvfp4 only. kBf16 rounds each value to
+// bf16 and writes no scales.
+void quantize_row(TokenFormat format, Fp8Encoding encoding, const float* values, int columns,
+                  float global_scale, uint8_t* payload, uint8_t* scales);
+// The inverse, up to rounding: values[i] = element * scale (nvfp4: element * sf / global_scale).
+void dequantize_row(TokenFormat format, Fp8Encoding encoding, const uint8_t* payload, const uint8_t* scales,
+                    int columns, float global_scale, float* values);
+
+}  // namespace rocep::reference
