@@ -1,5 +1,7 @@
 #include "device.hpp"
 
+#include <cstring>
+
 #include "gpu_check.hpp"
 
 namespace rocep {
@@ -36,6 +38,24 @@ uint64_t wall_clock_rate_hz(int device) {
   (void)device;
   return 100'000'000;
 #endif
+}
+
+Fp8Encoding resolve_fp8_encoding(Fp8Encoding requested, int device) {
+  if (requested != Fp8Encoding::kAuto) {
+    return requested;
+  }
+#if defined(ROCEP_PLATFORM_AMD)
+  hipDeviceProp_t properties;
+  ROCEP_GPU_CHECK(hipGetDeviceProperties(&properties, device));
+  for (const char* fnuz_target : {"gfx940", "gfx941", "gfx942"}) {
+    if (std::strncmp(properties.gcnArchName, fnuz_target, std::strlen(fnuz_target)) == 0) {
+      return Fp8Encoding::kE4m3fnuz;
+    }
+  }
+#else
+  (void)device;
+#endif
+  return Fp8Encoding::kE4m3fn;
 }
 
 }  // namespace rocep

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "rocep/formats.hpp"
+
 namespace rocep {
 
 // Visible GPUs; 0 when there is no device or no driver (callers decide to skip, not fail).
@@ -11,5 +13,8 @@ void set_device(int device);
 int current_device();
 // Ticks per second of device::wall_clock_ticks() on `device`.
 uint64_t wall_clock_rate_hz(int device);
+// `requested` unless it is kAuto; then the fp8 encoding `device` computes in: e4m3fnuz on gfx940/941/942
+// (MI300 series), e4m3fn on every other GPU.
+Fp8Encoding resolve_fp8_encoding(Fp8Encoding requested, int device);
 
 }  // namespace rocep
