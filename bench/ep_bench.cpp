@@ -3,8 +3,11 @@
 // per call, bytes that crossed to other ranks, and the resulting GB/s. --iterations counts the timed calls
 // of each kind.
 //
-//   mpirun -np 2 rocep_bench [--tokens=128,4096] [--hidden=7168] [--top_k=8] [--experts=256]
-//                            [--iterations=20] [--blocks=N] [benchmark flags]
+// Scaled dispatch formats (--formats=fp8,...) quantise the bf16 tokens inside dispatch; their remote bytes
+// are the payload and scales that travel. Combine always moves bf16.
+//
+//   mpirun -np 2 rocep_bench [--tokens=128,4096] [--formats=bf16,fp8,mxfp8,mxfp4,nvfp4] [--hidden=7168]
+//                            [--top_k=8] [--experts=256] [--iterations=20] [--blocks=N] [benchmark flags]
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 
@@ -37,6 +40,7 @@ namespace {
 
 struct BenchOptions {
   std::vector<int> tokens{128, 1024};
+  std::vector<rocep::TokenFormat> formats{rocep::TokenFormat::kBf16};
   int hidden = 7168;
   int top_k = 8;
   int experts = 256;
@@ -68,6 +72,19 @@ int parse_positive(const std::string& text, const char* name) {
   return static_cast<int>(value);
 }
 
+rocep::TokenFormat parse_format(const std::string& text) {
+  for (const rocep::TokenFormat format :
+       {rocep::TokenFormat::kBf16, rocep::TokenFormat::kFp8Block128, rocep::TokenFormat::kMxfp8,
+        rocep::TokenFormat::kMxfp4, rocep::TokenFormat::kNvfp4}) {
+    if (text == rocep::to_string(format) || (text == "fp8" && format == rocep::TokenFormat::kFp8Block128)) {
+      return format;
+    }
+  }
+  throw rocep::ConfigError("--formats: '" + text +
+                           "' is not a format: allowed are bf16, fp8 (fp8_block128), " +
+                           "mxfp8, mxfp4, nvfp4");
+}
+
 BenchOptions parse_options(int& argc, char** argv) {
   BenchOptions options;
   std::string value;
@@ -76,6 +93,13 @@ BenchOptions parse_options(int& argc, char** argv) {
     std::stringstream list(value);
     for (std::string item; std::getline(list, item, ',');) {
       options.tokens.push_back(parse_positive(item, "tokens"));
+    }
+  }
+  if (take_flag(argc, argv, "formats", value)) {
+    options.formats.clear();
+    std::stringstream list(value);
+    for (std::string item; std::getline(list, item, ',');) {
+      options.formats.push_back(parse_format(item));
     }
   }
   if (take_flag(argc, argv, "hidden", value))
@@ -110,6 +134,9 @@ Workload make_workload(const rocep::EpConfig& config, int num_tokens, int rank, 
     element = rocep::float_to_bf16(value(random));
   std::vector<int32_t> experts(config.num_experts);
   const int local_experts = config.num_local_experts(world);
+  const double message_bytes =
+      static_cast<double>(rocep::format_payload_bytes(config.dispatch_format, config.hidden) +
+                          rocep::format_scale_bytes(config.dispatch_format, config.hidden));
   const double row_bytes = static_cast<double>(config.hidden) * sizeof(rocep::bf16_bits);
   for (int token = 0; token < num_tokens; ++token) {
     for (int e = 0; e < config.num_experts; ++e)
@@ -124,7 +151,7 @@ Workload make_workload(const rocep::EpConfig& config, int num_tokens, int rank, 
     }
     for (int peer = 0; peer < world; ++peer) {
       if (destination[peer] && peer != rank) {
-        workload.remote_dispatch_bytes += row_bytes;
+        workload.remote_dispatch_bytes += message_bytes;
         workload.remote_combine_bytes += row_bytes;
       }
     }
@@ -166,7 +193,7 @@ void print_summary(double link_peak) {
   std::printf("\n%-36s %-18s %12s %12s %10s %10s\n", "case", "backend", "median [us]", "remote [MB]", "GB/s",
               "of link");
   for (const SummaryRow& row : summary) {
-    std::printf("%-36s %-18s %12.1f %12.3f %10.3f %9.0f%%\n", row.name.c_str(), row.backend.c_str(),
+    std::printf("%-44s %-18s %12.1f %12.3f %10.3f %9.0f%%\n", row.name.c_str(), row.backend.c_str(),
                 row.median_us, row.remote_mb, row.gb_per_s,
                 link_peak > 0 ? 100 * row.gb_per_s / link_peak : 0.0);
   }
@@ -296,20 +323,28 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
 
   CaseMemory memory(on_gpu);
   const std::size_t rows = group.max_recv_rows();
-  auto* recv_tokens = memory.make<rocep::bf16_bits>(rows * config.hidden);
+  const bool bf16 = config.dispatch_format == rocep::TokenFormat::kBf16;
+  auto* recv_tokens =
+      memory.make<uint8_t>(rows * rocep::format_payload_bytes(config.dispatch_format, config.hidden));
   auto* recv_weights = memory.make<float>(rows);
-  const rocep::DispatchInputs inputs{memory.make(workload.tokens), memory.make(workload.topk_ids),
-                                     memory.make(workload.topk_weights), num_tokens, nullptr};
-  const rocep::DispatchOutputs outputs{recv_tokens,
-                                       memory.make<uint32_t>(group.num_local_experts() + 1),
-                                       memory.make<int32_t>(group.num_local_experts()),
-                                       memory.make<rocep::SrcInfo>(rows),
-                                       recv_weights,
-                                       nullptr};
-  // Expert outputs: the dispatched rows themselves (an identity expert) are as good as any for timing.
+  rocep::DispatchInputs inputs{memory.make(workload.tokens), memory.make(workload.topk_ids),
+                               memory.make(workload.topk_weights), num_tokens, nullptr};
+  // nvfp4: a global scale that keeps the block scales of values in [-4, 4] inside e4m3's range.
+  inputs.global_scale = memory.make(std::vector<float>{448.0f * 6.0f / 4.0f});
+  rocep::DispatchOutputs outputs{recv_tokens,
+                                 memory.make<uint32_t>(group.num_local_experts() + 1),
+                                 memory.make<int32_t>(group.num_local_experts()),
+                                 memory.make<rocep::SrcInfo>(rows),
+                                 recv_weights,
+                                 nullptr};
+  if (!bf16) {
+    outputs.recv_scales =
+        memory.make<uint8_t>(rocep::format_scale_tensor_bytes(config.dispatch_format, rows, config.hidden));
+  }
+  // Expert outputs: for bf16 the dispatched rows themselves (an identity expert), as good as any for timing.
   const rocep::CombineArgs combine_args{
-      recv_tokens, recv_weights, nullptr,
-      memory.make<rocep::bf16_bits>(std::size_t{1} * num_tokens * config.hidden)};
+      bf16 ? static_cast<const void*>(recv_tokens) : memory.make<rocep::bf16_bits>(rows * config.hidden),
+      recv_weights, nullptr, memory.make<rocep::bf16_bits>(std::size_t{1} * num_tokens * config.hidden)};
 #if defined(ROCEP_GPU_BUILD)
   std::unique_ptr<rocep::Stream> stream = on_gpu ? std::make_unique<rocep::Stream>() : nullptr;
   std::vector<rocep::Event> events;
@@ -429,15 +464,21 @@ int main(int argc, char** argv) {
       link_peak = measure_link_peak_gb_per_s();
     }
 #endif
-    for (const int tokens : options.tokens) {
-      for (const Sequence sequence : {Sequence::kFused, Sequence::kSplit}) {
-        const std::string name = "/bf16/tokens:" + std::to_string(tokens);
-        // A fixed iteration count: every rank must run the same number of collective calls.
-        const std::string case_name = (sequence == Sequence::kFused ? "fused" : "split") + name;
-        benchmark::RegisterBenchmark(case_name.c_str(), run_case, name, sequence, config, tokens)
-            ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond);
+    for (const rocep::TokenFormat format : options.formats) {
+      rocep::EpConfig format_config = config;
+      format_config.dispatch_format = format;
+      format_config.validate(world);
+      for (const int tokens : options.tokens) {
+        for (const Sequence sequence : {Sequence::kFused, Sequence::kSplit}) {
+          const std::string name =
+              std::string("/") + rocep::to_string(format) + "/tokens:" + std::to_string(tokens);
+          // A fixed iteration count: every rank must run the same number of collective calls.
+          const std::string case_name = (sequence == Sequence::kFused ? "fused" : "split") + name;
+          benchmark::RegisterBenchmark(case_name.c_str(), run_case, name, sequence, format_config, tokens)
+              ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
+              ->UseManualTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
       }
     }
     if (rank == 0) {

@@ -5,19 +5,11 @@
 #include <cstdint>
 
 #include "platform.hpp"
+#include "wave_shuffle.hpp"
 
 namespace rocep::device {
 
 inline constexpr int kScanBlockThreads = 256;
-
-// The value `distance` lanes below this one in the same wave (this lane's own value where there is none).
-__device__ inline uint32_t shuffle_up(uint32_t value, int distance) {
-#if defined(ROCEP_PLATFORM_AMD)
-  return __shfl_up(value, distance, kWaveSize);
-#else
-  return __shfl_up_sync(0xffffffffu, value, distance);
-#endif
-}
 
 // Every thread of a block of kScanBlockThreads threads calls it. Returns the sum of `value` over the
 // threads before this one and stores the block's total in *total. It holds block barriers and may be

@@ -35,7 +35,9 @@ struct GroupView {
 };
 
 struct DispatchSendArgs {
-  const uint8_t* tokens;  // [num_tokens][payload_bytes]
+  const uint8_t* tokens;        // [num_tokens][hidden] bf16 to quantise, else [num_tokens][payload_bytes]
+  const uint8_t* token_scales;  // [num_tokens][scale_bytes] of already quantised tokens; null = quantise
+  const float* global_scale;    // nvfp4 from bf16
   const int32_t* topk_ids;
   const float* topk_weights;
   int32_t num_tokens;
@@ -44,6 +46,8 @@ struct DispatchSendArgs {
 
 struct DispatchRecvArgs {
   uint8_t* recv_tokens;
+  uint8_t* recv_scales;  // scaled formats: the tensor of scale_rows rows (formats.hpp layouts)
+  uint64_t scale_rows;   // R = max_recv_rows
   uint32_t* row_offsets;
   int32_t* expert_ids;
   int32_t* src_info;  // [rows][3]: rank, token, k

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "codecs.hpp"
 #include "portable.hpp"
 
 namespace rocep::device {
@@ -49,12 +50,16 @@ struct Shape {
   int32_t max_tokens;      // T = max_tokens_per_rank
   int32_t alignment;       // expert_alignment
   uint32_t payload_bytes;  // bytes of one token's payload in the dispatch format (a multiple of 16)
+  uint32_t scale_bytes;    // bytes of one token's scales (0 for bf16)
+  uint32_t message_bytes;  // payload then scales, padded to 16 bytes: what travels per token
+  Format format;
+  Fp8 fp8_encoding;  // resolved (never auto)
 };
 
 // One rank's dispatch receive region: what every source rank s stores there for its token t.
 //   ids     [world][T][top_k] int32: expert ids that concern this rank, -1 elsewhere
 //   weights [world][T][top_k] float32
-//   payload [world][T][payload_bytes]
+//   message [world][T][message_bytes]: the payload, then the scales row-major
 // Tokens that concern this rank are stored at their own index t (no compaction), so a sender needs no
 // prefix sum and the receiver reads the sources in (rank, token) order directly.
 struct DispatchRegion {
@@ -65,12 +70,12 @@ struct DispatchRegion {
     return ids_offset(shape, shape.world, 0) +
            (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k * sizeof(float);
   }
-  ROCEP_HOST_DEVICE static std::size_t payload_offset(const Shape& shape, int source, int token) {
+  ROCEP_HOST_DEVICE static std::size_t message_offset(const Shape& shape, int source, int token) {
     return 2 * ids_offset(shape, shape.world, 0) +
-           (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.payload_bytes;
+           (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.message_bytes;
   }
   ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) {
-    return payload_offset(shape, shape.world, 0);
+    return message_offset(shape, shape.world, 0);
   }
 };
 

@@ -11,7 +11,7 @@
 namespace rocep::device {
 
 // Elements that share one scale.
-ROCEP_HOST_DEVICE inline int block_elements(Format format) {
+ROCEP_HOST_DEVICE constexpr int block_elements(Format format) {
   switch (format) {
     case Format::kFp8Block128:
       return 128;

@@ -30,12 +30,13 @@ const char* to_string(Backend backend) {
 namespace {
 
 // Every field of the config, in a form whose equality is field equality (no padding bytes).
-std::array<double, 11> config_fields(const EpConfig& config) {
+std::array<double, 12> config_fields(const EpConfig& config) {
   return {static_cast<double>(config.hidden),
           static_cast<double>(config.top_k),
           static_cast<double>(config.num_experts),
           static_cast<double>(config.max_tokens_per_rank),
           static_cast<double>(config.dispatch_format),
+          static_cast<double>(config.fp8_encoding),
           static_cast<double>(config.combine_dtype),
           static_cast<double>(config.gpus_per_node),
           static_cast<double>(config.num_blocks),
@@ -48,7 +49,7 @@ std::array<double, 11> config_fields(const EpConfig& config) {
 void require_same_config(Bootstrap& bootstrap, const EpConfig& config, Backend backend) {
   auto mine = config_fields(config);
   mine.back() = static_cast<double>(backend);
-  std::vector<std::array<double, 11>> all(bootstrap.size());
+  std::vector<std::array<double, 12>> all(bootstrap.size());
   bootstrap.all_gather(&mine, all.data(), sizeof mine);
   for (int peer = 0; peer < bootstrap.size(); ++peer) {
     if (all[peer] != all[0]) {
@@ -96,10 +97,14 @@ struct EpGroup::Impl {
       backend = resolve_auto(bootstrap);
     }
     if (backend == Backend::kCpuReference) {
+      if (config.fp8_encoding == Fp8Encoding::kAuto) {
+        config.fp8_encoding = Fp8Encoding::kE4m3fn;  // as the reference backend reads kAuto
+      }
       reference = std::make_unique<reference::ReferenceEp>(bootstrap.comm(), config);
       return;
     }
 #if defined(ROCEP_GPU_BUILD)
+    config.fp8_encoding = resolve_fp8_encoding(config.fp8_encoding, current_device());
     gpu = std::make_unique<GpuEp>(bootstrap, config);
 #else
     throw ConfigError("EpGroup: backend gpu is not available: this build of rocep has no GPU platform");

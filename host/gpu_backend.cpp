@@ -7,6 +7,7 @@
 
 #include "device.hpp"
 #include "gpu_check.hpp"
+#include "reference.hpp"
 #include "rocep/errors.hpp"
 
 namespace rocep {
@@ -59,10 +60,6 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
                       " is invalid for backend gpu: allowed range is [1, " +
                       std::to_string(device::kMaxTopK) + "]");
   }
-  if (config.dispatch_format != TokenFormat::kBf16) {
-    throw ConfigError(std::string("EpConfig.dispatch_format = ") + to_string(config.dispatch_format) +
-                      " is not implemented yet: allowed value is bf16");
-  }
   if (config.num_local_experts(world.size()) > device::kMaxLocalExperts) {
     throw ConfigError("EpConfig.num_experts = " + std::to_string(config.num_experts) + " gives " +
                       std::to_string(config.num_local_experts(world.size())) +
@@ -104,6 +101,10 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
   shape.max_tokens = config.max_tokens_per_rank;
   shape.alignment = config.expert_alignment;
   shape.payload_bytes = static_cast<uint32_t>(format_payload_bytes(config.dispatch_format, config.hidden));
+  shape.scale_bytes = static_cast<uint32_t>(format_scale_bytes(config.dispatch_format, config.hidden));
+  shape.message_bytes = shape.payload_bytes + (shape.scale_bytes + 15) / 16 * 16;
+  shape.format = static_cast<device::Format>(config.dispatch_format);
+  shape.fp8_encoding = static_cast<device::Fp8>(config.fp8_encoding);  // resolved by EpGroup
 
   const std::size_t slots = static_cast<std::size_t>(shape.max_tokens) * shape.top_k;
   dispatch_region_ = DeviceBuffer(ipc_allocation_bytes(device::DispatchRegion::bytes(shape)));
@@ -183,7 +184,16 @@ device::DispatchSendArgs GpuEp::dispatch_send_args(const DispatchInputs& inputs)
     throw InvalidInputError("dispatch: rank " + std::to_string(rank_) +
                             " passed a null tokens/topk_ids/topk_weights pointer");
   }
-  return {static_cast<const uint8_t*>(inputs.tokens), inputs.topk_ids, inputs.topk_weights, inputs.num_tokens,
+  const std::string format_error = reference::dispatch_format_input_error(config_, rank_, inputs);
+  if (!format_error.empty()) {
+    throw InvalidInputError(format_error);
+  }
+  return {static_cast<const uint8_t*>(inputs.tokens),
+          static_cast<const uint8_t*>(inputs.token_scales),
+          inputs.global_scale,
+          inputs.topk_ids,
+          inputs.topk_weights,
+          inputs.num_tokens,
           inputs.num_tokens_on_device};
 }
 
@@ -193,9 +203,19 @@ device::DispatchRecvArgs GpuEp::dispatch_recv_args(const DispatchOutputs& output
       outputs.src_info == nullptr || outputs.recv_weights == nullptr) {
     throw InvalidInputError("dispatch_recv: rank " + std::to_string(rank_) + " passed a null output pointer");
   }
+  const std::string format_error = reference::dispatch_format_output_error(config_, rank_, outputs);
+  if (!format_error.empty()) {
+    throw InvalidInputError(format_error);
+  }
   static_assert(sizeof(SrcInfo) == 3 * sizeof(int32_t), "src_info rows are three int32");
-  return {static_cast<uint8_t*>(outputs.recv_tokens),   outputs.row_offsets,  outputs.expert_ids,
-          reinterpret_cast<int32_t*>(outputs.src_info), outputs.recv_weights, outputs.expert_token_counts};
+  return {static_cast<uint8_t*>(outputs.recv_tokens),
+          static_cast<uint8_t*>(outputs.recv_scales),
+          config_.max_recv_rows(view_.shape.world),
+          outputs.row_offsets,
+          outputs.expert_ids,
+          reinterpret_cast<int32_t*>(outputs.src_info),
+          outputs.recv_weights,
+          outputs.expert_token_counts};
 }
 
 void GpuEp::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, hipStream_t stream) {

@@ -5,7 +5,9 @@
 #include <cstring>
 #include <limits>
 
+#include "codecs.hpp"
 #include "hip/bf16.hpp"
+#include "hip/scale_layout.hpp"
 #include "rocep/errors.hpp"
 
 namespace rocep::reference {
@@ -109,11 +111,31 @@ void agree_on_input_errors(MPI_Comm comm, const std::string& local_error, const 
   }
 }
 
+std::string dispatch_format_input_error(const EpConfig& config, int rank, const DispatchInputs& inputs) {
+  const std::string where = "dispatch: rank " + std::to_string(rank);
+  if (config.dispatch_format == TokenFormat::kBf16 && inputs.token_scales != nullptr) {
+    return where + " passed token_scales, but dispatch_format bf16 has no scales";
+  }
+  if (config.dispatch_format == TokenFormat::kNvfp4 && inputs.token_scales == nullptr &&
+      inputs.global_scale == nullptr) {
+    return where + " passed a null global_scale: nvfp4 tokens quantised in dispatch need one";
+  }
+  return {};
+}
+
+std::string dispatch_format_output_error(const EpConfig& config, int rank, const DispatchOutputs& outputs) {
+  if (config.dispatch_format != TokenFormat::kBf16 && outputs.recv_scales == nullptr) {
+    return "dispatch_recv: rank " + std::to_string(rank) +
+           " passed a null recv_scales, but dispatch_format " + to_string(config.dispatch_format) +
+           " has scales";
+  }
+  return {};
+}
+
 ReferenceEp::ReferenceEp(MPI_Comm comm, const EpConfig& config) : bootstrap_(comm), config_(config) {
   config_.validate(bootstrap_.size());
-  if (config_.dispatch_format != TokenFormat::kBf16) {
-    throw ConfigError(std::string("EpConfig.dispatch_format = ") + to_string(config_.dispatch_format) +
-                      " is not implemented yet: allowed value is bf16");
+  if (config_.fp8_encoding == Fp8Encoding::kAuto) {
+    config_.fp8_encoding = Fp8Encoding::kE4m3fn;  // the CPU's "own" encoding is the OCP one
   }
   local_experts_ = config_.num_local_experts(bootstrap_.size());
 }
@@ -136,6 +158,8 @@ void ReferenceEp::dispatch_send(const DispatchInputs& inputs) {
              (inputs.tokens == nullptr || inputs.topk_ids == nullptr || inputs.topk_weights == nullptr)) {
     error =
         "dispatch: rank " + std::to_string(rank()) + " passed a null tokens/topk_ids/topk_weights pointer";
+  } else {
+    error = dispatch_format_input_error(config_, rank(), inputs);
   }
   for (int token = 0; error.empty() && token < num_tokens; ++token) {
     const int32_t* ids = inputs.topk_ids + static_cast<std::size_t>(token) * top_k;
@@ -153,11 +177,32 @@ void ReferenceEp::dispatch_send(const DispatchInputs& inputs) {
   agree_on_input_errors(bootstrap_.comm(), error, "dispatch");
 
   // One message per (token, destination rank) that owns any of its experts: the token index, the ids that
-  // concern that rank (-1 elsewhere), all weights, then the payload.
-  const std::size_t payload_bytes = format_payload_bytes(config_.dispatch_format, config_.hidden);
+  // concern that rank (-1 elsewhere), all weights, then the payload and the scales.
+  const TokenFormat format = config_.dispatch_format;
+  const int hidden = config_.hidden;
+  const std::size_t payload_bytes = format_payload_bytes(format, hidden);
+  const std::size_t scale_bytes = format_scale_bytes(format, hidden);
+  const bool quantize = format != TokenFormat::kBf16 && inputs.token_scales == nullptr;
+  const float global_scale = quantize && format == TokenFormat::kNvfp4 ? *inputs.global_scale : 1.0f;
   std::vector<ByteVector> messages(world);
   std::vector<int32_t> ids_for_rank(top_k);
+  ByteVector body(payload_bytes + scale_bytes);
+  std::vector<float> values(hidden);
   for (int token = 0; token < num_tokens; ++token) {
+    if (quantize) {
+      const auto* row =
+          static_cast<const bf16_bits*>(inputs.tokens) + static_cast<std::size_t>(token) * hidden;
+      std::transform(row, row + hidden, values.begin(), bf16_to_float);
+      quantize_row(format, config_.fp8_encoding, values.data(), hidden, global_scale, body.data(),
+                   body.data() + payload_bytes);
+    } else {
+      std::memcpy(body.data(), static_cast<const uint8_t*>(inputs.tokens) + token * payload_bytes,
+                  payload_bytes);
+      if (scale_bytes > 0) {
+        std::memcpy(body.data() + payload_bytes,
+                    static_cast<const uint8_t*>(inputs.token_scales) + token * scale_bytes, scale_bytes);
+      }
+    }
     const int32_t* ids = inputs.topk_ids + static_cast<std::size_t>(token) * top_k;
     for (int destination = 0; destination < world; ++destination) {
       bool any = false;
@@ -173,7 +218,7 @@ void ReferenceEp::dispatch_send(const DispatchInputs& inputs) {
       append(message, &token, 1);
       append(message, ids_for_rank.data(), top_k);
       append(message, inputs.topk_weights + static_cast<std::size_t>(token) * top_k, top_k);
-      append(message, static_cast<const uint8_t*>(inputs.tokens) + token * payload_bytes, payload_bytes);
+      append(message, body.data(), body.size());
     }
   }
   dispatched_ = false;  // until dispatch_recv lays this dispatch out, there is nothing to combine
@@ -196,6 +241,8 @@ void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs) {
              outputs.expert_ids == nullptr || outputs.src_info == nullptr ||
              outputs.recv_weights == nullptr) {
     error = "dispatch_recv: rank " + std::to_string(rank()) + " passed a null output pointer";
+  } else {
+    error = dispatch_format_output_error(config_, rank(), outputs);
   }
   agree_on_input_errors(bootstrap_.comm(), error, "dispatch_recv");
 
@@ -206,7 +253,10 @@ void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs) {
     std::vector<float> weights;
     const uint8_t* payload;
   };
-  const std::size_t payload_bytes = format_payload_bytes(config_.dispatch_format, config_.hidden);
+  const TokenFormat format = config_.dispatch_format;
+  const int hidden = config_.hidden;
+  const std::size_t payload_bytes = format_payload_bytes(format, hidden);
+  const std::size_t scale_bytes = format_scale_bytes(format, hidden);
   std::vector<std::vector<Arrival>> arrivals(world);
   for (int source = 0; source < world; ++source) {
     MessageReader reader(received_messages_[source]);
@@ -215,7 +265,7 @@ void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs) {
                       nullptr};
       reader.read(arrival.ids.data(), top_k);
       reader.read(arrival.weights.data(), top_k);
-      arrival.payload = reader.skip(payload_bytes);
+      arrival.payload = reader.skip(payload_bytes + scale_bytes);
       arrivals[source].push_back(std::move(arrival));
     }
   }
@@ -230,6 +280,22 @@ void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs) {
   // Rows expert by expert; inside an expert by source rank, source token, then k; each expert's segment
   // padded to a multiple of expert_alignment with zero rows.
   auto* recv_tokens = static_cast<uint8_t*>(outputs.recv_tokens);
+  // Row `row`'s scales from `scales` (row-major, as they travel), or zeros when null.
+  const auto device_format = static_cast<device::Format>(format);
+  const int blocks = hidden / format_block_elements(format);
+  const std::size_t scale_size = format == TokenFormat::kBf16 ? 0 : scale_bytes / blocks;
+  const std::size_t scale_rows = config_.max_recv_rows(world);
+  auto store_scales = [&](std::size_t row, const uint8_t* scales) {
+    for (int block = 0; scale_size > 0 && block < blocks; ++block) {
+      uint8_t* destination = static_cast<uint8_t*>(outputs.recv_scales) +
+                             device::scale_offset(device_format, row, block, scale_rows, hidden);
+      if (scales != nullptr) {
+        std::memcpy(destination, scales + block * scale_size, scale_size);
+      } else {
+        std::memset(destination, 0, scale_size);
+      }
+    }
+  };
   uint32_t row = 0;
   for (int expert = 0; expert < local_experts_; ++expert) {
     const int32_t global_expert = rank() * local_experts_ + expert;
@@ -244,6 +310,7 @@ void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs) {
             continue;
           }
           std::memcpy(recv_tokens + row * payload_bytes, arrival.payload, payload_bytes);
+          store_scales(row, arrival.payload + payload_bytes);
           outputs.src_info[row] = {source, arrival.token, k};
           outputs.recv_weights[row] = arrival.weights[k];
           received_tokens_[source][index].rows[k] = static_cast<int32_t>(row);
@@ -256,6 +323,7 @@ void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs) {
     }
     while ((row - first_row) % config_.expert_alignment != 0) {
       std::memset(recv_tokens + row * payload_bytes, 0, payload_bytes);
+      store_scales(row, nullptr);
       outputs.src_info[row] = {-1, -1, -1};
       outputs.recv_weights[row] = 0.0f;
       ++row;

@@ -20,10 +20,14 @@ namespace rocep::reference {
 // no rank is left waiting in the exchange that would have followed.
 void agree_on_input_errors(MPI_Comm comm, const std::string& local_error, const char* operation);
 
+// Empty when the format-dependent fields of `inputs` / `outputs` suit config.dispatch_format, else a message
+// naming the rank and the field (both backends check with these).
+std::string dispatch_format_input_error(const EpConfig& config, int rank, const DispatchInputs& inputs);
+std::string dispatch_format_output_error(const EpConfig& config, int rank, const DispatchOutputs& outputs);
+
 class ReferenceEp {
  public:
-  // Collective. Throws ConfigError if config.validate(world size) fails or the format is not bf16 (the
-  // quantised formats are not implemented yet).
+  // Collective. Throws ConfigError if config.validate(world size) fails. fp8_encoding kAuto means e4m3fn.
   ReferenceEp(MPI_Comm comm, const EpConfig& config);
 
   int rank() const { return bootstrap_.rank(); }

@@ -44,7 +44,7 @@ class EpGroup {
 
   int rank() const;
   int world_size() const;
-  const EpConfig& config() const;
+  const EpConfig& config() const;  // as given, with fp8_encoding kAuto resolved to the encoding in use
   Backend backend() const;
   int num_local_experts() const;      // L = num_experts / world_size
   std::size_t max_recv_rows() const;  // R: rows to allocate for DispatchOutputs and expert outputs

@@ -16,12 +16,12 @@
 //   fp8 block-128  scale = max(amax, 1e-4) / fp8_max (448 or 240); element = fp8(x / scale)
 //   mxfp8, mxfp4   e8m0 code = 127 + ceil(log2(amax / emax)), emax = 448 (e4m3fn) or 6 (e2m1), the quotient
 //                  rounded to float32 first, clamped to [0, 254] (amax = 0 gives code 0); element =
-//                  elem(x / 2^(code - 127)). Unlike OCP's floor rule this never saturates a block's largest
-//                  element.
-//   nvfp4          sf = e4m3fn((amax / 6) * global_scale); element = e2m1(x * (global_scale / sf)), all
-//                  elements 0 when sf = 0. Dequantised: e2m1 * sf / global_scale. The global scale is one
-//                  float32 per tensor (per expert in the SiLU kernels), chosen by the caller, typically
-//                  448 * 6 / amax of the tensor.
+//                  elem(x / 2^(code - 127)). Unlike OCP's floor rule this does not clip a block's largest
+//                  element (beyond the float32 rounding of the quotient).
+//   nvfp4          sf = e4m3fn((amax / 6) * global_scale); element = e2m1(x * factor), factor =
+//                  global_scale / sf, or 0 when sf = 0 (elements are then zeros of their input's sign).
+//                  Dequantised: e2m1 * sf / global_scale. The global scale is one float32 per tensor (per
+//                  expert in the SiLU kernels), chosen by the caller, typically 448 * 6 / amax of the tensor.
 //   Non-finite input: a block holding a NaN or an infinity gets a NaN scale (float32 NaN, e8m0 0xff,
 //   e4m3fn 0x7f) and every element code 0, so it dequantises to NaN. The same holds for every nvfp4 block
 //   when global_scale is not finite and positive.

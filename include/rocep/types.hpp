@@ -18,7 +18,9 @@ struct SrcInfo {
 
 // What one rank hands to dispatch.
 struct DispatchInputs {
-  // [num_tokens, hidden] in EpConfig::dispatch_format (bf16 for kBf16).
+  // [num_tokens, hidden] bf16 when token_scales is null: quantised to EpConfig::dispatch_format inside
+  // dispatch. Otherwise the tokens arrive already quantised: [num_tokens, format_payload_bytes] in the
+  // dispatch format, and they travel as they are.
   const void* tokens = nullptr;
   // [num_tokens, top_k] expert ids in [-1, num_experts); -1 = no expert for that slot. A token names each
   // expert at most once.
@@ -30,6 +32,12 @@ struct DispatchInputs {
   // Optional: when set, the token count is read from here (device memory on the GPU backend) instead of
   // num_tokens, so a captured graph can be replayed with a different count.
   const int32_t* num_tokens_on_device = nullptr;
+  // Scaled formats only, optional: the scales of already quantised tokens, row-major per token
+  // ([num_tokens, format_scale_bytes]: float32 for fp8 block-128, e8m0 for MX, e4m3fn for nvfp4).
+  const void* token_scales = nullptr;
+  // nvfp4 from bf16 only: one float32, the global scale the tokens are quantised with (device memory on
+  // the GPU backend). Every rank must pass the same value: the receiver's GEMM applies one per tensor.
+  const float* global_scale = nullptr;
 };
 
 // Where dispatch writes on the receiving rank. Sizes use R = EpConfig::max_recv_rows(world_size) and
@@ -39,13 +47,17 @@ struct DispatchInputs {
 // then k. Expert e's rows are [row_offsets[e], row_offsets[e+1]); with expert_alignment > 1 each expert's
 // segment ends with zeroed padding rows whose src_info is {-1, -1, -1} and whose weight is 0.
 struct DispatchOutputs {
-  void* recv_tokens = nullptr;      // [R, hidden] in the dispatch format's payload type
+  void* recv_tokens = nullptr;      // [R, format_payload_bytes] in the dispatch format
   uint32_t* row_offsets = nullptr;  // [L + 1]
   int32_t* expert_ids = nullptr;    // [L]: local expert of each group (identity)
   SrcInfo* src_info = nullptr;      // [R]
   float* recv_weights = nullptr;    // [R]: router weight of the row's (token, expert) pair
   // Optional [L]: every call adds the rows each local expert received (padding excluded).
   int64_t* expert_token_counts = nullptr;
+  // Scaled formats: format_scale_tensor_bytes(format, R, hidden) bytes in the layout formats.hpp gives
+  // (fp8 block-128 transposed [hidden/128][R] float32, MX [R][hidden/32], nvfp4 swizzled tiles). Padding
+  // rows get payload and scales 0.
+  void* recv_scales = nullptr;
 };
 
 // What combine reads and writes on every rank.

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "hip/scale_layout.hpp"
 #include "rocep/errors.hpp"
 
 namespace {
@@ -75,6 +76,14 @@ const Rejection kRejections[] = {
        c.hidden = 7168 + 16;
      },
      2, "hidden", "7184"},
+    {"HiddenNotMultipleOf64ForNvfp4",
+     [](EpConfig& c) {
+       c.dispatch_format = TokenFormat::kNvfp4;
+       c.hidden = 7168 + 32;
+     },
+     2, "hidden", "7200"},
+    {"Fp8EncodingUnknownCode", [](EpConfig& c) { c.fp8_encoding = static_cast<rocep::Fp8Encoding>(3); }, 2,
+     "fp8_encoding", "3"},
     {"TopKZero", [](EpConfig& c) { c.top_k = 0; }, 2, "top_k", "0"},
     {"TopKAboveNumExperts", [](EpConfig& c) { c.top_k = 257; }, 2, "top_k", "257"},
     {"NumExpertsZero", [](EpConfig& c) { c.num_experts = 0; }, 2, "num_experts", "0"},
@@ -134,6 +143,26 @@ TEST(TokenFormatTest, UnknownFormatThrowsConfigError) {
   EXPECT_THROW(rocep::format_block_elements(unknown), rocep::ConfigError);
   EXPECT_THROW(rocep::format_payload_bytes(unknown, 7168), rocep::ConfigError);
   EXPECT_THROW(rocep::format_scale_bytes(unknown, 7168), rocep::ConfigError);
+}
+
+// The scale layouts of formats.hpp, offsets worked out by hand.
+TEST(TokenFormatTest, ScaleLayoutsPlaceEachScaleWhereTheHeaderSays) {
+  using rocep::device::Format;
+  using rocep::device::scale_offset;
+  // fp8 block-128, 10 rows of 256: float32 [2][10], row 3 block 1 at (1 * 10 + 3) * 4.
+  EXPECT_EQ(scale_offset(Format::kFp8Block128, 3, 1, 10, 256), 52u);
+  EXPECT_EQ(rocep::format_scale_tensor_bytes(TokenFormat::kFp8Block128, 10, 256), 80u);
+  // MX, 10 rows of 128: [10][4] bytes, row 3 block 2 at 3 * 4 + 2.
+  EXPECT_EQ(scale_offset(Format::kMxfp4, 3, 2, 10, 128), 14u);
+  EXPECT_EQ(scale_offset(Format::kMxfp8, 3, 2, 10, 128), 14u);
+  EXPECT_EQ(rocep::format_scale_tensor_bytes(TokenFormat::kMxfp8, 10, 128), 40u);
+  // nvfp4, 129 rows of 128 (8 blocks a row, 2 tiles of 4 blocks): row 161 block 6 lies in tile (1, 1) =
+  // 3 * 512, at (161 % 32) * 16 + ((161 % 128) / 32) * 4 + 6 % 4 = 16 + 4 + 2.
+  EXPECT_EQ(scale_offset(Format::kNvfp4, 161, 6, 200, 128), 3u * 512 + 22);
+  EXPECT_EQ(scale_offset(Format::kNvfp4, 0, 0, 200, 128), 0u);
+  EXPECT_EQ(scale_offset(Format::kNvfp4, 127, 3, 200, 128), 31u * 16 + 3 * 4 + 3);
+  EXPECT_EQ(rocep::format_scale_tensor_bytes(TokenFormat::kNvfp4, 129, 128), 2u * 2 * 512);
+  EXPECT_EQ(rocep::format_scale_tensor_bytes(TokenFormat::kBf16, 129, 128), 0u);
 }
 
 TEST(EpConfigTest, NumLocalExpertsSplitsExpertsEvenly) {

@@ -25,6 +25,8 @@
 #include <vector>
 
 #include "hip/bf16.hpp"
+#include "hip/scale_layout.hpp"
+#include "host/codecs.hpp"
 #include "mpi_support.hpp"
 #include "rocep/config.hpp"
 #include "rocep/ep_group.hpp"
@@ -643,6 +645,129 @@ TEST(ReferenceEpTest, SplitCallsEqualEpGroupAndRepeatBitIdentically) {
     group.combine(args);
     EXPECT_TRUE(same_bytes(out, split_out));
   }
+}
+
+// --- quantised formats ----------------------------------------------------------------------------------
+
+// Dispatch in a scaled format from bf16 tokens: every row holds exactly the source token as
+// rocep::reference::quantize_row encodes it, its scales sit where the format's layout says, padding rows
+// are zero and everything past the last row keeps its poison. Passing the tokens in already quantised
+// (with their scales) gives the same bytes.
+TEST(ReferenceEpFormats, RowsAreTheSourceTokensQuantisedInTheFormatLayout) {
+  struct Case {
+    rocep::TokenFormat format;
+    rocep::Fp8Encoding encoding;
+    int alignment;
+  };
+  const Case cases[] = {{rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 4},
+                        {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fnuz, 1},
+                        {rocep::TokenFormat::kMxfp8, rocep::Fp8Encoding::kE4m3fn, 1},
+                        {rocep::TokenFormat::kMxfp4, rocep::Fp8Encoding::kE4m3fn, 2},
+                        {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kE4m3fn, 128}};
+  const float global_scale = 448.0f * 6.0f / 4.0f;
+  for (const Case& c : cases) {
+    Problem problem({512, 4, 4, 24, c.alignment}, Routing::kMasked);
+    problem.config.dispatch_format = c.format;
+    problem.config.fp8_encoding = c.encoding;
+    SCOPED_TRACE(problem.trace());
+    const int hidden = problem.config.hidden;
+    const std::size_t rows = problem.max_recv_rows();
+    const std::size_t payload_bytes = rocep::format_payload_bytes(c.format, hidden);
+    const std::size_t scale_bytes = rocep::format_scale_bytes(c.format, hidden);
+    const int blocks = hidden / rocep::format_block_elements(c.format);
+    const std::size_t scale_size = scale_bytes / blocks;
+    const auto layout = static_cast<rocep::device::Format>(c.format);
+
+    // Each rank's tokens quantised on the host, as a caller that quantises before dispatch would.
+    auto quantised = [&](const RankInputs& in, std::vector<uint8_t>& payloads, std::vector<uint8_t>& scales) {
+      payloads.assign(std::max<std::size_t>(in.num_tokens * payload_bytes, 1), 0);
+      scales.assign(std::max<std::size_t>(in.num_tokens * scale_bytes, 1), 0);
+      std::vector<float> values(hidden);
+      for (int token = 0; token < in.num_tokens; ++token) {
+        std::transform(in.tokens.begin() + token * hidden, in.tokens.begin() + (token + 1) * hidden,
+                       values.begin(), rocep::bf16_to_float);
+        rocep::reference::quantize_row(c.format, c.encoding, values.data(), hidden, global_scale,
+                                       payloads.data() + token * payload_bytes,
+                                       scales.data() + token * scale_bytes);
+      }
+    };
+
+    ReferenceEp ep(MPI_COMM_WORLD, problem.config);
+    std::vector<std::vector<uint8_t>> recv_tokens(2), recv_scales(2);
+    for (const bool pass_through : {false, true}) {
+      std::vector<uint8_t> my_payloads, my_scales;
+      quantised(problem.mine(), my_payloads, my_scales);
+      rocep::DispatchInputs inputs = problem.mine().view();
+      inputs.global_scale = &global_scale;
+      if (pass_through) {
+        inputs.tokens = my_payloads.data();
+        inputs.token_scales = my_scales.data();
+      }
+      DispatchBuffers buffers(problem);
+      std::vector<uint8_t>& payload_out = recv_tokens[pass_through] = poisoned<uint8_t>(rows * payload_bytes);
+      std::vector<uint8_t>& scales_out = recv_scales[pass_through] =
+          poisoned<uint8_t>(rocep::format_scale_tensor_bytes(c.format, rows, hidden));
+      rocep::DispatchOutputs outputs = buffers.view();
+      outputs.recv_tokens = payload_out.data();
+      outputs.recv_scales = scales_out.data();
+      ep.dispatch_send(inputs);
+      ep.dispatch_recv(outputs);
+    }
+    EXPECT_TRUE(same_bytes(recv_tokens[0], recv_tokens[1]) && same_bytes(recv_scales[0], recv_scales[1]))
+        << "tokens passed in quantised arrive differently from tokens quantised by dispatch";
+
+    // Row by row against the naive layout.
+    const ExpectedDispatch expected = naive_dispatch(problem);
+    const std::size_t used = expected.src_info.size();
+    std::vector<std::vector<uint8_t>> payloads(problem.world), scales(problem.world);
+    for (int source = 0; source < problem.world; ++source) {
+      quantised(problem.inputs[source], payloads[source], scales[source]);
+    }
+    const std::vector<uint8_t> zeros(std::max(payload_bytes, scale_bytes), 0);
+    int wrong_rows = 0;
+    for (std::size_t row = 0; row < used; ++row) {
+      const SrcInfo& origin = expected.src_info[row];
+      const uint8_t* want_payload =
+          origin.rank < 0 ? zeros.data() : payloads[origin.rank].data() + origin.token * payload_bytes;
+      const uint8_t* want_scales =
+          origin.rank < 0 ? zeros.data() : scales[origin.rank].data() + origin.token * scale_bytes;
+      bool same = std::memcmp(recv_tokens[0].data() + row * payload_bytes, want_payload, payload_bytes) == 0;
+      for (int block = 0; block < blocks; ++block) {
+        const std::size_t offset = rocep::device::scale_offset(layout, row, block, rows, hidden);
+        same =
+            same && std::memcmp(&recv_scales[0][offset], want_scales + block * scale_size, scale_size) == 0;
+      }
+      wrong_rows += same ? 0 : 1;
+    }
+    EXPECT_EQ(wrong_rows, 0) << "rows whose payload or scales are not their source token's";
+    EXPECT_TRUE(still_poisoned(recv_tokens[0], used * payload_bytes)) << "payload written past row " << used;
+    int scales_past_end = 0;
+    for (std::size_t row = used; row < rows; ++row) {
+      for (int block = 0; block < blocks; ++block) {
+        const std::size_t offset = rocep::device::scale_offset(layout, row, block, rows, hidden);
+        scales_past_end += std::all_of(&recv_scales[0][offset], &recv_scales[0][offset] + scale_size,
+                                       [](uint8_t byte) { return byte == kPoison; })
+                               ? 0
+                               : 1;
+      }
+    }
+    EXPECT_EQ(scales_past_end, 0) << "scales written for rows past row " << used;
+  }
+}
+
+TEST(ReferenceEpFormats, MissingScaleBuffersAndGlobalScaleAreRejected) {
+  Problem problem(kSmallShape, Routing::kUniform);
+  problem.config.dispatch_format = rocep::TokenFormat::kNvfp4;  // hidden 64: one swizzled scale tile wide
+  SCOPED_TRACE(problem.trace());
+  ReferenceEp ep(MPI_COMM_WORLD, problem.config);
+  rocep::DispatchInputs inputs = problem.mine().view();
+  EXPECT_THROW(ep.dispatch_send(inputs), rocep::InvalidInputError)
+      << "nvfp4 from bf16 without a global scale";
+  const float global_scale = 1.0f;
+  inputs.global_scale = &global_scale;
+  ep.dispatch_send(inputs);
+  DispatchBuffers buffers(problem);
+  EXPECT_THROW(ep.dispatch_recv(buffers.view()), rocep::InvalidInputError) << "no recv_scales";
 }
 
 // --- invalid input --------------------------------------------------------------------------------------

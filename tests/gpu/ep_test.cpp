@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "hip/bf16.hpp"
+#include "hip/scale_layout.hpp"
 #include "host/bootstrap.hpp"
 #include "host/device.hpp"
 #include "host/device_memory.hpp"
@@ -305,6 +307,159 @@ TEST_F(GpuEp, MatchesReferenceAcrossShapesAndRoutings) {
       if (config.top_k > config.num_experts)
         continue;
       check_against_reference(config, routing);
+    }
+  }
+}
+
+// Dispatch in a quantised format, quantised from bf16 in the kernel or passed through already quantised:
+// payload, scales (in the format's layout) and row metadata equal the reference's bit for bit, and every
+// byte that belongs to a row past row_offsets[L] keeps its poison.
+void check_format_against_reference(const EpConfig& config, Routing routing, bool pass_through) {
+  const uint64_t seed = shared_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", routing " + std::to_string(static_cast<int>(routing)) +
+               (pass_through ? ", already quantised" : ", quantised in dispatch") + ", " + config.describe());
+  Inputs inputs = make_inputs(config, routing, seed);
+  const int world = world_size();
+  const int local_experts = config.num_local_experts(world);
+  const std::size_t rows = config.max_recv_rows(world);
+  const int hidden = config.hidden;
+  const std::size_t payload_bytes = rocep::format_payload_bytes(config.dispatch_format, hidden);
+  const std::size_t scale_bytes = rocep::format_scale_bytes(config.dispatch_format, hidden);
+  const std::size_t scale_tensor_bytes =
+      rocep::format_scale_tensor_bytes(config.dispatch_format, rows, hidden);
+
+  std::mt19937_64 random(seed ^ (0x51ed27ull * (world_rank() + 1)));
+  std::vector<uint8_t> tokens;        // what dispatch reads: bf16 rows, or quantised payloads
+  std::vector<uint8_t> token_scales;  // already quantised only
+  if (pass_through) {
+    // Any bytes travel as they are.
+    tokens.resize(std::max<std::size_t>(inputs.num_tokens * payload_bytes, 1));
+    token_scales.resize(std::max<std::size_t>(inputs.num_tokens * scale_bytes, 1));
+    for (auto* bytes : {&tokens, &token_scales})
+      for (auto& byte : *bytes)
+        byte = static_cast<uint8_t>(random());
+  } else {
+    // Magnitudes from 2^-12 to 2^12 per token, so scales differ; a NaN and an infinity in two blocks.
+    for (int token = 0; token < inputs.num_tokens; ++token) {
+      const float magnitude = std::ldexp(1.0f, static_cast<int>(random() % 25) - 12);
+      for (int i = 0; i < hidden; ++i) {
+        bf16_bits& element = inputs.tokens[static_cast<std::size_t>(token) * hidden + i];
+        element = rocep::float_to_bf16(rocep::bf16_to_float(element) * magnitude);
+      }
+    }
+    if (inputs.num_tokens >= 2) {
+      inputs.tokens[5] = 0x7fc0;                                              // NaN, token 0
+      inputs.tokens[static_cast<std::size_t>(hidden) + hidden / 2] = 0x7f80;  // +inf, token 1
+    }
+    const auto* bytes = reinterpret_cast<const uint8_t*>(inputs.tokens.data());
+    tokens.assign(bytes, bytes + std::max<std::size_t>(inputs.tokens.size(), 1) * sizeof(bf16_bits));
+  }
+  const float global_scale = 448.0f * 6.0f / 2048.0f;  // the same on every rank
+
+  // The reference's results.
+  std::vector<uint8_t> expected_tokens(rows * payload_bytes);
+  std::vector<uint8_t> expected_scales(scale_tensor_bytes);
+  std::vector<uint32_t> expected_offsets(local_experts + 1);
+  std::vector<int32_t> expected_ids(local_experts);
+  std::vector<SrcInfo> expected_src(rows);
+  std::vector<float> expected_weights(rows);
+  rocep::DispatchInputs host_inputs{tokens.data(), inputs.topk_ids.data(), inputs.topk_weights.data(),
+                                    inputs.num_tokens, nullptr};
+  host_inputs.token_scales = pass_through ? token_scales.data() : nullptr;
+  host_inputs.global_scale = &global_scale;
+  {
+    rocep::reference::ReferenceEp reference(MPI_COMM_WORLD, config);
+    reference.dispatch_send(host_inputs);
+    rocep::DispatchOutputs host_outputs{expected_tokens.data(), expected_offsets.data(), expected_ids.data(),
+                                        expected_src.data(),    expected_weights.data(), nullptr};
+    host_outputs.recv_scales = expected_scales.data();
+    reference.dispatch_recv(host_outputs);
+  }
+
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::Stream stream;
+  const DeviceBuffer device_tokens = upload(tokens);
+  const DeviceBuffer device_scales = upload(token_scales);
+  const DeviceBuffer device_global_scale = upload(std::vector<float>{global_scale});
+  DeviceInputs device_inputs(inputs);
+  rocep::DispatchInputs view = device_inputs.view();
+  view.tokens = device_tokens.get();
+  view.token_scales = pass_through ? device_scales.get() : nullptr;
+  view.global_scale = device_global_scale.as<float>();
+  for (const bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused dispatch" : "dispatch_send + dispatch_recv");
+    DeviceBuffer recv_tokens = poisoned(rows * payload_bytes);
+    DeviceBuffer recv_scales = poisoned(scale_tensor_bytes);
+    DeviceOutputs outputs(config, rows, local_experts);
+    rocep::DispatchOutputs out_view = outputs.view();
+    out_view.recv_tokens = recv_tokens.get();
+    out_view.recv_scales = recv_scales.get();
+    if (fused) {
+      group.dispatch(view, out_view, stream.get());
+    } else {
+      group.dispatch_send(view, stream.get());
+      group.dispatch_recv(out_view, stream.get());
+    }
+    group.synchronize(stream.get());
+    const auto offsets = download<uint32_t>(outputs.row_offsets, local_experts + 1);
+    ASSERT_EQ(offsets, expected_offsets);
+    const std::size_t used = offsets[local_experts];
+    const auto got_tokens = download<uint8_t>(recv_tokens, rows * payload_bytes);
+    EXPECT_EQ(0, std::memcmp(got_tokens.data(), expected_tokens.data(), used * payload_bytes))
+        << "payloads differ";
+    EXPECT_TRUE(all_poison(got_tokens.data() + used * payload_bytes, got_tokens.data() + got_tokens.size()))
+        << "payload rows past row_offsets[L] were written";
+    const auto got_src = download<SrcInfo>(outputs.src_info, rows);
+    EXPECT_EQ(0, std::memcmp(got_src.data(), expected_src.data(), used * sizeof(SrcInfo)))
+        << "src_info differs";
+    const auto got_weights = download<float>(outputs.recv_weights, rows);
+    EXPECT_EQ(0, std::memcmp(got_weights.data(), expected_weights.data(), used * sizeof(float)))
+        << "recv_weights differ";
+
+    const auto got_scales = download<uint8_t>(recv_scales, scale_tensor_bytes);
+    const auto format = static_cast<rocep::device::Format>(config.dispatch_format);
+    const int blocks = hidden / rocep::format_block_elements(config.dispatch_format);
+    const std::size_t size = scale_bytes / blocks;
+    int wrong = 0;
+    int written_past_end = 0;
+    for (std::size_t row = 0; row < rows; ++row) {
+      for (int block = 0; block < blocks; ++block) {
+        const std::size_t offset = rocep::device::scale_offset(format, row, block, rows, hidden);
+        if (row < used) {
+          wrong += std::memcmp(&got_scales[offset], &expected_scales[offset], size) != 0 ? 1 : 0;
+        } else {
+          written_past_end += all_poison(&got_scales[offset], &got_scales[offset] + size) ? 0 : 1;
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "scales that differ from the reference";
+    EXPECT_EQ(written_past_end, 0) << "scales of rows past row_offsets[L] that were written";
+  }
+}
+
+TEST_F(GpuEp, QuantisedDispatchMatchesReference) {
+  const int world = world_size();
+  struct Case {
+    rocep::TokenFormat format;
+    rocep::Fp8Encoding encoding;
+    int hidden;
+    int alignment;
+  };
+  const Case cases[] = {
+      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 7168, 1},
+      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fnuz, 2048, 4},
+      {rocep::TokenFormat::kMxfp8, rocep::Fp8Encoding::kAuto, 2048, 1},
+      {rocep::TokenFormat::kMxfp4, rocep::Fp8Encoding::kAuto, 7168, 1},
+      {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2048, 128},
+  };
+  for (const Case& c : cases) {
+    EpConfig config = make_config(c.hidden, 8, 64 / world, 48, c.alignment);
+    config.dispatch_format = c.format;
+    config.fp8_encoding = c.encoding == rocep::Fp8Encoding::kAuto ? rocep::Fp8Encoding::kE4m3fn : c.encoding;
+    for (const Routing routing : {Routing::kUniform, Routing::kMasked, Routing::kUnevenCounts}) {
+      for (const bool pass_through : {false, true}) {
+        check_format_against_reference(config, routing, pass_through);
+      }
     }
   }
 }

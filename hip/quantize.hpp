@@ -1,0 +1,97 @@
+// Quantising a row of float32 values in a block of threads, each thread holding 8 consecutive elements:
+// the lanes that hold one scale block agree on its amax through shuffles, then each encodes its own 8.
+// The kernels that produce quantised rows (dispatch from bf16 tokens, the fused SiLU) share this, and
+// host/codecs.cpp defines the same bits.
+#pragma once
+
+#include <cstdint>
+
+#include "codecs.hpp"
+#include "scale_layout.hpp"
+#include "wave_shuffle.hpp"
+
+namespace rocep::device {
+
+inline constexpr int kElementsPerThread = 8;
+
+// What one thread produces from its 8 elements: the codes (8 bytes of fp8 in words 0-1, or 4 bytes of
+// e2m1 in word 0, element 2i in the low nibble of byte i) and its block's scale (float32 bits for fp8
+// block-128, the code byte otherwise), which the block's first lane stores.
+struct QuantizedEight {
+  uint32_t codes[2];
+  uint32_t scale;
+};
+
+// Payload bytes of 8 elements.
+ROCEP_HOST_DEVICE constexpr int eight_payload_bytes(Format format) {
+  return format == Format::kBf16 ? 16 : (format == Format::kMxfp4 || format == Format::kNvfp4 ? 4 : 8);
+}
+
+// Every lane of the wave calls it, lanes without data with zeros; lanes
+// [b * L, (b + 1) * L) hold one scale block, L = block_elements(format) / 8 (a power of two up to 16, so a
+// block never straddles two waves).
+template <Format format>
+__device__ inline QuantizedEight quantize_eight(const float (&values)[kElementsPerThread], Fp8 encoding,
+                                                float global_scale) {
+  static_assert(format != Format::kBf16, "bf16 has no scales to compute");
+  uint32_t amax = 0;
+#pragma unroll
+  for (int i = 0; i < kElementsPerThread; ++i) {
+    const uint32_t magnitude = float_bits(values[i]) & 0x7fffffffu;
+    amax = magnitude > amax ? magnitude : amax;
+  }
+  const int lanes = block_elements(format) / kElementsPerThread;
+  for (int mask = 1; mask < lanes; mask <<= 1) {
+    const uint32_t other = shuffle_xor(amax, mask);
+    amax = other > amax ? other : amax;
+  }
+
+  QuantizedEight out{{0, 0}, 0};
+  if constexpr (format == Format::kFp8Block128 || format == Format::kMxfp8) {
+    float divisor = 1.0f;     // fp8 block-128: x / scale
+    float multiplier = 1.0f;  // mxfp8: x * 2^(127 - code), exact
+    const bool finite = block_is_finite(amax);
+    if constexpr (format == Format::kFp8Block128) {
+      divisor = fp8_block_scale(amax, encoding);
+      out.scale = float_bits(divisor);
+    } else {
+      const uint8_t code = mx_scale_code(amax, kE4m3fnMax);
+      multiplier = mx_inverse_scale(code);
+      out.scale = code;
+      encoding = Fp8::kE4m3fn;
+    }
+    if (finite) {
+#pragma unroll
+      for (int i = 0; i < kElementsPerThread; ++i) {
+        const float scaled = format == Format::kFp8Block128 ? values[i] / divisor : values[i] * multiplier;
+        out.codes[i / 4] |= static_cast<uint32_t>(encode_fp8(scaled, encoding)) << (8 * (i % 4));
+      }
+    }
+    return out;
+  }
+  // e2m1 formats
+  float multiplier = 0.0f;
+  bool encode = false;
+  if constexpr (format == Format::kMxfp4) {
+    const uint8_t code = mx_scale_code(amax, kE2m1Max);
+    out.scale = code;
+    encode = code != 0xff;
+    multiplier = encode ? mx_inverse_scale(code) : 0.0f;
+  } else {
+    const uint8_t code = nvfp4_scale_code(amax, global_scale);
+    out.scale = code;
+    // 0x7f only for a NaN block: finite scales saturate at 0x7e. sf = 0 gives factor 0: each element is
+    // a zero of its input's sign.
+    encode = code != 0x7f;
+    multiplier = encode ? nvfp4_element_factor(code, global_scale) : 0.0f;
+  }
+  if (encode) {
+#pragma unroll
+    for (int i = 0; i < kElementsPerThread; ++i) {
+      out.codes[0] |= static_cast<uint32_t>(encode_e2m1(values[i] * multiplier)) << (4 * i);
+    }
+  }
+  return out;
+}
+
+}  // namespace rocep::device
