@@ -351,8 +351,10 @@ void check_format_against_reference(const EpConfig& config, Routing routing, boo
       inputs.tokens[5] = 0x7fc0;                                              // NaN, token 0
       inputs.tokens[static_cast<std::size_t>(hidden) + hidden / 2] = 0x7f80;  // +inf, token 1
     }
-    const auto* bytes = reinterpret_cast<const uint8_t*>(inputs.tokens.data());
-    tokens.assign(bytes, bytes + std::max<std::size_t>(inputs.tokens.size(), 1) * sizeof(bf16_bits));
+    tokens.assign(std::max<std::size_t>(inputs.tokens.size(), 1) * sizeof(bf16_bits), 0);
+    if (!inputs.tokens.empty()) {
+      std::memcpy(tokens.data(), inputs.tokens.data(), inputs.tokens.size() * sizeof(bf16_bits));
+    }
   }
   const float global_scale = 448.0f * 6.0f / 2048.0f;  // the same on every rank
 
