@@ -1,5 +1,5 @@
-// Exclusive prefix sum over the threads of one block: a shuffle scan inside each wave, then the wave totals
-// through shared memory. Written for any wave size (64 on CDNA, 32 on NVIDIA).
+// Wave shuffles, and an exclusive prefix sum over the threads of one block: a shuffle scan inside each wave,
+// then the wave totals through shared memory. Written for any wave size (64 on CDNA, 32 on NVIDIA).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,16 @@ __device__ inline uint32_t shuffle_up(uint32_t value, int distance) {
   return __shfl_up(value, distance, kWaveSize);
 #else
   return __shfl_up_sync(0xffffffffu, value, distance);
+#endif
+}
+
+// The value of the lane whose index is this lane's xor `lane_mask`, inside aligned groups of `width` lanes
+// (a power of two up to kWaveSize). Every lane of the wave must call it.
+__device__ inline uint32_t shuffle_xor(uint32_t value, int lane_mask, int width) {
+#if defined(ROCEP_PLATFORM_AMD)
+  return __shfl_xor(value, lane_mask, width);
+#else
+  return __shfl_xor_sync(0xffffffffu, value, lane_mask, width);
 #endif
 }
 
