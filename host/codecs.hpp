@@ -11,7 +11,8 @@
 namespace rocep::reference {
 
 // Element conversions (round to nearest even, saturating; NaN as formats.hpp says). `encoding` is
-// kE4m3fn or kE4m3fnuz.
+// kE4m3fn or kE4m3fnuz: std::invalid_argument for kAuto (callers resolve it) or an unknown value.
+// encode_e2m1 throws std::invalid_argument for NaN: e2m1 has no NaN code.
 uint8_t encode_fp8(float value, Fp8Encoding encoding);
 float decode_fp8(uint8_t code, Fp8Encoding encoding);
 uint8_t encode_e2m1(float value);  // code in the low nibble
@@ -20,8 +21,11 @@ float decode_e8m0(uint8_t code);
 
 // One row of `columns` float32 values (a whole number of the format's blocks) into `payload`
 // (format_payload_bytes) and `scales` (format_scale_bytes: the row's scales in block order, float32 for fp8
-// block-128, one byte each otherwise). `global_scale` is used by nvfp4 only. kBf16 rounds each value to
-// bf16 and writes no scales.
+// block-128, one byte each otherwise). `global_scale` is used by nvfp4 only; `encoding` by fp8 block-128
+// only (mxfp8 is always e4m3fn). kBf16 rounds each value to bf16 and writes no scales. In an nvfp4 block
+// whose scale sf is 0, every element is a zero of the sign of its input.
+// std::invalid_argument for an unknown format, columns that are not a whole number of blocks, or (fp8
+// block-128) an encoding that is not kE4m3fn or kE4m3fnuz.
 void quantize_row(TokenFormat format, Fp8Encoding encoding, const float* values, int columns,
                   float global_scale, uint8_t* payload, uint8_t* scales);
 // The inverse, up to rounding: values[i] = element * scale (nvfp4: element * sf / global_scale).

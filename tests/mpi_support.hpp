@@ -21,19 +21,20 @@ inline int world_size() {
   return size;
 }
 
-// Drawn fresh by rank 0 on every run (or taken from ROCEP_TEST_SEED to replay a failure), the same on
-// every rank. Collective.
-inline uint64_t shared_seed() {
-  uint64_t seed = 0;
-  if (world_rank() == 0) {
-    const char* replay = std::getenv("ROCEP_TEST_SEED");
-    if (replay != nullptr) {
-      seed = std::strtoull(replay, nullptr, 10);
-    } else {
-      std::random_device device;
-      seed = (uint64_t{device()} << 32) | device();
-    }
+// Drawn fresh on every run, or taken from ROCEP_TEST_SEED to replay a failure. Not collective: each caller
+// draws its own.
+inline uint64_t fresh_seed() {
+  const char* replay = std::getenv("ROCEP_TEST_SEED");
+  if (replay != nullptr) {
+    return std::strtoull(replay, nullptr, 10);
   }
+  std::random_device device;
+  return (uint64_t{device()} << 32) | device();
+}
+
+// fresh_seed() of rank 0, the same on every rank. Collective.
+inline uint64_t shared_seed() {
+  uint64_t seed = world_rank() == 0 ? fresh_seed() : 0;
   MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   return seed;
 }
