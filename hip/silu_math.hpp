@@ -65,8 +65,9 @@ ROCEP_HOST_DEVICE inline float exp_float(float x) {
   return x <= kExpOverflowInput ? scaled : x + bits_float(kFloatExponentMask);  // +inf, or NaN for NaN
 }
 
-// silu(g) = g / (1 + exp(-g)), one IEEE division. silu(g) = g exactly for g > 16.7 (exp(-g) < 2^-24);
-// for g < -88.7 it is -0 (g / inf); silu(-inf) is NaN (-inf / inf), as the formula says.
+// silu(g) = g / (1 + exp(-g)), one IEEE division. silu(g) = g exactly for g > 16.7 (exp(-g) < 2^-24).
+// For g < -88.7 exp(-g) overflows and silu(g) is -0 (the exact value is still a float32 down to -92.6),
+// and silu(-inf) is NaN (-inf / inf): float32 SiLU as this formula is written everywhere.
 ROCEP_HOST_DEVICE inline float silu(float g) {
   return g / (1.0f + exp_float(-g));
 }
