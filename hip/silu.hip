@@ -143,7 +143,7 @@ __device__ inline void store_item(const SiluParams& params, const float (&values
     auto* halves = reinterpret_cast<uint16_t*>(&packed);
 #pragma unroll
     for (int i = 0; i < kItemElements; ++i) {
-      halves[i] = rocep::float_to_bf16(values[i]);
+      halves[i] = rocep::float_to_bf16(canonical_nan(values[i]));
     }
     if (active) {
       *reinterpret_cast<Vector16*>(params.out + 2 * first_element) = packed;

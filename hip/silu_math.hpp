@@ -25,18 +25,17 @@ inline constexpr float kExpOverflowInput = 0x1.62e42ep6f;  // 88.7228317: the la
 inline constexpr float kExpUnderflowInput =
     -0x1.5d589ep6f;  // -87.3365402: the smallest x with exp(x) >= 2^-126
 
-// exp(x) in float32, within 2 ulp of the exact value wherever the result is a normal float32 (measured
-// over every float32 input against double exp: at most 1 ulp; tests/cpu/silu_reference_test.cpp keeps a
-// dense sweep of it). NaN gives a NaN (payload unspecified), +inf gives +inf, -inf gives +0.
+// exp(x) for x in [kExpUnderflowInput, kExpOverflowInput], where the result is a normal float32; other
+// inputs give unspecified bits (exp_float and silu select them away).
 //   n = x / ln2 rounded to an integer (ties to even), r = x - n * ln2 in [-ln2/2, ln2/2] (Cody-Waite: ln2 as
 //   a 9-bit high part, so n * high is exact and x - n * high has no rounding error, plus a low part),
 //   exp(r) = 1 + r + r^2 * Q(r) with Q a degree-4 minimax fit of (exp(r) - 1 - r) / r^2 on [-0.3466, 0.3466]
 //   (fit error 6.2e-8, below 2^-27 of exp(r) after the r^2 factor), evaluated by Horner with fma, and
 //   2^n * exp(r) by adding n to the exponent field.
-ROCEP_HOST_DEVICE inline float exp_float(float x) {
+ROCEP_HOST_DEVICE inline float exp_in_range(float x) {
   constexpr float kLog2e = 0x1.715476p0f;
   // Adding 1.5 * 2^23 rounds to an integer (float32 steps are 1 there) and leaves it in the low mantissa
-  // bits; |n| stays below 2^22 over the inputs that are not selected away below.
+  // bits; |n| < 2^22 holds over the range.
   constexpr float kRoundingShift = 0x1.8p23f;
   constexpr float kLn2High = 0x1.63p-1f;       // 0.693359375
   constexpr float kLn2Low = -0x1.bd0106p-13f;  // ln 2 - kLn2High, rounded
@@ -57,19 +56,34 @@ ROCEP_HOST_DEVICE inline float exp_float(float x) {
   p = fused_multiply_add(p, r, 1.0f);
   p = fused_multiply_add(p, r, 1.0f);  // exp(r), in [0.70, 1.42]: exponent field 126 or 127
   // n sits in the low bits of `shifted`, so (bits << 23) is n << 23 modulo 2^32: adding it to p's bits
-  // multiplies p by 2^n exactly, and the thresholds keep the exponent field inside [1, 254].
-  const float scaled = bits_float(float_bits(p) + (float_bits(shifted) << 23));
+  // multiplies p by 2^n exactly; over the range the exponent field stays inside [1, 254].
+  return bits_float(float_bits(p) + (float_bits(shifted) << 23));
+}
+
+// exp(x) in float32, within 2 ulp of the exact value wherever the result is a normal float32 (measured
+// over every float32 input against double exp: at most 0.97 ulp; tests/cpu/silu_reference_test.cpp keeps
+// a dense sweep of it); +0 below kExpUnderflowInput, +inf above kExpOverflowInput. NaN gives a NaN
+// (payload unspecified), +inf gives +inf, -inf gives +0.
+ROCEP_HOST_DEVICE inline float exp_float(float x) {
   if (x < kExpUnderflowInput) {
     return 0.0f;
   }
-  return x <= kExpOverflowInput ? scaled : x + bits_float(kFloatExponentMask);  // +inf, or NaN for NaN
+  return x <= kExpOverflowInput ? exp_in_range(x) : x + bits_float(kFloatExponentMask);  // +inf, NaN for NaN
 }
 
-// silu(g) = g / (1 + exp(-g)), one IEEE division. silu(g) = g exactly for g > 16.7 (exp(-g) < 2^-24).
-// For g < -88.7 exp(-g) overflows and silu(g) is -0 (the exact value is still a float32 down to -92.6),
-// and silu(-inf) is NaN (-inf / inf): float32 SiLU as this formula is written everywhere.
+// silu(g) = g / (1 + exp_float(-g)), one IEEE division. silu(g) = g exactly for g > 16.7
+// (exp(-g) < 2^-24). For g < -88.7 exp(-g) overflows and silu(g) is -0 (the exact value is still a float32
+// down to -92.6), and silu(-inf) is NaN (-inf / inf): float32 SiLU as this formula is written everywhere.
+// Computed with the thresholds folded in, which saves two instructions per element and gives the same
+// bits for every float32 g (checked over all 2^32): below kExpUnderflowInput exp_float is 0, and
+// exp(-87) = 1.6e-38 leaves 1 + e = 1 just the same, so -g is raised to -87 instead of selecting 0; a NaN g
+// gives NaN either way.
 ROCEP_HOST_DEVICE inline float silu(float g) {
-  return g / (1.0f + exp_float(-g));
+  constexpr float kNegligibleExpInput = -87.0f;  // inside exp_in_range's range, exp < 2^-24
+  const float x = -g;
+  const float e = exp_in_range(x > kNegligibleExpInput ? x : kNegligibleExpInput);
+  const float denominator = x <= kExpOverflowInput ? 1.0f + e : bits_float(kFloatExponentMask);
+  return g / denominator;
 }
 
 // SwiGLU limit, applied to gate and up before silu(g) * u when clamp_limit > 0: g = min(g, limit),
@@ -81,11 +95,16 @@ ROCEP_HOST_DEVICE inline float clamp_up(float u, float clamp_limit) {
   return clamp_magnitude(u, clamp_limit);
 }
 
-// silu(g) * u, the value every output format encodes. A NaN result is the canonical 0x7fc00000: NaN bits
-// from arithmetic differ between x86 (sign set), NVIDIA (0x7fffffff) and AMD, and bf16 keeps them.
+// silu(g) * u, the value every output format encodes.
 ROCEP_HOST_DEVICE inline float silu_product(float g, float u) {
-  const float product = silu(g) * u;
-  return product != product ? bits_float(kFloatNan) : product;
+  return silu(g) * u;
+}
+
+// The canonical 0x7fc00000 for any NaN, other values unchanged. The bf16 output stores this: NaN bits
+// from arithmetic differ between x86 (sign set), NVIDIA (0x7fffffff) and AMD, and bf16 keeps them. The
+// quantised formats need no such step: a NaN anywhere makes its whole block NaN, whatever its bits.
+ROCEP_HOST_DEVICE inline float canonical_nan(float value) {
+  return value != value ? bits_float(kFloatNan) : value;
 }
 
 }  // namespace rocep::device

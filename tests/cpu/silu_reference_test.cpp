@@ -24,6 +24,7 @@ using rocep::Fp8Encoding;
 using rocep::SiluArgs;
 using rocep::TokenFormat;
 using rocep::device::bits_float;
+using rocep::device::canonical_nan;
 using rocep::device::exp_float;
 using rocep::device::float_bits;
 using rocep::device::silu;
@@ -36,7 +37,6 @@ using rocep::testing::SiluOutputs;
 
 constexpr float kInfinity = std::numeric_limits<float>::infinity();
 constexpr float kFloatMax = std::numeric_limits<float>::max();
-constexpr uint32_t kCanonicalNan = 0x7fc00000u;
 
 // |value - exact| in units of the float32 ulp at `exact` (a normal float32 magnitude).
 double ulp_error(float value, double exact) {
@@ -106,16 +106,18 @@ TEST(SiluMathTest, SiluKnownValues) {
   EXPECT_LE(ulp_error(silu(-1.0f), -1.0 / (1.0 + std::exp(1.0))), 2.0);
 }
 
-TEST(SiluMathTest, NanResultsAreCanonical) {
-  const float nan_with_payload = bits_float(0xffc00123u);  // sign set, payload
-  const float pairs[][2] = {{std::numeric_limits<float>::quiet_NaN(), 1.0f},
-                            {nan_with_payload, 1.0f},
-                            {1.0f, nan_with_payload},
-                            {-kInfinity, 1.0f},  // silu(-inf) = -inf / inf
-                            {kInfinity, 0.0f}};
-  for (const auto& pair : pairs) {
-    EXPECT_EQ(float_bits(silu_product(pair[0], pair[1])), kCanonicalNan)
-        << "silu_product(" << pair[0] << ", " << pair[1] << ")";
+TEST(SiluMathTest, SiluIsTheFormulaWithExpFloatOverADenseSweep) {
+  // silu folds exp_float's thresholds into the formula; every 251st float32 bit pattern (an exhaustive run
+  // over all 2^32 agrees) must give the bits of g / (1 + exp_float(-g)), or NaN where that is NaN.
+  for (uint64_t bits = 0; bits <= 0xffffffffull; bits += 251) {
+    const float g = bits_float(static_cast<uint32_t>(bits));
+    const float formula = g / (1.0f + exp_float(-g));
+    const float result = silu(g);
+    if (std::isnan(formula)) {
+      ASSERT_TRUE(std::isnan(result)) << "g = " << g;
+    } else {
+      ASSERT_EQ(float_bits(result), float_bits(formula)) << "g = " << g;
+    }
   }
 }
 
@@ -173,6 +175,20 @@ std::vector<uint16_t> reference_bf16_row(const std::vector<float>& gate, const s
   return out;
 }
 
+TEST(SiluReferenceTest, Bf16StoresEveryNanAsTheCanonicalNan) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float nan_with_payload = bits_float(0xffc12345u);  // sign set, payload: bf16 0xffc1
+  // NaN inputs, and NaN from arithmetic: silu(-inf) = -inf / inf, inf * 0.
+  const std::vector<float> gate = {nan, nan_with_payload, 1.0f, -kInfinity, kInfinity, 2.0f, 0.0f, 1.0f};
+  const std::vector<float> up = {1.0f, 1.0f, nan_with_payload, 1.0f, 0.0f, nan, 1.0f, 1.0f};
+  const std::vector<uint16_t> out = reference_bf16_row(gate, up, 0.0f);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(out[i], 0x7fc0) << "column " << i;
+  }
+  EXPECT_EQ(out[6], 0x0000);
+  EXPECT_EQ(out[7], rocep::float_to_bf16(silu(1.0f)));
+}
+
 TEST(SiluReferenceTest, ClampLimitsGateFromAboveAndUpBothWays) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const std::vector<float> gate = {10.0f, -10.0f, 3.0f, nan, kInfinity, -kInfinity, 7.0f, 6.5f};
@@ -183,9 +199,10 @@ TEST(SiluReferenceTest, ClampLimitsGateFromAboveAndUpBothWays) {
   const std::vector<uint16_t> clamped = reference_bf16_row(gate, up, 7.0f);
   const std::vector<uint16_t> unclamped = reference_bf16_row(gate, up, 0.0f);
   for (int i = 0; i < 8; ++i) {
-    EXPECT_EQ(clamped[i], rocep::float_to_bf16(silu_product(clamped_gate[i], clamped_up[i])))
+    EXPECT_EQ(clamped[i], rocep::float_to_bf16(canonical_nan(silu_product(clamped_gate[i], clamped_up[i]))))
         << "column " << i;
-    EXPECT_EQ(unclamped[i], rocep::float_to_bf16(silu_product(gate[i], up[i]))) << "column " << i;
+    EXPECT_EQ(unclamped[i], rocep::float_to_bf16(canonical_nan(silu_product(gate[i], up[i]))))
+        << "column " << i;
   }
   EXPECT_NE(clamped[0], unclamped[0]);
 }
