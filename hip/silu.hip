@@ -62,14 +62,19 @@ struct ItemCursor {
 
 // The group (expert) of a row, for rows visited in increasing order: the first g with
 // row < row_offsets[g + 1], never past the last group, so a malformed row_offsets is read in bounds only.
+// Walking forward costs one compare per item and at most num_groups loads per thread over the whole call.
 struct GroupCursor {
   const uint32_t* row_offsets;
   int32_t last_group;
-  int32_t group = 0;
+  int32_t group;
+  uint32_t group_end;  // row_offsets[group + 1]
 
+  __device__ GroupCursor(const uint32_t* offsets, int32_t num_groups)
+      : row_offsets(offsets), last_group(num_groups - 1), group(0), group_end(offsets[1]) {}
   __device__ int32_t group_of(uint32_t row) {
-    while (group < last_group && row >= row_offsets[group + 1]) {
+    while (group < last_group && row >= group_end) {
       ++group;
+      group_end = row_offsets[group + 1];
     }
     return group;
   }
@@ -82,13 +87,27 @@ __device__ inline GateUp load_gate_up(const uint16_t* gate_up_row, uint32_t chun
   return {*reinterpret_cast<const Vector16*>(first), *reinterpret_cast<const Vector16*>(second)};
 }
 
+// 32-bit word w (0..3) of a vector. The loads are taken apart with word selects and shifts, not through a
+// uint16_t pointer into the vector: hipcc kept such arrays in scratch memory (80-96 bytes per lane).
+__device__ inline uint32_t vector_word(const Vector16& vector, int w) {
+  return w == 0 ? vector.x : (w == 1 ? vector.y : (w == 2 ? vector.z : vector.w));
+}
+
+// bf16 element i (0..7) of a vector, as float32 (element 2w in the low half of word w).
+__device__ inline float bf16_element(const Vector16& vector, int i) {
+  const uint32_t word = vector_word(vector, i / 2);
+  return bits_float(i % 2 == 0 ? word << 16 : word & 0xffff0000u);
+}
+
 template <bool kInterleaved, bool kClamp>
 __device__ inline void silu_values(const GateUp& loaded, float clamp_limit, float (&values)[kItemElements]) {
-  const auto* halves = reinterpret_cast<const uint16_t*>(&loaded);
 #pragma unroll
   for (int i = 0; i < kItemElements; ++i) {
-    float g = rocep::bf16_to_float(halves[kInterleaved ? 2 * i : i]);
-    float u = rocep::bf16_to_float(halves[kInterleaved ? 2 * i + 1 : kItemElements + i]);
+    // Interleaved: (g_i, u_i) is word i % 4 of the first or second vector.
+    float g = kInterleaved ? bf16_element(i < 4 ? loaded.first : loaded.second, 2 * (i % 4))
+                           : bf16_element(loaded.first, i);
+    float u = kInterleaved ? bf16_element(i < 4 ? loaded.first : loaded.second, 2 * (i % 4) + 1)
+                           : bf16_element(loaded.second, i);
     if (kClamp) {
       g = clamp_gate(g, clamp_limit);
       u = clamp_up(u, clamp_limit);
@@ -139,16 +158,16 @@ __device__ inline void store_item(const SiluParams& params, const float (&values
                                   uint32_t row, uint32_t chunk, float global_scale) {
   const std::size_t first_element = static_cast<std::size_t>(row) * params.n + kItemElements * chunk;
   if constexpr (kFormat == Format::kBf16) {
-    Vector16 packed;
-    auto* halves = reinterpret_cast<uint16_t*>(&packed);
+    uint32_t words[kItemElements / 2];
 #pragma unroll
-    for (int i = 0; i < kItemElements; ++i) {
-      halves[i] = rocep::float_to_bf16(canonical_nan(values[i]));
+    for (int w = 0; w < kItemElements / 2; ++w) {
+      words[w] = rocep::float_to_bf16(canonical_nan(values[2 * w])) |
+                 (static_cast<uint32_t>(rocep::float_to_bf16(canonical_nan(values[2 * w + 1]))) << 16);
     }
+    const Vector16 packed{words[0], words[1], words[2], words[3]};
     if (active) {
       *reinterpret_cast<Vector16*>(params.out + 2 * first_element) = packed;
     }
-    return;
   } else {
     constexpr int kLanes = kFormat == Format::kFp8Block128 ? 128 / kItemElements
                            : kFormat == Format::kNvfp4     ? 16 / kItemElements
@@ -215,7 +234,7 @@ __device__ void silu_rows(const SiluParams& params) {
   const uint64_t items_per_iteration = static_cast<uint64_t>(grid_threads) * kItemsInFlight;
   const uint64_t iterations = (items + items_per_iteration - 1) / items_per_iteration;
   ItemCursor cursor(blockIdx.x * blockDim.x + threadIdx.x, grid_threads, chunks_per_row);
-  GroupCursor groups{params.row_offsets, params.num_groups - 1};
+  GroupCursor groups(params.row_offsets, params.num_groups);
 
   for (uint64_t iteration = 0; iteration < iterations; ++iteration) {
     GateUp loaded[kItemsInFlight];

@@ -2,9 +2,12 @@
 #include "rocep/silu.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "hip/bf16.hpp"
@@ -89,6 +92,18 @@ void validate(const SiluArgs& args, const char* call) {
   if (has_scales && args.out_scales == nullptr) {
     invalid(call, std::string("SiluArgs.out_scales is null, but format ") + to_string(args.format) +
                       " writes scales");
+  }
+  // The kernels load gate and up as 16-byte vectors and store 8 columns, and float32 scales, per access.
+  const std::size_t scale_alignment =
+      has_scales ? device::scale_bytes(static_cast<device::Format>(args.format)) : 1;
+  for (const auto& [pointer, name, alignment] :
+       {std::tuple<const void*, const char*, std::size_t>{args.gate_up, "gate_up", 16},
+        {args.out, "out", format_payload_bytes(args.format, 8)},
+        {args.out_scales, "out_scales", scale_alignment}}) {
+    if (reinterpret_cast<std::uintptr_t>(pointer) % alignment != 0) {
+      invalid(call,
+              std::string("SiluArgs.") + name + " is not " + std::to_string(alignment) + "-byte aligned");
+    }
   }
   if (args.format == TokenFormat::kNvfp4 && args.global_scales == nullptr) {
     invalid(call, "SiluArgs.global_scales is null, but format nvfp4 needs one global scale per group");

@@ -163,6 +163,8 @@ struct InvalidSiluArgument {
 };
 inline const InvalidSiluArgument kInvalidSiluArguments[] = {
     {"gate_up", [](SiluArgs& args) { args.gate_up = nullptr; }},
+    {"gate_up", [](SiluArgs& args) { args.gate_up = static_cast<const uint16_t*>(args.gate_up) + 1; }},
+    {"out", [](SiluArgs& args) { args.out = static_cast<uint8_t*>(args.out) + 2; }},
     {"out", [](SiluArgs& args) { args.out = nullptr; }},
     {"out_scales", [](SiluArgs& args) { args.out_scales = nullptr; }},
     {"row_offsets", [](SiluArgs& args) { args.row_offsets = nullptr; }},
