@@ -7,8 +7,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <iomanip>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -40,7 +40,7 @@ inline const char* to_string(Element element) {
   return "unknown";
 }
 
-// e2m1 has no NaN: neither encoder defines its conversion of one, so the tests never ask.
+// e2m1 has no NaN: neither encoder defines its conversion of one, so comparisons skip NaN inputs there.
 inline bool encodes_nan(Element element) {
   return element != Element::kE2m1;
 }
@@ -138,7 +138,7 @@ inline std::vector<float> bf16_inputs() {
 
 // `count` uniformly random float32 bit patterns (NaNs and infinities included).
 inline std::vector<float> random_float_inputs(uint64_t seed, std::size_t count) {
-  std::mt19937 random(static_cast<uint32_t>(seed));
+  std::mt19937_64 random(seed);
   std::vector<float> inputs(count);
   for (float& value : inputs) {
     value = device::bits_float(static_cast<uint32_t>(random()));
@@ -163,6 +163,47 @@ inline Element format_element(TokenFormat format, Fp8Encoding encoding) {
 
 inline float element_max(Element element) {
   return element_values(element).back();
+}
+
+// Every code through every decoder, and mx_inverse_scale over the codes a finite block can get.
+struct DecodedCodes {
+  float e4m3fn[256];
+  float e4m3fnuz[256];
+  float e8m0[256];
+  float e2m1[16];
+  float mx_inverse_scale[255];
+};
+
+// The entries of `code` (0..255) by the hip/codecs.hpp decoders.
+ROCEP_HOST_DEVICE inline void device_decode(int code, DecodedCodes& decoded) {
+  const auto byte = static_cast<uint8_t>(code);
+  decoded.e4m3fn[code] = device::decode_e4m3fn(byte);
+  decoded.e4m3fnuz[code] = device::decode_e4m3fnuz(byte);
+  decoded.e8m0[code] = device::decode_e8m0(byte);
+  if (code < 16) {
+    decoded.e2m1[code] = device::decode_e2m1(byte);
+  }
+  if (code < 255) {
+    decoded.mx_inverse_scale[code] = device::mx_inverse_scale(byte);
+  }
+}
+
+// Every entry by the reference; the inverse scale is 1 / 2^(code - 127), exact in double and float32.
+inline DecodedCodes reference_decoded_codes() {
+  DecodedCodes decoded{};
+  for (int code = 0; code < 256; ++code) {
+    const auto byte = static_cast<uint8_t>(code);
+    decoded.e4m3fn[code] = reference::decode_fp8(byte, Fp8Encoding::kE4m3fn);
+    decoded.e4m3fnuz[code] = reference::decode_fp8(byte, Fp8Encoding::kE4m3fnuz);
+    decoded.e8m0[code] = reference::decode_e8m0(byte);
+    if (code < 16) {
+      decoded.e2m1[code] = reference::decode_e2m1(byte);
+    }
+    if (code < 255) {
+      decoded.mx_inverse_scale[code] = static_cast<float>(1.0 / reference::decode_e8m0(byte));
+    }
+  }
+  return decoded;
 }
 
 // One block of a row, quantised with the hip/codecs.hpp helpers as a kernel uses them: amax as the integer
@@ -288,6 +329,15 @@ inline std::vector<EdgeBlock> edge_blocks(TokenFormat format, Fp8Encoding encodi
   };
 }
 
+// The edge blocks of a format, one after the other.
+inline std::vector<float> edge_row(TokenFormat format, Fp8Encoding encoding) {
+  std::vector<float> row;
+  for (const EdgeBlock& edge : edge_blocks(format, encoding)) {
+    row.insert(row.end(), edge.values.begin(), edge.values.end());
+  }
+  return row;
+}
+
 // nvfp4 blocks whose (amax / 6) * global_scale is exactly an e4m3fn tie, rounding to the even code `sf`;
 // the other order, amax * global_scale / 6, lands one float32 step off the tie and rounds the other way.
 struct Nvfp4ScaleTie {
@@ -332,6 +382,84 @@ inline std::vector<float> random_rows(uint64_t seed, int rows, int columns, int 
     }
   }
   return values;
+}
+
+// The formats with their fp8 encoding (which only fp8 block-128 reads).
+struct FormatCase {
+  TokenFormat format;
+  Fp8Encoding encoding;
+};
+inline const FormatCase kFormatCases[] = {
+    {TokenFormat::kBf16, Fp8Encoding::kE4m3fn},          {TokenFormat::kFp8Block128, Fp8Encoding::kE4m3fn},
+    {TokenFormat::kFp8Block128, Fp8Encoding::kE4m3fnuz}, {TokenFormat::kMxfp8, Fp8Encoding::kE4m3fn},
+    {TokenFormat::kMxfp4, Fp8Encoding::kE4m3fn},         {TokenFormat::kNvfp4, Fp8Encoding::kE4m3fn},
+};
+
+inline std::string to_string(const FormatCase& format_case) {
+  return std::string(rocep::to_string(format_case.format)) + " " + rocep::to_string(format_case.encoding);
+}
+
+// The global scale a caller would pick: 448 * 6 / amax of the tensor.
+inline float typical_global_scale(const std::vector<float>& values) {
+  float amax = 0.0f;
+  for (float value : values) {
+    amax = std::fmax(amax, std::fabs(value));
+  }
+  return 448.0f * 6.0f / amax;
+}
+
+// Rows of a format to quantise with one global scale.
+struct RowCase {
+  std::string name;
+  std::vector<float> values;  // whole rows
+  int columns;
+  float global_scale;
+};
+
+// Every row case of a format: random rows whose block amaxes run from float32 subnormals to near the
+// float32 maximum; rows whose block amaxes are every finite non-negative bf16 (each power-of-two boundary
+// of the MX rule, the float32 subnormal quotients, every rounding of the fp8 and nvfp4 scales); the edge
+// blocks, under every kind of nvfp4 global scale; the nvfp4 scale ties.
+inline std::vector<RowCase> row_cases(const FormatCase& format_case, uint64_t seed) {
+  const TokenFormat format = format_case.format;
+  const bool nvfp4 = format == TokenFormat::kNvfp4;
+  const int block = format_block_elements(format);
+  std::vector<RowCase> cases;
+
+  const std::vector<float> random = random_rows(seed, 16, 1024, block, -150, 124);
+  cases.push_back({"random rows", random, 1024, typical_global_scale(random)});
+  if (nvfp4) {
+    cases.push_back({"random rows", random, 1024, 1.0f});
+  }
+
+  std::vector<float> sweep;
+  for (uint32_t bits = 0; bits < 0x7f80; ++bits) {
+    const float amax = bf16_to_float(static_cast<uint16_t>(bits));
+    for (int i = 0; i < block; ++i) {
+      sweep.push_back(i == 0 ? amax : -amax * static_cast<float>(i) / static_cast<float>(block));
+    }
+  }
+  const int sweep_columns = 64 * block;
+  sweep.resize(sweep.size() / sweep_columns * sweep_columns);
+  cases.push_back({"bf16 amaxes", sweep, sweep_columns, 1.0f});
+  if (nvfp4) {
+    cases.push_back({"bf16 amaxes", sweep, sweep_columns, 0.2688f});
+  }
+
+  const std::vector<float> edges = edge_row(format, format_case.encoding);
+  for (float global_scale : nvfp4 ? nvfp4_global_scales() : std::vector<float>{1.0f}) {
+    cases.push_back({"edge blocks", edges, static_cast<int>(edges.size()), global_scale});
+  }
+
+  if (nvfp4) {
+    for (const Nvfp4ScaleTie& tie : kNvfp4ScaleTies) {
+      std::vector<float> tie_block(16, 0.0f);
+      tie_block[5] = tie.amax;
+      tie_block[6] = -tie.amax / 3;
+      cases.push_back({"scale tie", tie_block, 16, tie.global_scale});
+    }
+  }
+  return cases;
 }
 
 // ---- comparisons, reporting the first few differences ----------------------------------------------------
@@ -392,6 +520,27 @@ inline ::testing::AssertionResult same_floats(const char* what, const std::vecto
          << what << ": " << mismatches << " of " << expected.size() << " differ" << examples.str();
 }
 
+inline ::testing::AssertionResult same_decoded(const DecodedCodes& actual, const DecodedCodes& expected) {
+  auto values = [](const auto& array) { return std::vector<float>(std::begin(array), std::end(array)); };
+  const ::testing::AssertionResult results[] = {
+      same_floats("decode_e4m3fn", values(actual.e4m3fn), values(expected.e4m3fn)),
+      same_floats("decode_e4m3fnuz", values(actual.e4m3fnuz), values(expected.e4m3fnuz)),
+      same_floats("decode_e8m0", values(actual.e8m0), values(expected.e8m0)),
+      same_floats("decode_e2m1", values(actual.e2m1), values(expected.e2m1)),
+      same_floats("mx_inverse_scale", values(actual.mx_inverse_scale), values(expected.mx_inverse_scale)),
+  };
+  std::string failures;
+  for (const ::testing::AssertionResult& result : results) {
+    if (!result) {
+      failures += std::string("\n") + result.message();
+    }
+  }
+  if (failures.empty()) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << failures;
+}
+
 // Quantised rows, row after row, in reference::quantize_row's layout.
 struct QuantizedRows {
   std::vector<uint8_t> payload;
@@ -413,11 +562,14 @@ inline QuantizedRows reference_quantize(TokenFormat format, Fp8Encoding encoding
   return quantized;
 }
 
-// `actual` against reference_quantize, naming the row and block of each difference.
-inline ::testing::AssertionResult same_as_reference(TokenFormat format, Fp8Encoding encoding,
-                                                    const std::vector<float>& values, int columns,
-                                                    float global_scale, const QuantizedRows& actual) {
-  const QuantizedRows expected = reference_quantize(format, encoding, values, columns, global_scale);
+// `actual` against reference_quantize of a row case, naming the row and block of each difference.
+inline ::testing::AssertionResult same_as_reference(const FormatCase& format_case, const RowCase& row_case,
+                                                    const QuantizedRows& actual) {
+  const TokenFormat format = format_case.format;
+  const std::vector<float>& values = row_case.values;
+  const int columns = row_case.columns;
+  const QuantizedRows expected =
+      reference_quantize(format, format_case.encoding, values, columns, row_case.global_scale);
   const int block = format_block_elements(format);
   const std::size_t payload_bytes = format_payload_bytes(format, columns);
   const std::size_t scale_bytes = format_scale_bytes(format, columns);
@@ -454,8 +606,8 @@ inline ::testing::AssertionResult same_as_reference(TokenFormat format, Fp8Encod
     return ::testing::AssertionSuccess();
   }
   return ::testing::AssertionFailure()
-         << to_string(format) << " (" << to_string(encoding) << ", global scale " << describe(global_scale)
-         << "): " << mismatches << " bytes differ" << examples.str();
+         << to_string(format_case) << ", " << row_case.name << ", global scale "
+         << describe(row_case.global_scale) << ": " << mismatches << " bytes differ" << examples.str();
 }
 
 }  // namespace rocep::testing

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <random>
+#include <string>
 
 namespace rocep::testing {
 
@@ -30,6 +31,11 @@ inline uint64_t fresh_seed() {
   }
   std::random_device device;
   return (uint64_t{device()} << 32) | device();
+}
+
+// What a failure prints about its seed.
+inline std::string seed_trace(uint64_t seed) {
+  return "seed " + std::to_string(seed) + " (replay with ROCEP_TEST_SEED=" + std::to_string(seed) + ")";
 }
 
 // fresh_seed() of rank 0, the same on every rank. Collective.

@@ -26,7 +26,9 @@ namespace {
 using rocep::Fp8Encoding;
 using rocep::TokenFormat;
 using rocep::testing::Element;
+using rocep::testing::FormatCase;
 using rocep::testing::QuantizedRows;
+using rocep::testing::RowCase;
 
 namespace reference = rocep::reference;
 namespace device = rocep::device;
@@ -34,16 +36,10 @@ namespace device = rocep::device;
 constexpr float kInfinity = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-std::string seed_trace(uint64_t seed) {
-  return "seed " + std::to_string(seed) + " (replay with ROCEP_TEST_SEED=" + std::to_string(seed) + ")";
-}
-
 std::vector<uint8_t> device_codes(Element element, const std::vector<float>& inputs) {
   std::vector<uint8_t> codes(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    codes[i] = rocep::testing::encodes_nan(element) || !std::isnan(inputs[i])
-                   ? rocep::testing::device_encode(element, inputs[i])
-                   : 0;
+    codes[i] = rocep::testing::device_encode(element, inputs[i]);
   }
   return codes;
 }
@@ -59,7 +55,7 @@ TEST(ElementCodecTest, EncodersMatchReferenceOnEveryBf16) {
 
 TEST(ElementCodecTest, EncodersMatchReferenceOnRandomFloat32Patterns) {
   const uint64_t seed = rocep::testing::fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  SCOPED_TRACE(rocep::testing::seed_trace(seed));
   const std::vector<float> inputs = rocep::testing::random_float_inputs(seed, 300000);
   for (Element element : rocep::testing::kElements) {
     EXPECT_TRUE(rocep::testing::same_codes_as_reference(element, inputs, device_codes(element, inputs)));
@@ -74,34 +70,11 @@ TEST(ElementCodecTest, EncodersMatchReferenceOnRoundingBoundaries) {
 }
 
 TEST(ElementCodecTest, DecodersMatchReferenceOnEveryCode) {
-  std::vector<float> fn, fn_reference, fnuz, fnuz_reference, e8m0, e8m0_reference, e2m1, e2m1_reference;
+  rocep::testing::DecodedCodes decoded{};
   for (int code = 0; code < 256; ++code) {
-    const auto byte = static_cast<uint8_t>(code);
-    fn.push_back(device::decode_e4m3fn(byte));
-    fn_reference.push_back(reference::decode_fp8(byte, Fp8Encoding::kE4m3fn));
-    fnuz.push_back(device::decode_e4m3fnuz(byte));
-    fnuz_reference.push_back(reference::decode_fp8(byte, Fp8Encoding::kE4m3fnuz));
-    e8m0.push_back(device::decode_e8m0(byte));
-    e8m0_reference.push_back(reference::decode_e8m0(byte));
-    if (code < 16) {
-      e2m1.push_back(device::decode_e2m1(byte));
-      e2m1_reference.push_back(reference::decode_e2m1(byte));
-    }
+    rocep::testing::device_decode(code, decoded);
   }
-  EXPECT_TRUE(rocep::testing::same_floats("decode_e4m3fn", fn, fn_reference));
-  EXPECT_TRUE(rocep::testing::same_floats("decode_e4m3fnuz", fnuz, fnuz_reference));
-  EXPECT_TRUE(rocep::testing::same_floats("decode_e8m0", e8m0, e8m0_reference));
-  EXPECT_TRUE(rocep::testing::same_floats("decode_e2m1", e2m1, e2m1_reference));
-}
-
-// mx_inverse_scale(code) is 1 / 2^(code - 127), exactly, for every code a finite block can get.
-TEST(ElementCodecTest, MxInverseScaleIsTheReciprocalOfEveryScale) {
-  std::vector<float> inverse, expected;
-  for (int code = 0; code <= 254; ++code) {
-    inverse.push_back(device::mx_inverse_scale(static_cast<uint8_t>(code)));
-    expected.push_back(static_cast<float>(1.0 / reference::decode_e8m0(static_cast<uint8_t>(code))));
-  }
-  EXPECT_TRUE(rocep::testing::same_floats("mx_inverse_scale", inverse, expected));
+  EXPECT_TRUE(rocep::testing::same_decoded(decoded, rocep::testing::reference_decoded_codes()));
 }
 
 // Every finite code decodes to a value that encodes back to that code (the reference's table is the
@@ -320,24 +293,9 @@ TEST(ReferenceCodecTest, RejectsUnresolvedEncodingsAndRowsOfPartialBlocks) {
 
 // ---- rows: reference against the device helpers ----------------------------------------------------------
 
-struct FormatCase {
-  TokenFormat format;
-  Fp8Encoding encoding;
-};
-
-const FormatCase kFormatCases[] = {
-    {TokenFormat::kBf16, Fp8Encoding::kE4m3fn},          {TokenFormat::kFp8Block128, Fp8Encoding::kE4m3fn},
-    {TokenFormat::kFp8Block128, Fp8Encoding::kE4m3fnuz}, {TokenFormat::kMxfp8, Fp8Encoding::kE4m3fn},
-    {TokenFormat::kMxfp4, Fp8Encoding::kE4m3fn},         {TokenFormat::kNvfp4, Fp8Encoding::kE4m3fn},
-};
-
-std::string describe(const FormatCase& format_case) {
-  return std::string(rocep::to_string(format_case.format)) + " " + rocep::to_string(format_case.encoding);
-}
-
-QuantizedRows quantize_with_device_helpers(const FormatCase& format_case, const std::vector<float>& values,
-                                           int columns, float global_scale) {
-  const std::size_t rows = values.size() / columns;
+QuantizedRows quantize_with_device_helpers(const FormatCase& format_case, const RowCase& row_case) {
+  const int columns = row_case.columns;
+  const std::size_t rows = row_case.values.size() / columns;
   const std::size_t payload_bytes = rocep::format_payload_bytes(format_case.format, columns);
   const std::size_t scale_bytes = rocep::format_scale_bytes(format_case.format, columns);
   const int blocks = columns / rocep::format_block_elements(format_case.format);
@@ -347,118 +305,43 @@ QuantizedRows quantize_with_device_helpers(const FormatCase& format_case, const 
     for (int block = 0; block < blocks; ++block) {
       rocep::testing::quantize_block_with_device_codecs(
           rocep::testing::device_format(format_case.format), rocep::testing::device_fp8(format_case.encoding),
-          values.data() + row * columns, block, global_scale, quantized.payload.data() + row * payload_bytes,
-          quantized.scales.data() + row * scale_bytes);
+          row_case.values.data() + row * columns, block, row_case.global_scale,
+          quantized.payload.data() + row * payload_bytes, quantized.scales.data() + row * scale_bytes);
     }
   }
   return quantized;
 }
 
-// The global scale a caller would pick: 448 * 6 / amax of the rows.
-float typical_global_scale(const std::vector<float>& values) {
-  float amax = 0.0f;
-  for (float value : values) {
-    amax = std::fmax(amax, std::fabs(value));
-  }
-  return 448.0f * 6.0f / amax;
-}
-
-TEST(BlockCodecTest, QuantizeRowMatchesDeviceHelpersOnRandomRows) {
+TEST(BlockCodecTest, QuantizeRowMatchesDeviceHelpers) {
   const uint64_t seed = rocep::testing::fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
-  constexpr int kRows = 16;
-  constexpr int kColumns = 1024;
-  for (const FormatCase& format_case : kFormatCases) {
-    SCOPED_TRACE(describe(format_case));
-    const int block = rocep::format_block_elements(format_case.format);
-    // Block amaxes from float32 subnormals to near the float32 maximum.
-    const std::vector<float> values = rocep::testing::random_rows(seed, kRows, kColumns, block, -150, 124);
-    for (float global_scale : {typical_global_scale(values), 1.0f}) {
-      EXPECT_TRUE(rocep::testing::same_as_reference(
-          format_case.format, format_case.encoding, values, kColumns, global_scale,
-          quantize_with_device_helpers(format_case, values, kColumns, global_scale)));
+  SCOPED_TRACE(rocep::testing::seed_trace(seed));
+  for (const FormatCase& format_case : rocep::testing::kFormatCases) {
+    for (const RowCase& row_case : rocep::testing::row_cases(format_case, seed)) {
+      EXPECT_TRUE(rocep::testing::same_as_reference(format_case, row_case,
+                                                    quantize_with_device_helpers(format_case, row_case)));
     }
-  }
-}
-
-// Each block's amax runs over every finite non-negative bf16: every power-of-two boundary of the MX rule,
-// the float32 subnormal quotients, every rounding of the fp8 and nvfp4 scales.
-TEST(BlockCodecTest, QuantizeRowMatchesDeviceHelpersOverBf16Amaxes) {
-  for (const FormatCase& format_case : kFormatCases) {
-    if (format_case.format == TokenFormat::kBf16) {
-      continue;
-    }
-    SCOPED_TRACE(describe(format_case));
-    const int block = rocep::format_block_elements(format_case.format);
-    std::vector<float> values;
-    for (uint32_t bits = 0; bits < 0x7f80; ++bits) {
-      const float amax = rocep::bf16_to_float(static_cast<uint16_t>(bits));
-      for (int i = 0; i < block; ++i) {
-        values.push_back(i == 0 ? amax : -amax * static_cast<float>(i) / static_cast<float>(block));
-      }
-    }
-    const int columns = 64 * block;
-    values.resize(values.size() / columns * columns);
-    const std::vector<float> global_scales = format_case.format == TokenFormat::kNvfp4
-                                                 ? std::vector<float>{1.0f, 0.2688f}
-                                                 : std::vector<float>{1.0f};
-    for (float global_scale : global_scales) {
-      EXPECT_TRUE(rocep::testing::same_as_reference(
-          format_case.format, format_case.encoding, values, columns, global_scale,
-          quantize_with_device_helpers(format_case, values, columns, global_scale)));
-    }
-  }
-}
-
-std::vector<float> edge_row(const std::vector<rocep::testing::EdgeBlock>& blocks) {
-  std::vector<float> row;
-  for (const auto& block : blocks) {
-    row.insert(row.end(), block.values.begin(), block.values.end());
-  }
-  return row;
-}
-
-TEST(BlockCodecTest, QuantizeRowMatchesDeviceHelpersOnEdgeBlocks) {
-  for (const FormatCase& format_case : kFormatCases) {
-    SCOPED_TRACE(describe(format_case));
-    const std::vector<float> row =
-        edge_row(rocep::testing::edge_blocks(format_case.format, format_case.encoding));
-    const int columns = static_cast<int>(row.size());
-    const std::vector<float> global_scales = format_case.format == TokenFormat::kNvfp4
-                                                 ? rocep::testing::nvfp4_global_scales()
-                                                 : std::vector<float>{1.0f};
-    for (float global_scale : global_scales) {
-      EXPECT_TRUE(rocep::testing::same_as_reference(
-          format_case.format, format_case.encoding, row, columns, global_scale,
-          quantize_with_device_helpers(format_case, row, columns, global_scale)));
-    }
-  }
-}
-
-TEST(BlockCodecTest, Nvfp4ScaleRoundsAmaxOverSixFirst) {
-  for (const rocep::testing::Nvfp4ScaleTie& tie : rocep::testing::kNvfp4ScaleTies) {
-    SCOPED_TRACE("amax " + rocep::testing::describe(tie.amax) + ", global scale " +
-                 rocep::testing::describe(tie.global_scale));
-    std::vector<float> block(16, 0.0f);
-    block[5] = tie.amax;
-    block[6] = -tie.amax / 3;
-    const FormatCase nvfp4{TokenFormat::kNvfp4, Fp8Encoding::kE4m3fn};
-    const QuantizedRows quantized =
-        rocep::testing::reference_quantize(nvfp4.format, nvfp4.encoding, block, 16, tie.global_scale);
-    EXPECT_EQ(quantized.scales[0], tie.sf);
-    EXPECT_TRUE(
-        rocep::testing::same_as_reference(nvfp4.format, nvfp4.encoding, block, 16, tie.global_scale,
-                                          quantize_with_device_helpers(nvfp4, block, 16, tie.global_scale)));
   }
 }
 
 // ---- rows: the reference pinned to the rules ----------------------------------------------------------
 
+// Where the two roundings of (amax / 6) * global_scale decide an e4m3fn tie.
+TEST(ReferenceCodecTest, Nvfp4ScaleRoundsAmaxOverSixFirst) {
+  for (const rocep::testing::Nvfp4ScaleTie& tie : rocep::testing::kNvfp4ScaleTies) {
+    std::vector<float> block(16, 0.0f);
+    block[0] = tie.amax;
+    const QuantizedRows quantized = rocep::testing::reference_quantize(
+        TokenFormat::kNvfp4, Fp8Encoding::kE4m3fn, block, 16, tie.global_scale);
+    EXPECT_EQ(quantized.scales[0], tie.sf) << "amax " << rocep::testing::describe(tie.amax)
+                                           << ", global scale " << rocep::testing::describe(tie.global_scale);
+  }
+}
+
 // The edge row of a format quantised by the reference, with its blocks found by name.
 struct QuantizedEdgeRow {
   QuantizedEdgeRow(TokenFormat row_format, Fp8Encoding row_encoding, float global_scale)
       : format(row_format), blocks(rocep::testing::edge_blocks(row_format, row_encoding)) {
-    const std::vector<float> row = edge_row(blocks);
+    const std::vector<float> row = rocep::testing::edge_row(row_format, row_encoding);
     quantized = rocep::testing::reference_quantize(row_format, row_encoding, row,
                                                    static_cast<int>(row.size()), global_scale);
   }
@@ -518,11 +401,11 @@ std::vector<uint8_t> repeated(uint8_t first, uint8_t second, int count) {
 
 // Exactly the blocks that hold a NaN or an infinity get a NaN scale: their neighbours stay finite.
 TEST(BlockCodecTest, NanScalesOnExactlyTheNonFiniteBlocks) {
-  for (const FormatCase& format_case : kFormatCases) {
+  for (const FormatCase& format_case : rocep::testing::kFormatCases) {
     if (format_case.format == TokenFormat::kBf16) {
       continue;
     }
-    SCOPED_TRACE(describe(format_case));
+    SCOPED_TRACE(rocep::testing::to_string(format_case));
     const QuantizedEdgeRow row(format_case.format, format_case.encoding, 1.0f);
     for (std::size_t block = 0; block < row.blocks.size(); ++block) {
       const std::vector<float>& values = row.blocks[block].values;
@@ -622,20 +505,20 @@ double block_scale(TokenFormat format, const uint8_t* scales, int block, float g
 // largest element a little past the element max), plus the float32 roundings of x / scale and e * scale.
 TEST(BlockCodecTest, DequantisedRowsAreWithinHalfAStep) {
   const uint64_t seed = rocep::testing::fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  SCOPED_TRACE(rocep::testing::seed_trace(seed));
   constexpr int kRows = 16;
   constexpr int kColumns = 512;
-  for (const FormatCase& format_case : kFormatCases) {
+  for (const FormatCase& format_case : rocep::testing::kFormatCases) {
     if (format_case.format == TokenFormat::kBf16) {
       continue;
     }
-    SCOPED_TRACE(describe(format_case));
+    SCOPED_TRACE(rocep::testing::to_string(format_case));
     const int block = rocep::format_block_elements(format_case.format);
     // nvfp4's one global scale per tensor serves blocks within e4m3fn's range of it.
     const int spread = format_case.format == TokenFormat::kNvfp4 ? 4 : 30;
     const std::vector<float> values =
         rocep::testing::random_rows(seed, kRows, kColumns, block, -spread, spread);
-    const float global_scale = typical_global_scale(values);
+    const float global_scale = rocep::testing::typical_global_scale(values);
     const QuantizedRows quantized = rocep::testing::reference_quantize(
         format_case.format, format_case.encoding, values, kColumns, global_scale);
     const std::vector<float> element_values = rocep::testing::element_values(
@@ -675,18 +558,18 @@ TEST(BlockCodecTest, DequantisedRowsAreWithinHalfAStep) {
 // The scales obey their rules as inequalities, not as the formula the code computes.
 TEST(BlockCodecTest, ScalesObeyTheirRules) {
   const uint64_t seed = rocep::testing::fresh_seed();
-  SCOPED_TRACE(seed_trace(seed));
+  SCOPED_TRACE(rocep::testing::seed_trace(seed));
   constexpr int kRows = 32;
   constexpr int kColumns = 512;
-  for (const FormatCase& format_case : kFormatCases) {
+  for (const FormatCase& format_case : rocep::testing::kFormatCases) {
     if (format_case.format == TokenFormat::kBf16) {
       continue;
     }
-    SCOPED_TRACE(describe(format_case));
+    SCOPED_TRACE(rocep::testing::to_string(format_case));
     const TokenFormat format = format_case.format;
     const int block = rocep::format_block_elements(format);
     const std::vector<float> values = rocep::testing::random_rows(seed, kRows, kColumns, block, -140, 120);
-    const float global_scale = typical_global_scale(values);
+    const float global_scale = rocep::testing::typical_global_scale(values);
     const QuantizedRows quantized =
         rocep::testing::reference_quantize(format, format_case.encoding, values, kColumns, global_scale);
     const std::vector<float> e4m3fn_values = rocep::testing::element_values(Element::kE4m3fn);

@@ -4,14 +4,13 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "gpu_support.hpp"
 #include "hip/bf16.hpp"
-#include "host/bootstrap.hpp"
 #include "host/device.hpp"
 #include "host/device_memory.hpp"
 #include "host/gpu_check.hpp"
@@ -21,7 +20,9 @@
 
 namespace {
 
+using rocep::testing::download;
 using rocep::testing::shared_seed;
+using rocep::testing::upload;
 using rocep::testing::world_rank;
 using rocep::testing::world_size;
 
@@ -78,22 +79,6 @@ Inputs make_inputs(const EpConfig& config, Routing routing, uint64_t seed) {
     }
   }
   return inputs;
-}
-
-template <typename T>
-DeviceBuffer upload(const std::vector<T>& values) {
-  DeviceBuffer buffer(std::max<std::size_t>(values.size(), 1) * sizeof(T));
-  if (!values.empty()) {
-    ROCEP_GPU_CHECK(hipMemcpy(buffer.get(), values.data(), values.size() * sizeof(T), hipMemcpyHostToDevice));
-  }
-  return buffer;
-}
-
-template <typename T>
-std::vector<T> download(const DeviceBuffer& buffer, std::size_t count) {
-  std::vector<T> values(count);
-  ROCEP_GPU_CHECK(hipMemcpy(values.data(), buffer.get(), count * sizeof(T), hipMemcpyDeviceToHost));
-  return values;
 }
 
 DeviceBuffer poisoned(std::size_t bytes) {
@@ -154,17 +139,11 @@ struct Expected {
 class GpuEp : public ::testing::Test {
  protected:
   void SetUp() override {
-    int local_devices = rocep::device_count();
-    int fewest_devices = 0;
-    MPI_Allreduce(&local_devices, &fewest_devices, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (fewest_devices == 0) {
+    if (!rocep::testing::use_rank_gpu()) {
       GTEST_SKIP()
           << "no GPU visible (hipGetDeviceCount/cudaGetDeviceCount returned 0): GPU dispatch/combine "
              "tests not run";
     }
-    rocep::MpiBootstrap world(MPI_COMM_WORLD);
-    const auto node = world.split_node();
-    rocep::set_device(rocep::device_for_local_rank(node->rank(), local_devices, std::getenv("ROCEP_DEVICE")));
   }
 
   // Runs dispatch + combine on the reference and on the GPU and compares everything.

@@ -1,0 +1,135 @@
+// The device codecs (hip/codecs.hpp) compiled for the GPU against the CPU reference (host/codecs.hpp), bit
+// for bit: element encoders over every bf16, random float32 patterns and every rounding boundary; every
+// decoder code; rows quantised by the scale helpers composed as a kernel composes them. The same checks
+// pass on the host (tests/cpu/codec_test.cpp), so a difference here is the device compilation's: a
+// contracted multiply-add, a flushed subnormal, a different division.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "codec_cases.hpp"
+#include "gpu_support.hpp"
+#include "hip/codecs.hpp"
+#include "host/device_memory.hpp"
+#include "host/gpu_check.hpp"
+#include "mpi_support.hpp"
+
+namespace {
+
+using rocep::DeviceBuffer;
+using rocep::testing::Element;
+using rocep::testing::FormatCase;
+using rocep::testing::QuantizedRows;
+using rocep::testing::RowCase;
+
+namespace device = rocep::device;
+
+constexpr int kThreads = 256;
+
+int grid_for(std::size_t items) {
+  return static_cast<int>((items + kThreads - 1) / kThreads);
+}
+
+__global__ void encode_elements(Element element, const float* inputs, int count, uint8_t* codes) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < count) {
+    codes[i] = rocep::testing::device_encode(element, inputs[i]);
+  }
+}
+
+__global__ void decode_every_code(rocep::testing::DecodedCodes* decoded) {
+  rocep::testing::device_decode(threadIdx.x, *decoded);
+}
+
+// One thread per block of every row.
+__global__ void quantize_rows(device::Format format, device::Fp8 encoding, const float* values, int rows,
+                              int columns, float global_scale, uint8_t* payload, int payload_bytes,
+                              uint8_t* scales, int scale_bytes) {
+  const int blocks_per_row = columns / device::block_elements(format);
+  const int block = blockIdx.x * blockDim.x + threadIdx.x;
+  if (block < rows * blocks_per_row) {
+    const int row = block / blocks_per_row;
+    rocep::testing::quantize_block_with_device_codecs(
+        format, encoding, values + static_cast<std::size_t>(row) * columns, block % blocks_per_row,
+        global_scale, payload + static_cast<std::size_t>(row) * payload_bytes,
+        scales + static_cast<std::size_t>(row) * scale_bytes);
+  }
+}
+
+std::vector<uint8_t> encode_on_device(Element element, const std::vector<float>& inputs) {
+  const DeviceBuffer device_inputs = rocep::testing::upload(inputs);
+  DeviceBuffer codes(inputs.size());
+  const int count = static_cast<int>(inputs.size());
+  encode_elements<<<grid_for(inputs.size()), kThreads>>>(element, device_inputs.as<float>(), count,
+                                                         codes.as<uint8_t>());
+  ROCEP_GPU_CHECK(hipGetLastError());
+  return rocep::testing::download<uint8_t>(codes, inputs.size());
+}
+
+QuantizedRows quantize_on_device(const FormatCase& format_case, const RowCase& row_case) {
+  const int columns = row_case.columns;
+  const int rows = static_cast<int>(row_case.values.size() / columns);
+  const int payload_bytes = static_cast<int>(rocep::format_payload_bytes(format_case.format, columns));
+  const int scale_bytes = static_cast<int>(rocep::format_scale_bytes(format_case.format, columns));
+  const int blocks = rows * (columns / rocep::format_block_elements(format_case.format));
+  const DeviceBuffer values = rocep::testing::upload(row_case.values);
+  DeviceBuffer payload(static_cast<std::size_t>(rows) * payload_bytes);
+  DeviceBuffer scales(std::max(static_cast<std::size_t>(rows) * scale_bytes, std::size_t{1}));
+  quantize_rows<<<grid_for(blocks), kThreads>>>(
+      rocep::testing::device_format(format_case.format), rocep::testing::device_fp8(format_case.encoding),
+      values.as<float>(), rows, columns, row_case.global_scale, payload.as<uint8_t>(), payload_bytes,
+      scales.as<uint8_t>(), scale_bytes);
+  ROCEP_GPU_CHECK(hipGetLastError());
+  return {rocep::testing::download<uint8_t>(payload, payload.bytes()),
+          rocep::testing::download<uint8_t>(scales, static_cast<std::size_t>(rows) * scale_bytes)};
+}
+
+class GpuCodecTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!rocep::testing::use_rank_gpu()) {
+      GTEST_SKIP() << "no GPU visible (hipGetDeviceCount/cudaGetDeviceCount returned 0): device codec tests "
+                      "not run";
+    }
+  }
+};
+
+TEST_F(GpuCodecTest, EncodersMatchReference) {
+  const uint64_t seed = rocep::testing::fresh_seed();
+  SCOPED_TRACE(rocep::testing::seed_trace(seed));
+  std::vector<float> inputs = rocep::testing::bf16_inputs();
+  const std::vector<float> random = rocep::testing::random_float_inputs(seed, 1u << 18);
+  inputs.insert(inputs.end(), random.begin(), random.end());
+  for (Element element : rocep::testing::kElements) {
+    std::vector<float> element_inputs = inputs;
+    const std::vector<float> boundaries = rocep::testing::boundary_inputs(element);
+    element_inputs.insert(element_inputs.end(), boundaries.begin(), boundaries.end());
+    EXPECT_TRUE(rocep::testing::same_codes_as_reference(element, element_inputs,
+                                                        encode_on_device(element, element_inputs)));
+  }
+}
+
+TEST_F(GpuCodecTest, DecodersMatchReference) {
+  DeviceBuffer decoded(sizeof(rocep::testing::DecodedCodes));
+  decode_every_code<<<1, 256>>>(decoded.as<rocep::testing::DecodedCodes>());
+  ROCEP_GPU_CHECK(hipGetLastError());
+  EXPECT_TRUE(
+      rocep::testing::same_decoded(rocep::testing::download<rocep::testing::DecodedCodes>(decoded, 1)[0],
+                                   rocep::testing::reference_decoded_codes()));
+}
+
+TEST_F(GpuCodecTest, QuantizedRowsMatchReference) {
+  const uint64_t seed = rocep::testing::fresh_seed();
+  SCOPED_TRACE(rocep::testing::seed_trace(seed));
+  for (const FormatCase& format_case : rocep::testing::kFormatCases) {
+    for (const RowCase& row_case : rocep::testing::row_cases(format_case, seed)) {
+      EXPECT_TRUE(rocep::testing::same_as_reference(format_case, row_case,
+                                                    quantize_on_device(format_case, row_case)));
+    }
+  }
+}
+
+}  // namespace

@@ -1,0 +1,50 @@
+// Helpers shared by the GPU tests: picking each rank's GPU, and copies between host vectors and device
+// buffers.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
+#include "host/bootstrap.hpp"
+#include "host/device.hpp"
+#include "host/device_memory.hpp"
+#include "host/gpu_check.hpp"
+
+namespace rocep::testing {
+
+// Collective, the same answer on every rank: false when some rank sees no GPU (every rank then skips);
+// otherwise makes this rank's GPU current (its rank on the node, or ROCEP_DEVICE) and returns true.
+inline bool use_rank_gpu() {
+  const int local_devices = device_count();
+  int fewest_devices = 0;
+  MPI_Allreduce(&local_devices, &fewest_devices, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (fewest_devices == 0) {
+    return false;
+  }
+  MpiBootstrap world(MPI_COMM_WORLD);
+  const auto node = world.split_node();
+  set_device(device_for_local_rank(node->rank(), local_devices, std::getenv("ROCEP_DEVICE")));
+  return true;
+}
+
+// A device copy of `values`, one element at least so the pointer is never null.
+template <typename T>
+DeviceBuffer upload(const std::vector<T>& values) {
+  DeviceBuffer buffer(std::max<std::size_t>(values.size(), 1) * sizeof(T));
+  if (!values.empty()) {
+    ROCEP_GPU_CHECK(hipMemcpy(buffer.get(), values.data(), values.size() * sizeof(T), hipMemcpyHostToDevice));
+  }
+  return buffer;
+}
+
+template <typename T>
+std::vector<T> download(const DeviceBuffer& buffer, std::size_t count) {
+  std::vector<T> values(count);
+  ROCEP_GPU_CHECK(hipMemcpy(values.data(), buffer.get(), count * sizeof(T), hipMemcpyDeviceToHost));
+  return values;
+}
+
+}  // namespace rocep::testing
