@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job: builds rocep and runs the dispatch/combine benchmark with one MPI rank per GPU. Without a
-# GPU (or with fewer than 2) it runs 2 ranks on the CPU reference backend and says so.
+# GPU (or with fewer than 2) it runs 2 ranks on the CPU reference backend and says so. With a GPU it then
+# runs the fused SiLU benchmark (rocep_silu_bench) on one GPU.
 #   bench/run.sh [rocep_bench flags, e.g. --tokens=128,4096 --iterations=50]
 #   ROCEP_BUILD_DIR, ROCEP_CMAKE_ARGS as for tests/run.sh; ROCEP_RANKS overrides the rank count.
 set -euo pipefail
@@ -23,3 +24,12 @@ if [ "$gpus" -eq 0 ]; then
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpirun --oversubscribe --bind-to none -np "$ranks" "$build/bench/rocep_bench" --benchmark_color=false "$@"
+
+# The fused SiLU kernels: one GPU, one process (flags: ROCEP_SILU_BENCH_ARGS, e.g. "--rows=32768 --n=2048").
+if [ "$gpus" -gt 0 ]; then
+  cmake --build "$build" -j "$(nproc)" --target rocep_silu_bench
+  # shellcheck disable=SC2086 # ROCEP_SILU_BENCH_ARGS holds several arguments
+  "$build/bench/rocep_silu_bench" ${ROCEP_SILU_BENCH_ARGS:-}
+else
+  echo "bench/run.sh: rocep_silu_bench skipped: it times the GPU kernels only, and no GPU was found"
+fi

@@ -1,0 +1,244 @@
+// Fused SiLU + quantisation benchmark, one process on one GPU. For every output format and both gate/up
+// layouts: a bit-for-bit check of the GPU against the CPU reference on a smaller call, then the median
+// device time of --iterations calls on rows x [2n] bf16 (events between consecutive calls, after a
+// warm-up), the bytes each call reads and writes, and their rate as a fraction of the HBM copy peak
+// measured in the same run (a device-to-device copy, its bytes counted as read + written).
+//
+//   rocep_silu_bench [--rows=32768] [--n=2048] [--iterations=50] [--check_rows=2048]
+//
+// Exit status 1 when a check fails (the kernels and the reference disagree); the table marks each case
+// against the 85% target.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "hip/platform.hpp"
+#include "host/device.hpp"
+#include "host/device_memory.hpp"
+#include "host/gpu_check.hpp"
+#include "rocep/errors.hpp"
+#include "rocep/silu.hpp"
+#include "tests/silu_cases.hpp"
+
+namespace {
+
+using rocep::DeviceBuffer;
+using rocep::Event;
+using rocep::Fp8Encoding;
+using rocep::SiluArgs;
+using rocep::TokenFormat;
+
+constexpr double kTargetFraction = 0.85;
+constexpr int kWarmUpCalls = 5;
+constexpr int kGroups = 8;  // the rows are split evenly over this many groups (experts)
+
+struct Options {
+  int rows = 32768;
+  int n = 2048;
+  int iterations = 50;
+  int check_rows = 2048;
+};
+
+int parse_flag(const char* argument, const char* name, int value) {
+  const std::string prefix = std::string("--") + name + "=";
+  if (std::strncmp(argument, prefix.c_str(), prefix.size()) != 0) {
+    return value;
+  }
+  char* end = nullptr;
+  const long parsed = std::strtol(argument + prefix.size(), &end, 10);
+  if (*end != '\0' || parsed < 1 || parsed > (1L << 30)) {
+    throw rocep::ConfigError(std::string(argument) + " is invalid: expected a positive integer");
+  }
+  return static_cast<int>(parsed);
+}
+
+Options parse_options(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const Options before = options;
+    options.rows = parse_flag(argv[i], "rows", options.rows);
+    options.n = parse_flag(argv[i], "n", options.n);
+    options.iterations = parse_flag(argv[i], "iterations", options.iterations);
+    options.check_rows = parse_flag(argv[i], "check_rows", options.check_rows);
+    if (std::memcmp(&before, &options, sizeof options) == 0) {
+      throw rocep::ConfigError(std::string("unknown argument ") + argv[i] +
+                               " (flags: --rows, --n, --iterations, --check_rows)");
+    }
+  }
+  return options;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+template <typename T>
+DeviceBuffer upload(const std::vector<T>& values) {
+  DeviceBuffer buffer(std::max<std::size_t>(values.size(), 1) * sizeof(T));
+  ROCEP_GPU_CHECK(hipMemcpy(buffer.get(), values.data(), values.size() * sizeof(T), hipMemcpyHostToDevice));
+  return buffer;
+}
+
+// Median seconds of `call` over `iterations` calls queued back to back on `stream`, an event between
+// consecutive calls, after kWarmUpCalls untimed ones.
+template <typename Call>
+double median_seconds(hipStream_t stream, int iterations, Call call) {
+  for (int i = 0; i < kWarmUpCalls; ++i) {
+    call();
+  }
+  std::vector<Event> events(iterations + 1);
+  events[0].record(stream);
+  for (int i = 0; i < iterations; ++i) {
+    call();
+    events[i + 1].record(stream);
+  }
+  events.back().synchronize();
+  std::vector<double> seconds(iterations);
+  for (int i = 0; i < iterations; ++i) {
+    seconds[i] = events[i + 1].elapsed_ms_since(events[i]) * 1e-3;
+  }
+  return median(seconds);
+}
+
+// The HBM peak as this device reaches it: a device-to-device copy of 1 GiB, read + written bytes.
+double copy_peak_bytes_per_second(hipStream_t stream, int iterations) {
+  const std::size_t bytes = std::size_t{1} << 30;
+  const DeviceBuffer source(bytes);
+  const DeviceBuffer target(bytes);
+  ROCEP_GPU_CHECK(hipMemset(source.get(), 1, bytes));
+  const double seconds = median_seconds(stream, iterations, [&] {
+    ROCEP_GPU_CHECK(hipMemcpyAsync(target.get(), source.get(), bytes, hipMemcpyDeviceToDevice, stream));
+  });
+  return 2.0 * static_cast<double>(bytes) / seconds;
+}
+
+// One case: `rows` rows split evenly over kGroups groups, capacity = rows.
+rocep::testing::SiluCase make_case(std::mt19937_64& random, rocep::testing::SiluFormat format,
+                                   bool interleaved, int rows, int n) {
+  rocep::testing::SiluCase test;
+  test.shape.format = format.format;
+  test.shape.fp8_encoding = rocep::resolve_fp8_encoding(format.encoding, rocep::current_device());
+  test.shape.interleaved = interleaved;
+  test.shape.n = n;
+  test.shape.num_groups = kGroups;
+  test.shape.capacity_rows = static_cast<std::size_t>(rows);
+  for (int group = 0; group <= kGroups; ++group) {
+    test.row_offsets.push_back(static_cast<uint32_t>(static_cast<int64_t>(rows) * group / kGroups));
+  }
+  test.global_scales.assign(kGroups, 448.0f * 6.0f / 64.0f);  // |silu(g) * u| <= 64 for inputs in [-8, 8]
+  test.gate_up = rocep::testing::random_gate_up(random, test.shape.capacity_rows, n, /*unusual_rows=*/false);
+  return test;
+}
+
+// The device side of one case, outputs poisoned.
+struct DeviceCase {
+  explicit DeviceCase(const rocep::testing::SiluCase& test)
+      : gate_up(upload(test.gate_up)),
+        row_offsets(upload(test.row_offsets)),
+        global_scales(upload(test.global_scales)),
+        out(test.out_bytes()),
+        scales(test.scale_bytes()),
+        args(rocep::testing::silu_args(test, gate_up.get(), out.get(), scales.get(),
+                                       row_offsets.as<uint32_t>(), global_scales.as<float>())) {
+    ROCEP_GPU_CHECK(hipMemset(out.get(), rocep::testing::kSiluPoison, out.bytes()));
+    ROCEP_GPU_CHECK(hipMemset(scales.get(), rocep::testing::kSiluPoison, scales.bytes()));
+  }
+  DeviceBuffer gate_up, row_offsets, global_scales, out, scales;
+  SiluArgs args;
+};
+
+// "identical", or where the GPU and the reference first differ.
+std::string check_against_reference(const rocep::testing::SiluCase& test, hipStream_t stream) {
+  const DeviceCase device(test);
+  rocep::silu_and_quantize(device.args, stream);
+  ROCEP_GPU_CHECK(hipStreamSynchronize(stream));
+  const rocep::testing::SiluOutputs expected = rocep::testing::run_reference(test);
+  for (const auto& [buffer, reference, name] :
+       {std::make_tuple(&device.out, &expected.out, "out"),
+        std::make_tuple(&device.scales, &expected.scales, "scales")}) {
+    std::vector<uint8_t> gpu(buffer->bytes());
+    ROCEP_GPU_CHECK(hipMemcpy(gpu.data(), buffer->get(), gpu.size(), hipMemcpyDeviceToHost));
+    const auto mismatch = std::mismatch(gpu.begin(), gpu.end(), reference->begin());
+    if (mismatch.first != gpu.end()) {
+      return std::string("MISMATCH ") + name + " byte " + std::to_string(mismatch.first - gpu.begin());
+    }
+  }
+  return "identical";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options options = parse_options(argc, argv);
+    if (rocep::device_count() == 0) {
+      std::printf("rocep_silu_bench: no GPU visible: nothing to time\n");
+      return 0;
+    }
+    const int device = rocep::current_device();
+    hipDeviceProp_t properties;
+    ROCEP_GPU_CHECK(hipGetDeviceProperties(&properties, device));
+    const rocep::Stream stream;
+    const double peak = copy_peak_bytes_per_second(stream.get(), options.iterations);
+    std::printf(
+        "rocep_silu_bench: %s (%d multiprocessors), rows %d, n %d, median of %d calls after %d warm-up\n",
+        properties.name, properties.multiProcessorCount, options.rows, options.n, options.iterations,
+        kWarmUpCalls);
+    std::printf(
+        "HBM copy peak in this run: %.1f GB/s (device-to-device copy of 1 GiB, read + written bytes)\n",
+        peak / 1e9);
+    std::printf("check: GPU against the CPU reference, bit for bit, on %d rows of the same n\n\n",
+                std::min(options.check_rows, options.rows));
+    std::printf("%-14s %-12s %-10s %10s %10s %12s %10s %8s  %s\n", "format", "encoding", "layout",
+                "time [us]", "read [MB]", "written [MB]", "GB/s", "of peak", "check");
+
+    std::mt19937_64 random(2024);
+    bool all_identical = true;
+    bool all_on_target = true;
+    for (const auto format : rocep::testing::kSiluFormats) {
+      if (format.format == TokenFormat::kFp8Block128 && format.encoding == Fp8Encoding::kE4m3fnuz) {
+        continue;  // fp8 runs once, in the device's own encoding (kAuto)
+      }
+      const rocep::testing::SiluFormat tested{
+          format.format, format.format == TokenFormat::kFp8Block128 ? Fp8Encoding::kAuto : format.encoding};
+      for (const bool interleaved : {false, true}) {
+        const std::string check = check_against_reference(
+            make_case(random, tested, interleaved, std::min(options.check_rows, options.rows), options.n),
+            stream.get());
+        all_identical = all_identical && check == "identical";
+
+        const rocep::testing::SiluCase test = make_case(random, tested, interleaved, options.rows, options.n);
+        const DeviceCase device_case(test);
+        const double seconds = median_seconds(stream.get(), options.iterations, [&] {
+          rocep::silu_and_quantize(device_case.args, stream.get());
+        });
+        const double read = static_cast<double>(test.gate_up.size() * sizeof(uint16_t));
+        const double written = static_cast<double>(
+            test.out_bytes() +
+            rocep::format_scale_tensor_bytes(test.shape.format, test.shape.capacity_rows, test.shape.n));
+        const double rate = (read + written) / seconds;
+        const bool on_target = rate >= kTargetFraction * peak;
+        all_on_target = all_on_target && on_target;
+        std::printf(
+            "%-14s %-12s %-10s %10.1f %10.1f %12.1f %10.1f %7.1f%%  %s%s\n",
+            rocep::to_string(test.shape.format),
+            test.shape.format == TokenFormat::kFp8Block128 ? rocep::to_string(test.shape.fp8_encoding) : "-",
+            interleaved ? "interleaved" : "plain", seconds * 1e6, read / 1e6, written / 1e6, rate / 1e9,
+            100.0 * rate / peak, check.c_str(), on_target ? "" : "  BELOW 85% TARGET");
+      }
+    }
+    std::printf(
+        "\nchecks: %s; bandwidth: %s\n", all_identical ? "all identical" : "SOME MISMATCH",
+        all_on_target ? "every case at >= 85% of the copy peak" : "SOME CASES BELOW 85% of the copy peak");
+    return all_identical ? 0 : 1;
+  } catch (const rocep::Error& error) {
+    std::fprintf(stderr, "rocep_silu_bench: %s\n", error.what());
+    return 1;
+  }
+}

@@ -1,0 +1,275 @@
+// Fused SiLU + quantisation: out = encode(silu(gate) * up) for the rows [0, min(row_offsets[num_groups],
+// capacity_rows)), the row count read on the device. One kernel per output format:
+//
+//   rocep_silu_bf16    bf16 rows
+//   rocep_silu_fp8     fp8 block-128 (e4m3fn or e4m3fnuz) + float32 scales, transposed [n/128][capacity_rows]
+//   rocep_silu_mxfp8   e4m3fn + e8m0 scales [rows][n/32]
+//   rocep_silu_mxfp4   e2m1 + e8m0 scales [rows][n/32]
+//   rocep_silu_nvfp4   e2m1 + e4m3fn scales in 128x4 tiles, global scale of the row's group
+//
+// Work: an item is 8 consecutive output columns of one row; items are numbered row-major and a persistent
+// grid strides over them, so the lanes of a wave hold consecutive items and a scale block (128, 32 or 16
+// columns = 16, 4 or 2 items) sits in aligned lanes of one wave: its amax is a few xor-shuffles, no shared
+// memory. Each thread loads kItemsInFlight items (16-byte loads of gate and up) before computing any.
+// The float math is hip/silu_math.hpp, the encoding hip/quantize.hpp (as dispatch), the scale placement
+// hip/scale_layout.hpp: the CPU reference (host/silu.cpp) uses the same three, so results match bit for bit.
+#include "bf16.hpp"
+#include "ep_kernels.hpp"
+#include "quantize.hpp"
+#include "scale_layout.hpp"
+#include "silu_kernels.hpp"
+#include "silu_math.hpp"
+#include "vector_copy.hpp"
+
+using namespace rocep::device;
+
+namespace {
+
+constexpr int kItemElements = kElementsPerThread;
+// Items whose loads a thread issues before it computes: 2 x 2 x 16 bytes per thread in flight.
+constexpr int kItemsInFlight = 2;
+
+// The raw loads of one item: 16 bf16. Plain: gate[0..8) then up[0..8); interleaved: g0 u0 g1 u1 ... g7 u7.
+struct GateUp {
+  Vector16 first;
+  Vector16 second;
+};
+
+// The items of one thread, in order: thread t of the grid takes items t, t + grid_threads, ... of the
+// row-major [rows][n / 8] numbering; rows only grow, so the nvfp4 group lookup can walk forward.
+struct ItemCursor {
+  uint32_t row;
+  uint32_t chunk;  // columns [8 * chunk, 8 * chunk + 8)
+  uint32_t chunks_per_row;
+  uint32_t step_rows;
+  uint32_t step_chunks;
+
+  __device__ ItemCursor(uint32_t thread, uint32_t grid_threads, uint32_t chunks)
+      : row(thread / chunks),
+        chunk(thread % chunks),
+        chunks_per_row(chunks),
+        step_rows(grid_threads / chunks),
+        step_chunks(grid_threads % chunks) {}
+  __device__ void advance() {
+    chunk += step_chunks;
+    row += step_rows;
+    if (chunk >= chunks_per_row) {
+      chunk -= chunks_per_row;
+      ++row;
+    }
+  }
+};
+
+// The group (expert) of a row, for rows visited in increasing order: the first g with
+// row < row_offsets[g + 1], never past the last group, so a malformed row_offsets is read in bounds only.
+// Walking forward costs one compare per item and at most num_groups loads per thread over the whole call.
+struct GroupCursor {
+  const uint32_t* row_offsets;
+  int32_t last_group;
+  int32_t group;
+  uint32_t group_end;  // row_offsets[group + 1]
+
+  __device__ GroupCursor(const uint32_t* offsets, int32_t num_groups)
+      : row_offsets(offsets), last_group(num_groups - 1), group(0), group_end(offsets[1]) {}
+  __device__ int32_t group_of(uint32_t row) {
+    while (group < last_group && row >= group_end) {
+      ++group;
+      group_end = row_offsets[group + 1];
+    }
+    return group;
+  }
+};
+
+template <bool kInterleaved>
+__device__ inline GateUp load_gate_up(const uint16_t* gate_up_row, uint32_t chunk, int n) {
+  const uint16_t* first = gate_up_row + (kInterleaved ? 2 * kItemElements * chunk : kItemElements * chunk);
+  const uint16_t* second = kInterleaved ? first + kItemElements : first + n;
+  return {*reinterpret_cast<const Vector16*>(first), *reinterpret_cast<const Vector16*>(second)};
+}
+
+// 32-bit word w (0..3) of a vector. The loads are taken apart with word selects and shifts, not through a
+// uint16_t pointer into the vector: hipcc kept such arrays in scratch memory (80-96 bytes per lane).
+__device__ inline uint32_t vector_word(const Vector16& vector, int w) {
+  return w == 0 ? vector.x : (w == 1 ? vector.y : (w == 2 ? vector.z : vector.w));
+}
+
+// bf16 element i (0..7) of a vector, as float32 (element 2w in the low half of word w).
+__device__ inline float bf16_element(const Vector16& vector, int i) {
+  const uint32_t word = vector_word(vector, i / 2);
+  return bits_float(i % 2 == 0 ? word << 16 : word & 0xffff0000u);
+}
+
+template <bool kInterleaved, bool kClamp>
+__device__ inline void silu_values(const GateUp& loaded, float clamp_limit, float (&values)[kItemElements]) {
+#pragma unroll
+  for (int i = 0; i < kItemElements; ++i) {
+    // Interleaved: (g_i, u_i) is word i % 4 of the first or second vector.
+    float g = kInterleaved ? bf16_element(i < 4 ? loaded.first : loaded.second, 2 * (i % 4))
+                           : bf16_element(loaded.first, i);
+    float u = kInterleaved ? bf16_element(i < 4 ? loaded.first : loaded.second, 2 * (i % 4) + 1)
+                           : bf16_element(loaded.second, i);
+    if (kClamp) {
+      g = clamp_gate(g, clamp_limit);
+      u = clamp_up(u, clamp_limit);
+    }
+    values[i] = silu_product(g, u);
+  }
+}
+
+// Encodes one item of `values` and stores it (and its block's scale, from the block's first lane) when
+// `active`; every lane of the wave calls it.
+template <Format kFormat, Fp8 kFp8>
+__device__ inline void store_item(const SiluParams& params, const float (&values)[kItemElements], bool active,
+                                  uint32_t row, uint32_t chunk, float global_scale) {
+  const std::size_t first_element = static_cast<std::size_t>(row) * params.n + kItemElements * chunk;
+  if constexpr (kFormat == Format::kBf16) {
+    uint32_t words[kItemElements / 2];
+#pragma unroll
+    for (int w = 0; w < kItemElements / 2; ++w) {
+      words[w] = rocep::float_to_bf16(canonical_nan(values[2 * w])) |
+                 (static_cast<uint32_t>(rocep::float_to_bf16(canonical_nan(values[2 * w + 1]))) << 16);
+    }
+    const Vector16 packed{words[0], words[1], words[2], words[3]};
+    if (active) {
+      *reinterpret_cast<Vector16*>(params.out + 2 * first_element) = packed;
+    }
+  } else {
+    constexpr int kLanes = block_elements(kFormat) / kItemElements;
+    const QuantizedEight quantized = quantize_eight<kFormat>(values, kFp8, global_scale);
+    if (!active) {
+      return;
+    }
+    if constexpr (eight_payload_bytes(kFormat) == 4) {
+      *reinterpret_cast<uint32_t*>(params.out + first_element / 2) = quantized.codes[0];
+    } else {
+      *reinterpret_cast<uint2*>(params.out + first_element) = uint2{quantized.codes[0], quantized.codes[1]};
+    }
+    if (chunk % kLanes == 0) {
+      uint8_t* scale_slot = params.out_scales + scale_offset(kFormat, row, static_cast<int>(chunk / kLanes),
+                                                             params.capacity_rows, params.n);
+      if constexpr (kFormat == Format::kFp8Block128) {
+        *reinterpret_cast<uint32_t*>(scale_slot) = quantized.scale;
+      } else {
+        *scale_slot = static_cast<uint8_t>(quantized.scale);
+      }
+    }
+  }
+}
+
+template <Format kFormat, Fp8 kFp8, bool kInterleaved, bool kClamp>
+__device__ void silu_rows(const SiluParams& params) {
+  const std::size_t row_count = params.row_offsets[params.num_groups];
+  const auto rows =
+      static_cast<uint32_t>(row_count < params.capacity_rows ? row_count : params.capacity_rows);
+  const uint32_t chunks_per_row = static_cast<uint32_t>(params.n) / kItemElements;
+  const uint32_t grid_threads = gridDim.x * blockDim.x;
+  // The same trip count in every thread, so every lane of a wave reaches every shuffle.
+  const uint64_t items = static_cast<uint64_t>(rows) * chunks_per_row;
+  const uint64_t items_per_iteration = static_cast<uint64_t>(grid_threads) * kItemsInFlight;
+  const uint64_t iterations = (items + items_per_iteration - 1) / items_per_iteration;
+  ItemCursor cursor(blockIdx.x * blockDim.x + threadIdx.x, grid_threads, chunks_per_row);
+  GroupCursor groups(params.row_offsets, params.num_groups);
+
+  for (uint64_t iteration = 0; iteration < iterations; ++iteration) {
+    GateUp loaded[kItemsInFlight];
+    uint32_t row[kItemsInFlight];
+    uint32_t chunk[kItemsInFlight];
+#pragma unroll
+    for (int k = 0; k < kItemsInFlight; ++k) {
+      row[k] = cursor.row;
+      chunk[k] = cursor.chunk;
+      loaded[k] = {};
+      if (cursor.row < rows) {
+        const uint16_t* gate_up_row = params.gate_up + static_cast<std::size_t>(cursor.row) * 2 * params.n;
+        loaded[k] = load_gate_up<kInterleaved>(gate_up_row, cursor.chunk, params.n);
+      }
+      cursor.advance();
+    }
+#pragma unroll
+    for (int k = 0; k < kItemsInFlight; ++k) {
+      const bool active = row[k] < rows;
+      float values[kItemElements];
+      silu_values<kInterleaved, kClamp>(loaded[k], params.clamp_limit, values);
+      float global_scale = 0.0f;
+      if constexpr (kFormat == Format::kNvfp4) {
+        if (active) {
+          global_scale = params.global_scales[groups.group_of(row[k])];
+        }
+      }
+      store_item<kFormat, kFp8>(params, values, active, row[k], chunk[k], global_scale);
+    }
+  }
+}
+
+// The four layout / clamp variants of one format, picked once per launch.
+template <Format kFormat, Fp8 kFp8>
+__device__ void silu_variants(const SiluParams& params) {
+  const bool clamp = params.clamp_limit > 0.0f;
+  if (params.interleaved) {
+    clamp ? silu_rows<kFormat, kFp8, true, true>(params) : silu_rows<kFormat, kFp8, true, false>(params);
+  } else {
+    clamp ? silu_rows<kFormat, kFp8, false, true>(params) : silu_rows<kFormat, kFp8, false, false>(params);
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads) rocep_silu_bf16(SiluParams params) {
+  silu_variants<Format::kBf16, Fp8::kE4m3fn>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads) rocep_silu_fp8(SiluParams params) {
+  if (params.fp8 == Fp8::kE4m3fnuz) {
+    silu_variants<Format::kFp8Block128, Fp8::kE4m3fnuz>(params);
+  } else {
+    silu_variants<Format::kFp8Block128, Fp8::kE4m3fn>(params);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads) rocep_silu_mxfp8(SiluParams params) {
+  silu_variants<Format::kMxfp8, Fp8::kE4m3fn>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads) rocep_silu_mxfp4(SiluParams params) {
+  silu_variants<Format::kMxfp4, Fp8::kE4m3fn>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads) rocep_silu_nvfp4(SiluParams params) {
+  silu_variants<Format::kNvfp4, Fp8::kE4m3fn>(params);
+}
+
+namespace rocep::device {
+
+hipError_t load_silu_kernels(int* resident_blocks) {
+  return load_kernels(
+      {reinterpret_cast<const void*>(&rocep_silu_bf16), reinterpret_cast<const void*>(&rocep_silu_fp8),
+       reinterpret_cast<const void*>(&rocep_silu_mxfp8), reinterpret_cast<const void*>(&rocep_silu_mxfp4),
+       reinterpret_cast<const void*>(&rocep_silu_nvfp4)},
+      resident_blocks);
+}
+
+void launch_silu(const SiluParams& params, int max_blocks, hipStream_t stream) {
+  const uint64_t items = static_cast<uint64_t>(params.capacity_rows) * (params.n / kItemElements);
+  const uint64_t items_per_block = static_cast<uint64_t>(kBlockThreads) * kItemsInFlight;
+  const int blocks = static_cast<int>(
+      std::max<uint64_t>(1, std::min<uint64_t>(max_blocks, (items + items_per_block - 1) / items_per_block)));
+  switch (params.format) {
+    case Format::kBf16:
+      rocep_silu_bf16<<<blocks, kBlockThreads, 0, stream>>>(params);
+      break;
+    case Format::kFp8Block128:
+      rocep_silu_fp8<<<blocks, kBlockThreads, 0, stream>>>(params);
+      break;
+    case Format::kMxfp8:
+      rocep_silu_mxfp8<<<blocks, kBlockThreads, 0, stream>>>(params);
+      break;
+    case Format::kMxfp4:
+      rocep_silu_mxfp4<<<blocks, kBlockThreads, 0, stream>>>(params);
+      break;
+    case Format::kNvfp4:
+      rocep_silu_nvfp4<<<blocks, kBlockThreads, 0, stream>>>(params);
+      break;
+  }
+}
+
+}  // namespace rocep::device
