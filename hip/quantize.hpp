@@ -61,10 +61,21 @@ __device__ inline QuantizedEight quantize_eight(const float (&values)[kElementsP
       encoding = Fp8::kE4m3fn;
     }
     if (finite) {
+      float scaled[kElementsPerThread];
 #pragma unroll
       for (int i = 0; i < kElementsPerThread; ++i) {
-        const float scaled = format == Format::kFp8Block128 ? values[i] / divisor : values[i] * multiplier;
-        out.codes[i / 4] |= static_cast<uint32_t>(encode_fp8(scaled, encoding)) << (8 * (i % 4));
+        scaled[i] = format == Format::kFp8Block128 ? values[i] / divisor : values[i] * multiplier;
+      }
+      if (encoding == Fp8::kE4m3fn) {
+#pragma unroll
+        for (int i = 0; i < kElementsPerThread; i += 2) {
+          out.codes[i / 4] |= encode_e4m3fn_pair(scaled[i], scaled[i + 1]) << (8 * (i % 4));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kElementsPerThread; ++i) {
+          out.codes[i / 4] |= static_cast<uint32_t>(encode_e4m3fnuz(scaled[i])) << (8 * (i % 4));
+        }
       }
     }
     return out;
