@@ -23,6 +23,7 @@
 #include "host/gpu_check.hpp"
 #include "rocep/errors.hpp"
 #include "rocep/silu.hpp"
+#include "tests/gpu/gpu_support.hpp"
 #include "tests/silu_cases.hpp"
 
 namespace {
@@ -76,13 +77,6 @@ Options parse_options(int argc, char** argv) {
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
-}
-
-template <typename T>
-DeviceBuffer upload(const std::vector<T>& values) {
-  DeviceBuffer buffer(std::max<std::size_t>(values.size(), 1) * sizeof(T));
-  ROCEP_GPU_CHECK(hipMemcpy(buffer.get(), values.data(), values.size() * sizeof(T), hipMemcpyHostToDevice));
-  return buffer;
 }
 
 // Median seconds of `call` over `iterations` calls queued back to back on `stream`, an event between
@@ -139,9 +133,9 @@ rocep::testing::SiluCase make_case(std::mt19937_64& random, rocep::testing::Silu
 // The device side of one case, outputs poisoned.
 struct DeviceCase {
   explicit DeviceCase(const rocep::testing::SiluCase& test)
-      : gate_up(upload(test.gate_up)),
-        row_offsets(upload(test.row_offsets)),
-        global_scales(upload(test.global_scales)),
+      : gate_up(rocep::testing::upload(test.gate_up)),
+        row_offsets(rocep::testing::upload(test.row_offsets)),
+        global_scales(rocep::testing::upload(test.global_scales)),
         out(test.out_bytes()),
         scales(test.scale_bytes()),
         args(rocep::testing::silu_args(test, gate_up.get(), out.get(), scales.get(),
@@ -162,8 +156,7 @@ std::string check_against_reference(const rocep::testing::SiluCase& test, hipStr
   for (const auto& [buffer, reference, name] :
        {std::make_tuple(&device.out, &expected.out, "out"),
         std::make_tuple(&device.scales, &expected.scales, "scales")}) {
-    std::vector<uint8_t> gpu(buffer->bytes());
-    ROCEP_GPU_CHECK(hipMemcpy(gpu.data(), buffer->get(), gpu.size(), hipMemcpyDeviceToHost));
+    const std::vector<uint8_t> gpu = rocep::testing::download<uint8_t>(*buffer, buffer->bytes());
     const auto mismatch = std::mismatch(gpu.begin(), gpu.end(), reference->begin());
     if (mismatch.first != gpu.end()) {
       return std::string("MISMATCH ") + name + " byte " + std::to_string(mismatch.first - gpu.begin());

@@ -5,13 +5,12 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "gpu_support.hpp"
 #include "hip/platform.hpp"
-#include "host/bootstrap.hpp"
 #include "host/device.hpp"
 #include "host/device_memory.hpp"
 #include "host/gpu_check.hpp"
@@ -33,21 +32,7 @@ using rocep::testing::run_reference;
 using rocep::testing::SiluCase;
 using rocep::testing::SiluOutputs;
 using rocep::testing::unwritten_bytes_problem;
-
-template <typename T>
-DeviceBuffer upload(const std::vector<T>& values) {
-  DeviceBuffer buffer(std::max<std::size_t>(values.size(), 1) * sizeof(T));
-  if (!values.empty()) {
-    ROCEP_GPU_CHECK(hipMemcpy(buffer.get(), values.data(), values.size() * sizeof(T), hipMemcpyHostToDevice));
-  }
-  return buffer;
-}
-
-std::vector<uint8_t> download(const DeviceBuffer& buffer) {
-  std::vector<uint8_t> bytes(buffer.bytes());
-  ROCEP_GPU_CHECK(hipMemcpy(bytes.data(), buffer.get(), bytes.size(), hipMemcpyDeviceToHost));
-  return bytes;
-}
+using rocep::testing::upload;
 
 // The device buffers of one case: inputs uploaded, outputs poisoned (kGuardBytes past the end included).
 struct DeviceCase {
@@ -65,8 +50,8 @@ struct DeviceCase {
   }
   SiluOutputs results(const SiluCase& test) const {
     SiluOutputs outputs(test);
-    outputs.out = download(out);
-    outputs.scales = download(scales);
+    outputs.out = rocep::testing::download<uint8_t>(out, out.bytes());
+    outputs.scales = rocep::testing::download<uint8_t>(scales, scales.bytes());
     return outputs;
   }
   DeviceBuffer gate_up, row_offsets, global_scales, out, scales;
@@ -89,16 +74,10 @@ std::string first_difference(const std::vector<uint8_t>& gpu, const std::vector<
 class GpuSilu : public ::testing::Test {
  protected:
   void SetUp() override {
-    const int devices = rocep::device_count();
-    int fewest_devices = 0;
-    MPI_Allreduce(&devices, &fewest_devices, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (fewest_devices == 0) {
+    if (!rocep::testing::use_rank_gpu()) {
       GTEST_SKIP() << "no GPU visible (hipGetDeviceCount/cudaGetDeviceCount returned 0): GPU SiLU tests not "
                       "run";
     }
-    rocep::MpiBootstrap world(MPI_COMM_WORLD);
-    const auto node = world.split_node();
-    rocep::set_device(rocep::device_for_local_rank(node->rank(), devices, std::getenv("ROCEP_DEVICE")));
     seed_ = rocep::testing::shared_seed() + 0x9e3779b97f4a7c15ull * (rocep::testing::world_rank() + 1);
     random_.seed(seed_);
   }
