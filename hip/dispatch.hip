@@ -3,10 +3,11 @@
 //
 //   rocep_dispatch_send  sending half: validate ids, store ids / weights / payload into each peer's region,
 //                        then the last block releases the peers' dispatch_arrived[rank] words
-//   rocep_dispatch_recv  receiving half: wait for every source; blocks over local experts rank each
-//                        expert's (source, token) pairs (position inside the expert); a grid barrier; every
-//                        block takes the padded prefix over experts (row_offsets); blocks over
-//                        (source, token) copy each token into its rows
+//   rocep_dispatch_recv  receiving half: wait for every source; blocks over chunks of 64 tokens of one
+//                        source rank them per local expert (bit masks); a grid barrier; with many chunks,
+//                        blocks over experts take the prefix over chunks and a grid barrier; every block
+//                        takes the padded prefix over experts (row_offsets); blocks over (source, token)
+//                        copy each token into its rows
 //   rocep_dispatch       both halves in one kernel (the fused call)
 #include "bf16.hpp"
 #include "block_scan.hpp"
@@ -211,39 +212,96 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
   }
 }
 
-// Blocks over local experts: the position of each received (source, token) inside its expert's rows, in
-// token_rows, and each expert's row count, in expert_rows.
-__device__ void rank_expert_rows(const GroupView& group) {
+// Chunks of all sources, and the most for which blocks add up the counts of earlier chunks where they need
+// them instead of prefix_chunk_rows: that pass and its grid barrier cost ~2.5 us of a 128-token receive on
+// H200.
+__device__ inline int dispatch_chunks(const Shape& shape) {
+  return shape.world * ((shape.max_tokens + kChunkTokens - 1) / kChunkTokens);
+}
+inline constexpr int kChunksSummedInPlace = 16;
+
+// Blocks over chunks of kChunkTokens tokens of one source: for each local expert a bit mask of the chunk's
+// tokens that name it (shared memory), so a token's place among the chunk's rows of that expert is the
+// popcount of the mask below it (into token_rows) and the chunk's row count of each expert is the mask's
+// popcount (into chunk_rows). One pass over the ids, no scan: ranking by blocks over experts, each
+// scanning every token, took ~45 us of a 4096-token receive on H200.
+__device__ void rank_chunk_rows(const GroupView& group) {
   const Shape& shape = group.shape;
-  for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
-    const int32_t global_expert = shape.rank * shape.local_experts + expert;
-    uint32_t rows = 0;
-    for (int source = 0; source < shape.world; ++source) {
-      const int tokens = group.signals->tokens_from[source];
-      // One token per thread per block scan. (Ranking 8 tokens per thread was measured slower at 128
-      // tokens, 23 -> 30 us, and no faster at 4096 on H200: the expansion copy dominates there.)
-      for (int first = 0; first < tokens; first += kScanBlockThreads) {
-        const int token = first + threadIdx.x;
-        int slot = -1;
-        if (token < tokens) {
-          const int32_t* ids = region_ids(group.dispatch_region, shape, source, token);
-          for (int k = 0; k < shape.top_k; ++k) {
-            slot = ids[k] == global_expert ? k : slot;
-          }
-        }
-        uint32_t block_rows = 0;
-        const uint32_t position = block_exclusive_scan(slot >= 0 ? 1u : 0u, &block_rows);
-        if (slot >= 0) {
-          group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k +
-                           slot] = static_cast<int32_t>(rows + position);
-        }
-        rows += block_rows;
+  __shared__ unsigned long long masks[kMaxLocalExperts];
+  const int chunks_per_source = (shape.max_tokens + kChunkTokens - 1) / kChunkTokens;
+  const int first_expert = shape.rank * shape.local_experts;
+  for (int chunk = blockIdx.x; chunk < shape.world * chunks_per_source; chunk += gridDim.x) {
+    const int source = chunk / chunks_per_source;
+    const int first_token = (chunk % chunks_per_source) * kChunkTokens;
+    const int tokens = min(group.signals->tokens_from[source] - first_token, kChunkTokens);
+    for (int expert = threadIdx.x; expert < shape.local_experts; expert += blockDim.x) {
+      masks[expert] = 0;
+    }
+    __syncthreads();
+    const int slots = max(tokens, 0) * shape.top_k;
+    for (int slot = threadIdx.x; slot < slots; slot += blockDim.x) {
+      const int32_t id = region_ids(group.dispatch_region, shape, source,
+                                    first_token + slot / shape.top_k)[slot % shape.top_k];
+      if (id >= 0) {
+        atomicOr(&masks[id - first_expert], 1ull << (slot / shape.top_k));
       }
+    }
+    __syncthreads();
+    for (int slot = threadIdx.x; slot < slots; slot += blockDim.x) {
+      const int token = slot / shape.top_k;
+      const int k = slot % shape.top_k;
+      const int32_t id = region_ids(group.dispatch_region, shape, source, first_token + token)[k];
+      if (id >= 0) {
+        group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + first_token + token) *
+                             shape.top_k +
+                         k] = __popcll(masks[id - first_expert] & ((1ull << token) - 1));
+      }
+    }
+    for (int expert = threadIdx.x; expert < shape.local_experts; expert += blockDim.x) {
+      group.chunk_rows[static_cast<std::size_t>(chunk) * shape.local_experts + expert] =
+          static_cast<uint32_t>(__popcll(masks[expert]));
+    }
+    __syncthreads();  // the masks are cleared for the next chunk
+  }
+}
+
+// Blocks over local experts: chunk_rows becomes, per expert, the rows of all earlier chunks (in (source,
+// token) order); expert_rows gets each expert's total.
+__device__ void prefix_chunk_rows(const GroupView& group) {
+  const Shape& shape = group.shape;
+  const int chunks = dispatch_chunks(shape);
+  for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
+    uint32_t rows = 0;
+    for (int first = 0; first < chunks; first += kScanBlockThreads) {
+      const int chunk = first + threadIdx.x;
+      uint32_t* entry = group.chunk_rows + static_cast<std::size_t>(chunk) * shape.local_experts + expert;
+      const uint32_t count = chunk < chunks ? *entry : 0u;
+      uint32_t block_rows = 0;
+      const uint32_t before = block_exclusive_scan(count, &block_rows);
+      if (chunk < chunks) {
+        *entry = rows + before;
+      }
+      rows += block_rows;
     }
     if (threadIdx.x == 0) {
       group.expert_rows[expert] = rows;
     }
   }
+}
+
+// Rows of local expert `expert` in the chunks before `chunk` (in all chunks for chunk = dispatch_chunks).
+__device__ inline uint32_t rows_before_chunk(const GroupView& group, int chunk, int expert) {
+  const int chunks = dispatch_chunks(group.shape);
+  if (chunks > kChunksSummedInPlace) {
+    return chunk < chunks
+               ? group.chunk_rows[static_cast<std::size_t>(chunk) * group.shape.local_experts + expert]
+               : group.expert_rows[expert];
+  }
+  uint32_t rows = 0;
+  for (int earlier = 0; earlier < chunk; ++earlier) {
+    rows += group.chunk_rows[earlier * group.shape.local_experts + expert];
+  }
+  return rows;
 }
 
 // Every block: offsets[e] = first row of local expert e, each expert's rows padded to the alignment;
@@ -256,7 +314,7 @@ __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvAr
     uint32_t rows = 0;
     uint32_t padded = 0;
     if (expert < shape.local_experts) {
-      rows = group.expert_rows[expert];
+      rows = rows_before_chunk(group, dispatch_chunks(shape), expert);
       padded = (rows + shape.alignment - 1) / shape.alignment * shape.alignment;
     }
     uint32_t block_rows = 0;
@@ -288,10 +346,17 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
                             group.status, Operation::kDispatchRecv)) {
     return;
   }
-  rank_expert_rows(group);
+  rank_chunk_rows(group);
   if (!grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
                     Operation::kDispatchRecv)) {
     return;
+  }
+  if (dispatch_chunks(shape) > kChunksSummedInPlace) {
+    prefix_chunk_rows(group);
+    if (!grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
+                      Operation::kDispatchRecv)) {
+      return;
+    }
   }
   // Every block has read the sequence number by now.
   if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -305,6 +370,7 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
   __shared__ int row_count;
   const std::size_t vectors = shape.payload_bytes / kVectorBytes;
   const bool scaled = shape.format != Format::kBf16;
+  const int chunks_per_source = (shape.max_tokens + kChunkTokens - 1) / kChunkTokens;
   const int total = shape.world * shape.max_tokens;
   for (int index = blockIdx.x; index < total; index += gridDim.x) {
     const int source = index / shape.max_tokens;
@@ -317,10 +383,10 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
     if (static_cast<int>(threadIdx.x) < shape.top_k) {
       const int k = threadIdx.x;
       const int32_t id = region_ids(group.dispatch_region, shape, source, token)[k];
-      const int32_t rank_in_expert = token_rows[k];
-      rows[k] = id >= 0
-                    ? static_cast<int32_t>(offsets[id - shape.rank * shape.local_experts]) + rank_in_expert
-                    : -1;
+      const int expert = id - shape.rank * shape.local_experts;
+      const uint32_t earlier_chunks =
+          id >= 0 ? rows_before_chunk(group, source * chunks_per_source + token / kChunkTokens, expert) : 0u;
+      rows[k] = id >= 0 ? static_cast<int32_t>(offsets[expert] + earlier_chunks) + token_rows[k] : -1;
     }
     __syncthreads();
     // The payload loads go out first; the row metadata is written while they are in flight.
@@ -366,7 +432,7 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
   }
   // Padding rows after each expert's rows: zero payload, no source, weight 0.
   for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
-    const uint32_t first = offsets[expert] + group.expert_rows[expert];
+    const uint32_t first = offsets[expert] + rows_before_chunk(group, dispatch_chunks(shape), expert);
     for (uint32_t row = first; row < offsets[expert + 1]; ++row) {
       uint8_t* destination = args.recv_tokens + static_cast<std::size_t>(row) * shape.payload_bytes;
       for (uint32_t i = threadIdx.x; i < shape.payload_bytes / kVectorBytes; i += blockDim.x) {

@@ -14,7 +14,9 @@ namespace rocep::device {
 inline constexpr int kMaxTopK = 32;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int kMaxLocalExperts =
-    1024;  // the receiver keeps one row offset per local expert in shared memory
+    1024;  // the receiver keeps one row offset and one token mask per local expert in shared memory
+// Tokens of one source that the receiver ranks together: one bit each in a 64-bit mask per local expert.
+inline constexpr int kChunkTokens = 64;
 
 // What every kernel of one group needs: who we are, where the peers' regions are, our own state.
 struct GroupView {
@@ -29,8 +31,11 @@ struct GroupView {
   Status* status;
   int32_t* token_rows;    // [world][T][top_k]: row of each received (source, token, k), -1 if none
   uint32_t* expert_rows;  // [local_experts]: rows each local expert received in the last dispatch
-  int32_t* sent_ids;      // [T][top_k]: the validated ids of this rank's last dispatch (-1 = none)
-  uint64_t* sent_masks;   // [T]: destination ranks of each token of this rank's last dispatch
+  // [world * ceil(T / kChunkTokens)][local_experts]: rows of each chunk of a source's tokens per expert,
+  // then the rows of the chunks before it
+  uint32_t* chunk_rows;
+  int32_t* sent_ids;     // [T][top_k]: the validated ids of this rank's last dispatch (-1 = none)
+  uint64_t* sent_masks;  // [T]: destination ranks of each token of this rank's last dispatch
   uint64_t timeout_ticks;
 };
 

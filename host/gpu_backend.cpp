@@ -114,6 +114,9 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
   status_ = zeroed(sizeof(device::Status));
   token_rows_ = DeviceBuffer(slots * shape.world * sizeof(int32_t));
   expert_rows_ = DeviceBuffer(shape.local_experts * sizeof(uint32_t));
+  const std::size_t chunks = static_cast<std::size_t>(shape.world) *
+                             ((shape.max_tokens + device::kChunkTokens - 1) / device::kChunkTokens);
+  chunk_rows_ = DeviceBuffer(chunks * shape.local_experts * sizeof(uint32_t));
   sent_ids_ = DeviceBuffer(slots * sizeof(int32_t));
   sent_masks_ = DeviceBuffer(static_cast<std::size_t>(shape.max_tokens) * sizeof(uint64_t));
   ROCEP_GPU_CHECK(hipDeviceSynchronize());
@@ -141,13 +144,15 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
   view_.status = status_.as<device::Status>();
   view_.token_rows = token_rows_.as<int32_t>();
   view_.expert_rows = expert_rows_.as<uint32_t>();
+  view_.chunk_rows = chunk_rows_.as<uint32_t>();
   view_.sent_ids = sent_ids_.as<int32_t>();
   view_.sent_masks = sent_masks_.as<uint64_t>();
   view_.timeout_ticks =
       static_cast<uint64_t>(config.timeout_seconds * static_cast<double>(wall_clock_rate_hz(device)));
 
-  for (const DeviceBuffer* buffer : {&dispatch_region_, &combine_region_, &signals_, &state_, &status_,
-                                     &token_rows_, &expert_rows_, &sent_ids_, &sent_masks_, &peer_tables_}) {
+  for (const DeviceBuffer* buffer :
+       {&dispatch_region_, &combine_region_, &signals_, &state_, &status_, &token_rows_, &expert_rows_,
+        &chunk_rows_, &sent_ids_, &sent_masks_, &peer_tables_}) {
     memory_bytes_ += buffer->bytes();
   }
   node_->barrier();  // every peer has mapped everything before anyone may signal

@@ -53,6 +53,7 @@ class GpuEp {
   DeviceBuffer status_;
   DeviceBuffer token_rows_;
   DeviceBuffer expert_rows_;
+  DeviceBuffer chunk_rows_;
   DeviceBuffer sent_ids_;
   DeviceBuffer sent_masks_;
   std::unique_ptr<PeerBuffers> peer_dispatch_regions_;

@@ -207,8 +207,10 @@ class GpuEp : public ::testing::Test {
     const std::size_t tokens = config.max_tokens_per_rank;
     const std::size_t slots = tokens * config.top_k;
     const std::size_t regions = (world + std::max(world, config.top_k)) * tokens * hidden * sizeof(bf16_bits);
+    const std::size_t chunks = world * ((tokens + 63) / 64);  // the receiver ranks tokens 64 at a time
     const std::size_t bookkeeping = (3 * world + 1) * slots * sizeof(int32_t) + tokens * sizeof(uint64_t) +
-                                    local_experts * sizeof(uint32_t) + 3 * (std::size_t{2} << 20) + 4096;
+                                    (chunks + 1) * local_experts * sizeof(uint32_t) +
+                                    3 * (std::size_t{2} << 20) + 4096;
     EXPECT_GE(group.memory_bytes(), regions);
     EXPECT_LE(group.memory_bytes(), regions + bookkeeping);
     rocep::Stream stream;
@@ -279,6 +281,8 @@ TEST_F(GpuEp, MatchesReferenceAcrossShapesAndRoutings) {
       make_config(2048, 4, std::max(8 / world, 1), 32, 4),
       make_config(7168, 1, 64 / world, 48),
       make_config(2048, 4, 256 / world, 96, 8),
+      // Enough tokens that the receiver ranks more than 16 chunks of 64 and takes their prefix in a pass.
+      make_config(2048, 8, 64 / world, 576),
   };
   for (const EpConfig& config : configs) {
     for (const Routing routing :
