@@ -8,7 +8,8 @@
 //                        blocks over experts take the prefix over chunks and a grid barrier; every block
 //                        takes the padded prefix over experts (row_offsets); blocks over (source, token)
 //                        copy each token into its rows
-//   rocep_dispatch       both halves in one kernel (the fused call)
+//   rocep_dispatch       both halves in one kernel (the fused call); from kIdsFirstTokens bf16 tokens per
+//                        rank on, ids first and each rank's own rows written while its peers' arrive
 #include "bf16.hpp"
 #include "block_scan.hpp"
 #include "ep_kernels.hpp"
@@ -97,15 +98,27 @@ __device__ void store_row_scales(const uint8_t* scales, uint8_t* recv_scales, ui
   }
 }
 
-__device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args, uint64_t sequence) {
+__device__ inline int requested_tokens(const DispatchSendArgs& args) {
+  return args.num_tokens_on_device != nullptr ? *args.num_tokens_on_device : args.num_tokens;
+}
+
+// Tokens this rank sends: the count given, or 0 when it is out of range (then still signal every peer, so
+// nobody waits for tokens that will never come).
+__device__ inline int tokens_to_send(const Shape& shape, const DispatchSendArgs& args) {
+  const int requested = requested_tokens(args);
+  return requested < 0 || requested > shape.max_tokens ? 0 : requested;
+}
+
+// Validates each token's ids and stores ids and weights into every peer's region, then (with_payload) the
+// token itself into the region of each rank that owns one of its experts. The last block to finish
+// releases the peers' dispatch_arrived[rank] words, or their ids_arrived[rank] words without the payload.
+__device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args, uint64_t sequence,
+                            bool with_payload) {
   const Shape& shape = group.shape;
-  int num_tokens = args.num_tokens_on_device != nullptr ? *args.num_tokens_on_device : args.num_tokens;
-  if (num_tokens < 0 || num_tokens > shape.max_tokens) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-      report_failure(group.status, StatusCode::kTokenCountOutOfRange, Operation::kDispatchSend, -1, -1, -1,
-                     num_tokens);
-    }
-    num_tokens = 0;  // still signal every peer, so nobody waits for tokens that will never come
+  const int num_tokens = tokens_to_send(shape, args);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && num_tokens != requested_tokens(args)) {
+    report_failure(group.status, StatusCode::kTokenCountOutOfRange, Operation::kDispatchSend, -1, -1, -1,
+                   requested_tokens(args));
   }
 
   __shared__ int32_t given[kMaxTopK];  // the ids as passed
@@ -121,7 +134,9 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
     const std::size_t slots = static_cast<std::size_t>(token) * shape.top_k;
     const uint8_t* row = args.tokens + static_cast<std::size_t>(token) * row_bytes;
     StagedVectors head;  // in flight while the ids are checked
-    head.load(row, thread, row_bytes / kVectorBytes, blockDim.x);
+    if (with_payload) {
+      head.load(row, thread, row_bytes / kVectorBytes, blockDim.x);
+    }
     if (thread == 0) {
       destinations = 0;
     }
@@ -159,6 +174,13 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
       const int32_t id = ids[k];
       region_ids(region, shape, shape.rank, token)[k] = id >= 0 && id / shape.local_experts == peer ? id : -1;
       region_weights(region, shape, shape.rank, token)[k] = args.topk_weights[slots + k];
+    }
+    if (!with_payload) {
+      if (thread == 0) {
+        group.sent_masks[token] = destinations;
+      }
+      __syncthreads();  // the shared arrays are rewritten for the next token
+      continue;
     }
     // The token is read once and stored to every destination; start at the next rank so the ranks do not
     // all hit the same peer first.
@@ -207,7 +229,9 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
     for (int peer = 0; peer < shape.world; ++peer) {
       Signals* signals = group.peer_signals[peer];
       signals->tokens_from[shape.rank] = num_tokens;
-      store_release<Scope::kSystem>(&signals->dispatch_arrived[shape.rank], sequence);
+      store_release<Scope::kSystem>(
+          with_payload ? &signals->dispatch_arrived[shape.rank] : &signals->ids_arrived[shape.rank],
+          sequence);
     }
   }
 }
@@ -340,42 +364,59 @@ __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvAr
   __syncthreads();
 }
 
-__device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence) {
+// Once every source's ids are here: ranks every received (source, token, k) and leaves each expert's first
+// row in `offsets` (shared), every block. False if a grid barrier gave up.
+__device__ bool lay_out_rows(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
+                             uint32_t* offsets) {
   const Shape& shape = group.shape;
-  if (!block_wait_for_peers(group.signals->dispatch_arrived, sequence, shape.world, group.timeout_ticks,
-                            group.status, Operation::kDispatchRecv)) {
-    return;
-  }
   rank_chunk_rows(group);
   if (!grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
                     Operation::kDispatchRecv)) {
-    return;
+    return false;
   }
   if (dispatch_chunks(shape) > kChunksSummedInPlace) {
     prefix_chunk_rows(group);
     if (!grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
                       Operation::kDispatchRecv)) {
-      return;
+      return false;
     }
   }
   // Every block has read the sequence number by now.
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     group.state->dispatch_sequence = sequence;
   }
-  __shared__ uint32_t offsets[kMaxLocalExperts + 1];
   compute_row_offsets(group, args, offsets);
+  return true;
+}
+
+// Row of slot k of `token` from `source` (id: the slot's expert id as the region holds it, >= 0).
+__device__ inline int32_t row_of(const GroupView& group, const uint32_t* offsets, int source, int token,
+                                 int k, int32_t id) {
+  const Shape& shape = group.shape;
+  const int expert = id - shape.rank * shape.local_experts;
+  const int chunks_per_source = (shape.max_tokens + kChunkTokens - 1) / kChunkTokens;
+  const uint32_t earlier_chunks =
+      rows_before_chunk(group, source * chunks_per_source + token / kChunkTokens, expert);
+  return static_cast<int32_t>(offsets[expert] + earlier_chunks) +
+         group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k + k];
+}
+
+// Blocks over (source, token), sources other than `own_source` (-1: every source): each token's payload
+// and scales into its rows, with src_info and weight; then the padding rows.
+__device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& args, const uint32_t* offsets,
+                              int own_source) {
+  const Shape& shape = group.shape;
 
   __shared__ int32_t rows[kMaxTopK];
   __shared__ uint8_t* row_starts[kMaxTopK];
   __shared__ int row_count;
   const std::size_t vectors = shape.payload_bytes / kVectorBytes;
   const bool scaled = shape.format != Format::kBf16;
-  const int chunks_per_source = (shape.max_tokens + kChunkTokens - 1) / kChunkTokens;
   const int total = shape.world * shape.max_tokens;
   for (int index = blockIdx.x; index < total; index += gridDim.x) {
     const int source = index / shape.max_tokens;
     const int token = index % shape.max_tokens;
-    if (token >= group.signals->tokens_from[source]) {
+    if (source == own_source || token >= group.signals->tokens_from[source]) {
       continue;  // uniform across the block
     }
     int32_t* token_rows = group.token_rows + static_cast<std::size_t>(index) * shape.top_k;
@@ -383,10 +424,7 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
     if (static_cast<int>(threadIdx.x) < shape.top_k) {
       const int k = threadIdx.x;
       const int32_t id = region_ids(group.dispatch_region, shape, source, token)[k];
-      const int expert = id - shape.rank * shape.local_experts;
-      const uint32_t earlier_chunks =
-          id >= 0 ? rows_before_chunk(group, source * chunks_per_source + token / kChunkTokens, expert) : 0u;
-      rows[k] = id >= 0 ? static_cast<int32_t>(offsets[expert] + earlier_chunks) + token_rows[k] : -1;
+      rows[k] = id >= 0 ? row_of(group, offsets, source, token, k, id) : -1;
     }
     __syncthreads();
     // The payload loads go out first; the row metadata is written while they are in flight.
@@ -451,23 +489,121 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
   }
 }
 
+// `offsets`: shared memory for kMaxLocalExperts + 1 row offsets.
+__device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
+                               uint32_t* offsets) {
+  const Shape& shape = group.shape;
+  if (block_wait_for_peers(group.signals->dispatch_arrived, sequence, shape.world, group.timeout_ticks,
+                           group.status, Operation::kDispatchRecv) &&
+      lay_out_rows(group, args, sequence, offsets)) {
+    expand_tokens(group, args, offsets, -1);
+  }
+}
+
+// The fused dispatch of bf16 tokens from kIdsFirstTokens per rank up: ids first, so every rank knows every
+// row before any payload moves; then each rank reads each of its tokens once and stores it to the peers
+// that own its experts and straight into its own rows, its own expansion overlapping the transfer; then
+// it expands the peers' tokens.
+inline constexpr int kIdsFirstTokens = 512;
+
+__device__ inline bool ids_first(const Shape& shape) {
+  return shape.format == Format::kBf16 && shape.max_tokens >= kIdsFirstTokens;
+}
+
+__device__ void send_own_rows(const GroupView& group, const DispatchSendArgs& send_args,
+                              const DispatchRecvArgs& recv_args, const uint32_t* offsets, uint64_t sequence) {
+  const Shape& shape = group.shape;
+  const int num_tokens = tokens_to_send(shape, send_args);
+  __shared__ uint8_t* targets[kMaxWorld + kMaxTopK];
+  __shared__ int32_t own_rows[kMaxTopK];
+  __shared__ int target_count;
+  const int thread = threadIdx.x;
+  for (int token = blockIdx.x; token < num_tokens; token += gridDim.x) {
+    const uint8_t* row = send_args.tokens + static_cast<std::size_t>(token) * shape.payload_bytes;
+    StagedVectors head;  // in flight while the rows are found
+    head.load(row, thread, shape.payload_bytes / kVectorBytes, blockDim.x);
+    const uint64_t destinations = group.sent_masks[token];
+    if (thread < shape.top_k) {
+      const int32_t id = region_ids(group.dispatch_region, shape, shape.rank, token)[thread];
+      const int32_t own_row = id >= 0 ? row_of(group, offsets, shape.rank, token, thread, id) : -1;
+      if (own_row >= 0) {
+        recv_args.src_info[3 * static_cast<std::size_t>(own_row) + 0] = shape.rank;
+        recv_args.src_info[3 * static_cast<std::size_t>(own_row) + 1] = token;
+        recv_args.src_info[3 * static_cast<std::size_t>(own_row) + 2] = thread;
+        recv_args.recv_weights[own_row] =
+            send_args.topk_weights[static_cast<std::size_t>(token) * shape.top_k + thread];
+      }
+      group.token_rows[(static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * shape.top_k +
+                       thread] = own_row;  // the final row, for combine
+      own_rows[thread] = own_row;
+    }
+    __syncthreads();
+    if (thread == 0) {
+      int count = 0;
+      for (int step = 1; step < shape.world; ++step) {  // the peers, from the next rank on
+        const int peer = (shape.rank + step) % shape.world;
+        if ((destinations >> peer) & 1) {
+          targets[count++] = region_message(group.peer_dispatch_regions[peer], shape, shape.rank, token);
+        }
+      }
+      for (int k = 0; k < shape.top_k; ++k) {
+        if (own_rows[k] >= 0) {
+          targets[count++] =
+              recv_args.recv_tokens + static_cast<std::size_t>(own_rows[k]) * shape.payload_bytes;
+        }
+      }
+      target_count = count;
+    }
+    __syncthreads();
+    copy_bytes16_to_many(targets, target_count, row, shape.payload_bytes, thread, blockDim.x, head);
+    __syncthreads();  // the shared arrays are rewritten for the next token
+  }
+  if (last_block_to_finish(&group.state->send_blocks_done)) {
+    for (int peer = 0; peer < shape.world; ++peer) {
+      store_release<Scope::kSystem>(&group.peer_signals[peer]->dispatch_arrived[shape.rank], sequence);
+    }
+  }
+}
+
+__device__ void dispatch_ids_first(const GroupView& group, const DispatchSendArgs& send_args,
+                                   const DispatchRecvArgs& recv_args, uint64_t sequence, uint32_t* offsets) {
+  const Shape& shape = group.shape;
+  send_tokens(group, send_args, sequence, /*with_payload=*/false);
+  if (!block_wait_for_peers(group.signals->ids_arrived, sequence, shape.world, group.timeout_ticks,
+                            group.status, Operation::kDispatchRecv) ||
+      !lay_out_rows(group, recv_args, sequence, offsets)) {
+    return;
+  }
+  send_own_rows(group, send_args, recv_args, offsets, sequence);
+  if (block_wait_for_peers(group.signals->dispatch_arrived, sequence, shape.world, group.timeout_ticks,
+                           group.status, Operation::kDispatchRecv)) {
+    expand_tokens(group, recv_args, offsets, shape.rank);
+  }
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_dispatch_send(GroupView group, DispatchSendArgs args) {
-  send_tokens(group, args, group.state->dispatch_sequence + 1);
+  send_tokens(group, args, group.state->dispatch_sequence + 1, /*with_payload=*/true);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_dispatch_recv(GroupView group, DispatchRecvArgs args) {
-  receive_tokens(group, args, group.state->dispatch_sequence + 1);
+  __shared__ uint32_t offsets[kMaxLocalExperts + 1];
+  receive_tokens(group, args, group.state->dispatch_sequence + 1, offsets);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_dispatch(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
   const uint64_t sequence = group.state->dispatch_sequence + 1;
-  send_tokens(group, send_args, sequence);
-  receive_tokens(group, recv_args, sequence);
+  __shared__ uint32_t offsets[kMaxLocalExperts + 1];
+  if (ids_first(group.shape)) {
+    dispatch_ids_first(group, send_args, recv_args, sequence, offsets);
+    return;
+  }
+  send_tokens(group, send_args, sequence, /*with_payload=*/true);
+  receive_tokens(group, recv_args, sequence, offsets);
 }
 
 namespace rocep::device {

@@ -97,6 +97,7 @@ struct CombineRegion {
 // number, which only grows, so they never need a reset and a stale flag is never mistaken for a new one.
 struct Signals {
   uint64_t dispatch_arrived[kMaxWorld];  // [s]: sequence number of source s's last completed dispatch_send
+  uint64_t ids_arrived[kMaxWorld];       // [s]: the same for the ids alone (fused dispatch, ids first)
   uint64_t combine_arrived[kMaxWorld];   // [r]: sequence number of rank r's last completed combine_send
   int32_t tokens_from[kMaxWorld];        // [s]: tokens source s sent in its last dispatch
 };
