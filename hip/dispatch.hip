@@ -8,8 +8,8 @@
 //                        blocks over experts take the prefix over chunks and a grid barrier; every block
 //                        takes the padded prefix over experts (row_offsets); blocks over (source, token)
 //                        copy each token into its rows
-//   rocep_dispatch       both halves in one kernel (the fused call); from kIdsFirstTokens bf16 tokens per
-//                        rank on, ids first and each rank's own rows written while its peers' arrive
+//   rocep_dispatch       both halves in one kernel (the fused call); from kIdsFirstTokens tokens per rank
+//                        on, ids first and each rank's own rows written while its peers' arrive
 #include "bf16.hpp"
 #include "block_scan.hpp"
 #include "ep_kernels.hpp"
@@ -31,14 +31,25 @@ __device__ inline uint8_t* region_message(uint8_t* region, const Shape& shape, i
   return region + DispatchRegion::message_offset(shape, source, token);
 }
 
-// Quantises one bf16 token row into the dispatch format and stores payload and scales into each of `count`
-// messages. `first` is the thread's first vector of the row, loaded by the caller ahead of time. Every
-// thread of the block runs the same iterations (quantize_eight shuffles across lanes); lanes past the row
-// quantise zeros and store nothing. One vector per step with the next one in flight, not unrolled: four
-// staged vectors took the send kernels from 64 to 96 registers on sm_90.
+// Where a sending block stores one token: payloads[0, message_count) are whole messages in peers' regions
+// (payload, then the scales row-major); payloads[message_count, + own_row_count) are rows own_rows[] of this
+// rank's own dispatch output (payload row; scales go to outputs->recv_scales in the format's layout).
+struct TokenTargets {
+  uint8_t* const* payloads;
+  int message_count;
+  const int32_t* own_rows;
+  int own_row_count;
+  const DispatchRecvArgs* outputs;
+};
+
+// Quantises one bf16 token row into the dispatch format and stores payload and scales to every target.
+// `first` is the thread's first vector of the row, loaded by the caller ahead of time. Every thread of the
+// block runs the same iterations (quantize_eight shuffles across lanes); lanes past the row quantise zeros
+// and store nothing. One vector per step with the next one in flight, not unrolled: four staged vectors
+// took the send kernels from 64 to 96 registers on sm_90.
 template <Format format>
-__device__ void quantize_to_many(uint8_t* const* messages, int count, const uint8_t* row, const Shape& shape,
-                                 float global_scale, Vector16 first) {
+__device__ void quantize_to_targets(const TokenTargets& targets, const uint8_t* row, const Shape& shape,
+                                    float global_scale, Vector16 first) {
   const auto* vectors = reinterpret_cast<const Vector16*>(row);
   const uint32_t num_vectors = static_cast<uint32_t>(shape.hidden) / kElementsPerThread;
   constexpr int lanes = block_elements(format) / kElementsPerThread;
@@ -63,31 +74,39 @@ __device__ void quantize_to_many(uint8_t* const* messages, int count, const uint
     if (v >= num_vectors) {
       continue;
     }
-    for (int d = 0; d < count; ++d) {
-      uint8_t* codes = messages[d] + static_cast<std::size_t>(v) * code_bytes;
+    const int block = static_cast<int>(v) / lanes;
+    for (int d = 0; d < targets.message_count + targets.own_row_count; ++d) {
+      uint8_t* payload = targets.payloads[d];
       if constexpr (code_bytes == 8) {
-        *reinterpret_cast<uint2*>(codes) = uint2{q.codes[0], q.codes[1]};
+        *reinterpret_cast<uint2*>(payload + static_cast<std::size_t>(v) * code_bytes) =
+            uint2{q.codes[0], q.codes[1]};
       } else {
-        *reinterpret_cast<uint32_t*>(codes) = q.codes[0];
+        *reinterpret_cast<uint32_t*>(payload + static_cast<std::size_t>(v) * code_bytes) = q.codes[0];
       }
-      if (v % lanes == 0) {
-        uint8_t* scales = messages[d] + shape.payload_bytes;
-        if constexpr (format == Format::kFp8Block128) {
-          reinterpret_cast<uint32_t*>(scales)[v / lanes] = q.scale;
-        } else {
-          scales[v / lanes] = static_cast<uint8_t>(q.scale);
-        }
+      if (v % lanes != 0) {
+        continue;
+      }
+      uint8_t* scale = payload + shape.payload_bytes + static_cast<std::size_t>(block) * scale_bytes(format);
+      if (d >= targets.message_count) {
+        const auto own_row = static_cast<uint32_t>(targets.own_rows[d - targets.message_count]);
+        scale = targets.outputs->recv_scales +
+                scale_offset(format, own_row, block, targets.outputs->scale_rows, shape.hidden);
+      }
+      if constexpr (format == Format::kFp8Block128) {
+        *reinterpret_cast<uint32_t*>(scale) = q.scale;
+      } else {
+        *scale = static_cast<uint8_t>(q.scale);
       }
     }
   }
 }
 
 // Copies the scales of one message into row `row` of the scale tensor (layout of the format), or zeros
-// them when `scales` is null.
+// them when `scales` is null, with threads [thread, ..., num_threads).
 __device__ void store_row_scales(const uint8_t* scales, uint8_t* recv_scales, uint64_t scale_rows,
-                                 uint32_t row, const Shape& shape) {
+                                 uint32_t row, const Shape& shape, int thread, int num_threads) {
   const int blocks = shape.hidden / block_elements(shape.format);
-  for (int block = threadIdx.x; block < blocks; block += blockDim.x) {
+  for (int block = thread; block < blocks; block += num_threads) {
     uint8_t* destination = recv_scales + scale_offset(shape.format, row, block, scale_rows, shape.hidden);
     if (shape.format == Format::kFp8Block128) {
       *reinterpret_cast<uint32_t*>(destination) =
@@ -100,6 +119,44 @@ __device__ void store_row_scales(const uint8_t* scales, uint8_t* recv_scales, ui
 
 __device__ inline int requested_tokens(const DispatchSendArgs& args) {
   return args.num_tokens_on_device != nullptr ? *args.num_tokens_on_device : args.num_tokens;
+}
+
+// Stores one token to every target, read once: quantised here (scaled formats from bf16), or copied as it
+// is with `token_scales` (its scales when it arrived quantised). `head`: the thread's first staged vectors
+// of `row`.
+__device__ void store_token(const TokenTargets& targets, const uint8_t* row, const uint8_t* token_scales,
+                            bool quantize, const Shape& shape, float global_scale,
+                            const StagedVectors& head) {
+  if (quantize) {
+    switch (shape.format) {
+      case Format::kFp8Block128:
+        quantize_to_targets<Format::kFp8Block128>(targets, row, shape, global_scale, head.vector[0]);
+        break;
+      case Format::kMxfp8:
+        quantize_to_targets<Format::kMxfp8>(targets, row, shape, global_scale, head.vector[0]);
+        break;
+      case Format::kMxfp4:
+        quantize_to_targets<Format::kMxfp4>(targets, row, shape, global_scale, head.vector[0]);
+        break;
+      default:
+        quantize_to_targets<Format::kNvfp4>(targets, row, shape, global_scale, head.vector[0]);
+    }
+    return;
+  }
+  copy_bytes16_to_many(targets.payloads, targets.message_count + targets.own_row_count, row,
+                       shape.payload_bytes, threadIdx.x, blockDim.x, head);
+  if (shape.scale_bytes == 0) {
+    return;
+  }
+  for (uint32_t i = threadIdx.x; i < shape.scale_bytes; i += blockDim.x) {
+    for (int d = 0; d < targets.message_count; ++d) {
+      targets.payloads[d][shape.payload_bytes + i] = token_scales[i];
+    }
+  }
+  for (int r = 0; r < targets.own_row_count; ++r) {
+    store_row_scales(token_scales, targets.outputs->recv_scales, targets.outputs->scale_rows,
+                     static_cast<uint32_t>(targets.own_rows[r]), shape, threadIdx.x, blockDim.x);
+  }
 }
 
 // Tokens this rank sends: the count given, or 0 when it is out of range (then still signal every peer, so
@@ -198,29 +255,12 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
       group.sent_masks[token] = destinations;
     }
     __syncthreads();
-    if (quantize) {
-      switch (shape.format) {
-        case Format::kFp8Block128:
-          quantize_to_many<Format::kFp8Block128>(messages, count, row, shape, global_scale, head.vector[0]);
-          break;
-        case Format::kMxfp8:
-          quantize_to_many<Format::kMxfp8>(messages, count, row, shape, global_scale, head.vector[0]);
-          break;
-        case Format::kMxfp4:
-          quantize_to_many<Format::kMxfp4>(messages, count, row, shape, global_scale, head.vector[0]);
-          break;
-        default:
-          quantize_to_many<Format::kNvfp4>(messages, count, row, shape, global_scale, head.vector[0]);
-      }
-    } else {
-      copy_bytes16_to_many(messages, count, row, shape.payload_bytes, thread, blockDim.x, head);
-      const uint8_t* scales = args.token_scales + static_cast<std::size_t>(token) * shape.scale_bytes;
-      for (uint32_t i = thread; i < shape.scale_bytes; i += blockDim.x) {
-        for (int d = 0; d < count; ++d) {
-          messages[d][shape.payload_bytes + i] = scales[i];
-        }
-      }
-    }
+    const TokenTargets targets{messages, count, nullptr, 0, nullptr};
+    store_token(targets, row,
+                args.token_scales != nullptr
+                    ? args.token_scales + static_cast<std::size_t>(token) * shape.scale_bytes
+                    : nullptr,
+                quantize, shape, global_scale, head);
     __syncthreads();  // the shared arrays are rewritten for the next token
   }
 
@@ -462,7 +502,7 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
       for (int k = 0; k < shape.top_k; ++k) {
         if (rows[k] >= 0) {
           store_row_scales(message + shape.payload_bytes, args.recv_scales, args.scale_rows,
-                           static_cast<uint32_t>(rows[k]), shape);
+                           static_cast<uint32_t>(rows[k]), shape, threadIdx.x, blockDim.x);
         }
       }
     }
@@ -477,7 +517,7 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
         reinterpret_cast<Vector16*>(destination)[i] = Vector16{0, 0, 0, 0};
       }
       if (scaled) {
-        store_row_scales(nullptr, args.recv_scales, args.scale_rows, row, shape);
+        store_row_scales(nullptr, args.recv_scales, args.scale_rows, row, shape, threadIdx.x, blockDim.x);
       }
       if (threadIdx.x == 0) {
         args.src_info[3 * static_cast<std::size_t>(row) + 0] = -1;
@@ -500,28 +540,33 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
   }
 }
 
-// The fused dispatch of bf16 tokens from kIdsFirstTokens per rank up: ids first, so every rank knows every
+// The fused dispatch from kIdsFirstTokens tokens per rank up: ids first, so every rank knows every
 // row before any payload moves; then each rank reads each of its tokens once and stores it to the peers
 // that own its experts and straight into its own rows, its own expansion overlapping the transfer; then
 // it expands the peers' tokens.
 inline constexpr int kIdsFirstTokens = 512;
 
 __device__ inline bool ids_first(const Shape& shape) {
-  return shape.format == Format::kBf16 && shape.max_tokens >= kIdsFirstTokens;
+  return shape.max_tokens >= kIdsFirstTokens;
 }
 
 __device__ void send_own_rows(const GroupView& group, const DispatchSendArgs& send_args,
                               const DispatchRecvArgs& recv_args, const uint32_t* offsets, uint64_t sequence) {
   const Shape& shape = group.shape;
   const int num_tokens = tokens_to_send(shape, send_args);
-  __shared__ uint8_t* targets[kMaxWorld + kMaxTopK];
+  __shared__ uint8_t* payloads[kMaxWorld + kMaxTopK];
+  __shared__ int32_t slot_rows[kMaxTopK];
   __shared__ int32_t own_rows[kMaxTopK];
-  __shared__ int target_count;
+  __shared__ int message_count;
+  __shared__ int own_row_count;
   const int thread = threadIdx.x;
+  const bool quantize = shape.format != Format::kBf16 && send_args.token_scales == nullptr;
+  const std::size_t row_bytes = quantize ? static_cast<std::size_t>(shape.hidden) * 2 : shape.payload_bytes;
+  const float global_scale = quantize && shape.format == Format::kNvfp4 ? *send_args.global_scale : 1.0f;
   for (int token = blockIdx.x; token < num_tokens; token += gridDim.x) {
-    const uint8_t* row = send_args.tokens + static_cast<std::size_t>(token) * shape.payload_bytes;
+    const uint8_t* row = send_args.tokens + static_cast<std::size_t>(token) * row_bytes;
     StagedVectors head;  // in flight while the rows are found
-    head.load(row, thread, shape.payload_bytes / kVectorBytes, blockDim.x);
+    head.load(row, thread, row_bytes / kVectorBytes, blockDim.x);
     const uint64_t destinations = group.sent_masks[token];
     if (thread < shape.top_k) {
       const int32_t id = region_ids(group.dispatch_region, shape, shape.rank, token)[thread];
@@ -535,7 +580,7 @@ __device__ void send_own_rows(const GroupView& group, const DispatchSendArgs& se
       }
       group.token_rows[(static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * shape.top_k +
                        thread] = own_row;  // the final row, for combine
-      own_rows[thread] = own_row;
+      slot_rows[thread] = own_row;
     }
     __syncthreads();
     if (thread == 0) {
@@ -543,19 +588,27 @@ __device__ void send_own_rows(const GroupView& group, const DispatchSendArgs& se
       for (int step = 1; step < shape.world; ++step) {  // the peers, from the next rank on
         const int peer = (shape.rank + step) % shape.world;
         if ((destinations >> peer) & 1) {
-          targets[count++] = region_message(group.peer_dispatch_regions[peer], shape, shape.rank, token);
+          payloads[count++] = region_message(group.peer_dispatch_regions[peer], shape, shape.rank, token);
         }
       }
+      message_count = count;
+      int rows = 0;
       for (int k = 0; k < shape.top_k; ++k) {
-        if (own_rows[k] >= 0) {
-          targets[count++] =
-              recv_args.recv_tokens + static_cast<std::size_t>(own_rows[k]) * shape.payload_bytes;
+        if (slot_rows[k] >= 0) {
+          own_rows[rows++] = slot_rows[k];
+          payloads[count++] =
+              recv_args.recv_tokens + static_cast<std::size_t>(slot_rows[k]) * shape.payload_bytes;
         }
       }
-      target_count = count;
+      own_row_count = rows;
     }
     __syncthreads();
-    copy_bytes16_to_many(targets, target_count, row, shape.payload_bytes, thread, blockDim.x, head);
+    const TokenTargets targets{payloads, message_count, own_rows, own_row_count, &recv_args};
+    store_token(targets, row,
+                send_args.token_scales != nullptr
+                    ? send_args.token_scales + static_cast<std::size_t>(token) * shape.scale_bytes
+                    : nullptr,
+                quantize, shape, global_scale, head);
     __syncthreads();  // the shared arrays are rewritten for the next token
   }
   if (last_block_to_finish(&group.state->send_blocks_done)) {

@@ -429,16 +429,19 @@ TEST_F(GpuEp, QuantisedDispatchMatchesReference) {
     rocep::Fp8Encoding encoding;
     int hidden;
     int alignment;
+    int max_tokens;  // from 512 the fused dispatch sends ids first and writes its own rows while sending
   };
   const Case cases[] = {
-      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 7168, 1},
-      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fnuz, 2048, 4},
-      {rocep::TokenFormat::kMxfp8, rocep::Fp8Encoding::kAuto, 2048, 1},
-      {rocep::TokenFormat::kMxfp4, rocep::Fp8Encoding::kAuto, 7168, 1},
-      {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2048, 128},
+      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 7168, 1, 48},
+      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fnuz, 2048, 4, 48},
+      {rocep::TokenFormat::kMxfp8, rocep::Fp8Encoding::kAuto, 2048, 1, 48},
+      {rocep::TokenFormat::kMxfp4, rocep::Fp8Encoding::kAuto, 7168, 1, 48},
+      {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2048, 128, 48},
+      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 2048, 4, 576},
+      {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2048, 128, 576},
   };
   for (const Case& c : cases) {
-    EpConfig config = make_config(c.hidden, 8, 64 / world, 48, c.alignment);
+    EpConfig config = make_config(c.hidden, 8, 64 / world, c.max_tokens, c.alignment);
     config.dispatch_format = c.format;
     config.fp8_encoding = c.encoding == rocep::Fp8Encoding::kAuto ? rocep::Fp8Encoding::kE4m3fn : c.encoding;
     for (const Routing routing : {Routing::kUniform, Routing::kMasked, Routing::kUnevenCounts}) {
