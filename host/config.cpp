@@ -61,6 +61,17 @@ int format_block_elements(TokenFormat format) {
                     " is not a known format");
 }
 
+int format_column_multiple(TokenFormat format) {
+  switch (format) {
+    case TokenFormat::kBf16:
+      return 8;
+    case TokenFormat::kNvfp4:
+      return 64;
+    default:
+      return std::max(format_block_elements(format), 32);  // 32 fp4 / fp8 elements fill 16 or 32 bytes
+  }
+}
+
 std::size_t format_payload_bytes(TokenFormat format, int hidden) {
   const auto elements = static_cast<std::size_t>(hidden);
   switch (format) {
@@ -142,13 +153,7 @@ void EpConfig::validate(int world_size) const {
   require(combine_dtype == CombineDtype::kBf16, "combine_dtype", static_cast<int>(combine_dtype),
           "allowed value is 0 (bf16)");
   require(hidden >= 1 && hidden <= kMaxHidden, "hidden", hidden, range(1, kMaxHidden));
-  // Token rows move in 16-byte vectors, so the payload of every format must fill whole vectors: 8 bf16
-  // elements, and for scaled formats whole scale blocks.
-  const int block = format_block_elements(dispatch_format);
-  // nvfp4's swizzled scale tiles hold 4 blocks of 16 per row.
-  const int multiple = dispatch_format == TokenFormat::kNvfp4
-                           ? 64
-                           : std::max(block, dispatch_format == TokenFormat::kBf16 ? 8 : 32);
+  const int multiple = format_column_multiple(dispatch_format);
   require(hidden % multiple == 0, "hidden", hidden,
           std::string("must be a multiple of ") + std::to_string(multiple) + " for dispatch_format " +
               to_string(dispatch_format));

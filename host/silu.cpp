@@ -37,29 +37,14 @@ constexpr std::size_t kMaxCapacityRows = (std::size_t{1} << 31) - 1;
   throw InvalidInputError(std::string(call) + ": " + what);
 }
 
-// Columns each format needs n to be a multiple of: one 8-element vector per thread, and whole scale blocks
-// (nvfp4: whole 4-block columns of its 128x4 scale tiles).
-int required_multiple(TokenFormat format) {
-  switch (format) {
-    case TokenFormat::kBf16:
-      return 8;
-    case TokenFormat::kFp8Block128:
-      return 128;
-    case TokenFormat::kMxfp4:
-    case TokenFormat::kMxfp8:
-      return 32;
-    case TokenFormat::kNvfp4:
-      return 64;
-  }
-  return 0;
-}
-
 void validate(const SiluArgs& args, const char* call) {
-  const int multiple = required_multiple(args.format);
-  if (multiple == 0) {
-    invalid(call, "SiluArgs.format = " + std::to_string(static_cast<int>(args.format)) +
+  const int format_code = static_cast<int>(args.format);
+  if (format_code < static_cast<int>(TokenFormat::kBf16) ||
+      format_code > static_cast<int>(TokenFormat::kMxfp8)) {
+    invalid(call, "SiluArgs.format = " + std::to_string(format_code) +
                       " is invalid: allowed values are bf16, fp8_block128, mxfp4, nvfp4, mxfp8");
   }
+  const int multiple = format_column_multiple(args.format);
   if (args.fp8_encoding != Fp8Encoding::kAuto && args.fp8_encoding != Fp8Encoding::kE4m3fn &&
       args.fp8_encoding != Fp8Encoding::kE4m3fnuz) {
     invalid(call, "SiluArgs.fp8_encoding = " + std::to_string(static_cast<int>(args.fp8_encoding)) +

@@ -65,6 +65,9 @@ const char* to_string(Fp8Encoding encoding);
 
 // Number of consecutive elements that share one scale (1 for formats without scales).
 int format_block_elements(TokenFormat format);
+// What a row's length must be a multiple of: whole 16-byte vectors of payload and whole scale blocks (for
+// nvfp4 whole 4-block columns of its scale tiles): 8 (bf16), 128 (fp8 block-128), 32 (MX), 64 (nvfp4).
+int format_column_multiple(TokenFormat format);
 // Bytes of the payload of one token of `hidden` elements, scales excluded.
 std::size_t format_payload_bytes(TokenFormat format, int hidden);
 // Bytes of the per-token scales of one token of `hidden` elements (0 for bf16).
