@@ -86,13 +86,17 @@ __device__ void send_partials(const GroupView& group, const rocep::device::Combi
   __shared__ int input_count;
   __shared__ int32_t slot_rows[kMaxTopK];
   __shared__ float slot_weights[kMaxTopK];
+  // Token by token, the sources interleaved: each source's partials cross a different link (or none, for
+  // this rank's own), so taking one source after another left each link idle for part of the call
+  // (258 -> 188 us for the 4096-token send on H200, EP2).
   for (int index = blockIdx.x; index < total; index += gridDim.x) {
-    const int source = index / shape.max_tokens;
-    const int token = index % shape.max_tokens;
+    const int source = index % shape.world;
+    const int token = index / shape.world;
     if (token >= group.signals->tokens_from[source]) {
       continue;
     }
-    const int32_t* rows = group.token_rows + static_cast<std::size_t>(index) * shape.top_k;
+    const int32_t* rows =
+        group.token_rows + (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k;
     auto* region = reinterpret_cast<uint16_t*>(group.peer_combine_regions[source]);
     // The token's rows on this rank in ascending k, with their weights (1 when unweighted): every slot is
     // loaded at once, then thread 0 compacts them from shared memory.
