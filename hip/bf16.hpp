@@ -8,17 +8,13 @@
 namespace rocep {
 
 ROCEP_HOST_DEVICE inline float bf16_to_float(uint16_t bits) {
-  const uint32_t word = static_cast<uint32_t>(bits) << 16;
-  float value;
-  __builtin_memcpy(&value, &word, sizeof value);
-  return value;
+  return device::bits_float(static_cast<uint32_t>(bits) << 16);
 }
 
 // Round to nearest, ties to even. NaN stays NaN (quieted, sign kept); overflow rounds to infinity as IEEE
 // rounding does.
 ROCEP_HOST_DEVICE inline uint16_t float_to_bf16(float value) {
-  uint32_t word;
-  __builtin_memcpy(&word, &value, sizeof word);
+  const uint32_t word = device::float_bits(value);
   if ((word & 0x7fffffffu) > 0x7f800000u) {
     return static_cast<uint16_t>((word >> 16) | 0x0040u);
   }

@@ -16,17 +16,6 @@ namespace rocep::device {
 enum class Format : int32_t { kBf16 = 0, kFp8Block128 = 1, kMxfp4 = 2, kNvfp4 = 3, kMxfp8 = 4 };
 enum class Fp8 : int32_t { kE4m3fn = 1, kE4m3fnuz = 2 };
 
-ROCEP_HOST_DEVICE inline uint32_t float_bits(float value) {
-  uint32_t bits;
-  __builtin_memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
-ROCEP_HOST_DEVICE inline float bits_float(uint32_t bits) {
-  float value;
-  __builtin_memcpy(&value, &bits, sizeof value);
-  return value;
-}
-
 inline constexpr uint32_t kFloatExponentMask = 0x7f800000u;  // |x| bits at or above this: inf or NaN
 inline constexpr uint32_t kFloatNan = 0x7fc00000u;
 

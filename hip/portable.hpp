@@ -2,6 +2,8 @@
 // compiler, so nothing here may need the GPU runtime).
 #pragma once
 
+#include <cstdint>
+
 // Set in builds with a GPU platform (the build defines ROCEP_PLATFORM_AMD or ROCEP_PLATFORM_NVIDIA).
 #if defined(ROCEP_PLATFORM_AMD) || defined(ROCEP_PLATFORM_NVIDIA)
 #define ROCEP_GPU_BUILD 1
@@ -26,5 +28,17 @@ inline constexpr int kWaveSize = 32;
 #else
 inline constexpr int kWaveSize = 64;
 #endif
+
+// The bits of a float32 and back.
+ROCEP_HOST_DEVICE inline uint32_t float_bits(float value) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+ROCEP_HOST_DEVICE inline float bits_float(uint32_t bits) {
+  float value;
+  __builtin_memcpy(&value, &bits, sizeof value);
+  return value;
+}
 
 }  // namespace rocep::device
