@@ -280,7 +280,7 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
 // them instead of prefix_chunk_rows: that pass and its grid barrier cost ~2.5 us of a 128-token receive on
 // H200.
 __device__ inline int dispatch_chunks(const Shape& shape) {
-  return shape.world * ((shape.max_tokens + kChunkTokens - 1) / kChunkTokens);
+  return shape.world * chunks_per_source(shape);
 }
 inline constexpr int kChunksSummedInPlace = 16;
 
@@ -292,11 +292,11 @@ inline constexpr int kChunksSummedInPlace = 16;
 __device__ void rank_chunk_rows(const GroupView& group) {
   const Shape& shape = group.shape;
   __shared__ unsigned long long masks[kMaxLocalExperts];
-  const int chunks_per_source = (shape.max_tokens + kChunkTokens - 1) / kChunkTokens;
+  const int source_chunks = chunks_per_source(shape);
   const int first_expert = shape.rank * shape.local_experts;
-  for (int chunk = blockIdx.x; chunk < shape.world * chunks_per_source; chunk += gridDim.x) {
-    const int source = chunk / chunks_per_source;
-    const int first_token = (chunk % chunks_per_source) * kChunkTokens;
+  for (int chunk = blockIdx.x; chunk < dispatch_chunks(shape); chunk += gridDim.x) {
+    const int source = chunk / source_chunks;
+    const int first_token = (chunk % source_chunks) * kChunkTokens;
     const int tokens = min(group.signals->tokens_from[source] - first_token, kChunkTokens);
     for (int expert = threadIdx.x; expert < shape.local_experts; expert += blockDim.x) {
       masks[expert] = 0;
@@ -434,9 +434,8 @@ __device__ inline int32_t row_of(const GroupView& group, const uint32_t* offsets
                                  int k, int32_t id) {
   const Shape& shape = group.shape;
   const int expert = id - shape.rank * shape.local_experts;
-  const int chunks_per_source = (shape.max_tokens + kChunkTokens - 1) / kChunkTokens;
   const uint32_t earlier_chunks =
-      rows_before_chunk(group, source * chunks_per_source + token / kChunkTokens, expert);
+      rows_before_chunk(group, source * chunks_per_source(shape) + token / kChunkTokens, expert);
   return static_cast<int32_t>(offsets[expert] + earlier_chunks) +
          group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k + k];
 }

@@ -18,6 +18,11 @@ inline constexpr int kMaxLocalExperts =
 // Tokens of one source that the receiver ranks together: one bit each in a 64-bit mask per local expert.
 inline constexpr int kChunkTokens = 64;
 
+// Chunks of kChunkTokens that one source's tokens take at most.
+ROCEP_HOST_DEVICE inline int chunks_per_source(const Shape& shape) {
+  return (shape.max_tokens + kChunkTokens - 1) / kChunkTokens;
+}
+
 // What every kernel of one group needs: who we are, where the peers' regions are, our own state.
 struct GroupView {
   Shape shape;

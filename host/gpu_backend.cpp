@@ -114,8 +114,7 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
   status_ = zeroed(sizeof(device::Status));
   token_rows_ = DeviceBuffer(slots * shape.world * sizeof(int32_t));
   expert_rows_ = DeviceBuffer(shape.local_experts * sizeof(uint32_t));
-  const std::size_t chunks = static_cast<std::size_t>(shape.world) *
-                             ((shape.max_tokens + device::kChunkTokens - 1) / device::kChunkTokens);
+  const std::size_t chunks = static_cast<std::size_t>(shape.world) * device::chunks_per_source(shape);
   chunk_rows_ = DeviceBuffer(chunks * shape.local_experts * sizeof(uint32_t));
   sent_ids_ = DeviceBuffer(slots * sizeof(int32_t));
   sent_masks_ = DeviceBuffer(static_cast<std::size_t>(shape.max_tokens) * sizeof(uint64_t));
