@@ -10,6 +10,11 @@
 
 namespace rocep::reference {
 
+// The fp8 encoding the CPU reference uses for `requested`: kAuto means e4m3fn (the OCP encoding) here.
+inline Fp8Encoding reference_fp8_encoding(Fp8Encoding requested) {
+  return requested == Fp8Encoding::kAuto ? Fp8Encoding::kE4m3fn : requested;
+}
+
 // Element conversions (round to nearest even, saturating; NaN as formats.hpp says). `encoding` is
 // kE4m3fn or kE4m3fnuz: std::invalid_argument for kAuto (callers resolve it) or an unknown value.
 // encode_e2m1 throws std::invalid_argument for NaN: e2m1 has no NaN code.

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "bootstrap.hpp"
+#include "codecs.hpp"
 #include "reference.hpp"
 #include "rocep/errors.hpp"
 
@@ -97,9 +98,7 @@ struct EpGroup::Impl {
       backend = resolve_auto(bootstrap);
     }
     if (backend == Backend::kCpuReference) {
-      if (config.fp8_encoding == Fp8Encoding::kAuto) {
-        config.fp8_encoding = Fp8Encoding::kE4m3fn;  // as the reference backend reads kAuto
-      }
+      config.fp8_encoding = reference::reference_fp8_encoding(config.fp8_encoding);
       reference = std::make_unique<reference::ReferenceEp>(bootstrap.comm(), config);
       return;
     }

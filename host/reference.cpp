@@ -134,9 +134,7 @@ std::string dispatch_format_output_error(const EpConfig& config, int rank, const
 
 ReferenceEp::ReferenceEp(MPI_Comm comm, const EpConfig& config) : bootstrap_(comm), config_(config) {
   config_.validate(bootstrap_.size());
-  if (config_.fp8_encoding == Fp8Encoding::kAuto) {
-    config_.fp8_encoding = Fp8Encoding::kE4m3fn;  // the CPU's "own" encoding is the OCP one
-  }
+  config_.fp8_encoding = reference_fp8_encoding(config_.fp8_encoding);
   local_experts_ = config_.num_local_experts(bootstrap_.size());
 }
 

@@ -101,8 +101,7 @@ void silu_and_quantize_reference(const SiluArgs& args) {
   validate(args, "silu_and_quantize_reference");
   const int n = args.n;
   const auto format = static_cast<device::Format>(args.format);
-  const Fp8Encoding encoding =
-      args.fp8_encoding == Fp8Encoding::kAuto ? Fp8Encoding::kE4m3fn : args.fp8_encoding;
+  const Fp8Encoding encoding = reference::reference_fp8_encoding(args.fp8_encoding);
   const uint32_t* row_offsets = args.row_offsets;
   const std::size_t rows = std::min<std::size_t>(row_offsets[args.num_groups], args.capacity_rows);
   const std::size_t payload_bytes = format_payload_bytes(args.format, n);
