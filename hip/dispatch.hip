@@ -166,9 +166,114 @@ __device__ inline int tokens_to_send(const Shape& shape, const DispatchSendArgs&
   return requested < 0 || requested > shape.max_tokens ? 0 : requested;
 }
 
-// Validates each token's ids and stores ids and weights into every peer's region, then (with_payload) the
-// token itself into the region of each rank that owns one of its experts. The last block to finish
-// releases the peers' dispatch_arrived[rank] words, or their ids_arrived[rank] words without the payload.
+// Slot k's id as dispatched: the id itself if it names an expert that no earlier slot of the token names,
+// else -1, with the reason in *code.
+__device__ inline int32_t checked_id(const int32_t* given, int k, const Shape& shape, StatusCode* code) {
+  const int32_t id = given[k];
+  *code = StatusCode::kOk;
+  if (id < -1 || id >= shape.num_experts) {
+    *code = StatusCode::kExpertOutOfRange;
+    return -1;
+  }
+  for (int earlier = 0; id >= 0 && earlier < k; ++earlier) {
+    if (given[earlier] == id) {
+      *code = StatusCode::kExpertRepeated;
+      return -1;
+    }
+  }
+  return id;
+}
+
+// Loads the ids of `token` into given[], checks them (an invalid one is reported and becomes -1) into ids[]
+// and sets bit r of *destinations for each rank r that owns one of them.
+__device__ void check_token_ids(const GroupView& group, const DispatchSendArgs& args, int token,
+                                int32_t* given, int32_t* ids, unsigned long long* destinations) {
+  const Shape& shape = group.shape;
+  const int thread = threadIdx.x;
+  if (thread == 0) {
+    *destinations = 0;
+  }
+  if (thread < shape.top_k) {
+    given[thread] = args.topk_ids[static_cast<std::size_t>(token) * shape.top_k + thread];
+  }
+  __syncthreads();
+  // Slot k checks its own id, all slots at once.
+  if (thread < shape.top_k) {
+    StatusCode code = StatusCode::kOk;
+    const int32_t id = checked_id(given, thread, shape, &code);
+    if (code != StatusCode::kOk) {
+      report_failure(group.status, code, Operation::kDispatchSend, -1, token, thread, given[thread]);
+    }
+    ids[thread] = id;
+    if (id >= 0) {
+      atomicOr(destinations, 1ull << (id / shape.local_experts));
+    }
+  }
+  __syncthreads();
+}
+
+// Validates the ids of `token` and stores ids and weights into every peer's region (all -1 for a peer none
+// concerns, so receivers read sources densely), and this rank's sent_ids / sent_masks; then
+// (with_payload) the token itself, read once, into the region of each rank that owns one of its experts,
+// from the next rank on so that the ranks do not all hit the same peer first.
+__device__ void send_token(const GroupView& group, const DispatchSendArgs& args, int token,
+                           bool with_payload) {
+  const Shape& shape = group.shape;
+  __shared__ int32_t given[kMaxTopK];
+  __shared__ int32_t ids[kMaxTopK];
+  __shared__ unsigned long long destinations;
+  __shared__ uint8_t* messages[kMaxWorld];
+  // Scaled formats from bf16 tokens are quantised here; everything else is copied as it is.
+  const bool quantize = shape.format != Format::kBf16 && args.token_scales == nullptr;
+  const std::size_t row_bytes = quantize ? static_cast<std::size_t>(shape.hidden) * 2 : shape.payload_bytes;
+  const uint8_t* row = args.tokens + static_cast<std::size_t>(token) * row_bytes;
+  StagedVectors head;  // in flight while the ids are checked
+  if (with_payload) {
+    head.load(row, threadIdx.x, row_bytes / kVectorBytes, blockDim.x);
+  }
+  check_token_ids(group, args, token, given, ids, &destinations);
+  const std::size_t slots = static_cast<std::size_t>(token) * shape.top_k;
+  for (int slot = threadIdx.x; slot < shape.world * shape.top_k; slot += blockDim.x) {
+    const int peer = slot / shape.top_k;
+    const int k = slot % shape.top_k;
+    uint8_t* region = group.peer_dispatch_regions[peer];
+    const int32_t id = ids[k];
+    region_ids(region, shape, shape.rank, token)[k] = id >= 0 && id / shape.local_experts == peer ? id : -1;
+    region_weights(region, shape, shape.rank, token)[k] = args.topk_weights[slots + k];
+    if (peer == 0) {
+      group.sent_ids[slots + k] = id;
+    }
+  }
+  if (threadIdx.x == 0) {
+    group.sent_masks[token] = destinations;
+  }
+  if (!with_payload) {
+    __syncthreads();  // the shared arrays are rewritten for the next token
+    return;
+  }
+  int count = 0;
+  for (int step = 0; step < shape.world; ++step) {
+    const int peer = (shape.rank + 1 + step) % shape.world;
+    if ((destinations >> peer) & 1) {
+      if (threadIdx.x == 0) {
+        messages[count] = region_message(group.peer_dispatch_regions[peer], shape, shape.rank, token);
+      }
+      ++count;
+    }
+  }
+  __syncthreads();
+  const TokenTargets targets{messages, count, nullptr, 0, nullptr};
+  const float global_scale = quantize && shape.format == Format::kNvfp4 ? *args.global_scale : 1.0f;
+  store_token(targets, row,
+              args.token_scales != nullptr
+                  ? args.token_scales + static_cast<std::size_t>(token) * shape.scale_bytes
+                  : nullptr,
+              quantize, shape, global_scale, head);
+  __syncthreads();  // the shared arrays are rewritten for the next token
+}
+
+// Blocks over this rank's tokens (send_token); the last block to finish releases the peers'
+// dispatch_arrived[rank] words, or their ids_arrived[rank] words without the payload.
 __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args, uint64_t sequence,
                             bool with_payload) {
   const Shape& shape = group.shape;
@@ -177,93 +282,9 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
     report_failure(group.status, StatusCode::kTokenCountOutOfRange, Operation::kDispatchSend, -1, -1, -1,
                    requested_tokens(args));
   }
-
-  __shared__ int32_t given[kMaxTopK];  // the ids as passed
-  __shared__ int32_t ids[kMaxTopK];    // validated: an invalid id is reported and becomes -1
-  __shared__ unsigned long long destinations;
-  __shared__ uint8_t* messages[kMaxWorld];
-  const int thread = threadIdx.x;
-  // Scaled formats from bf16 tokens are quantised here; everything else is copied as it is.
-  const bool quantize = shape.format != Format::kBf16 && args.token_scales == nullptr;
-  const std::size_t row_bytes = quantize ? static_cast<std::size_t>(shape.hidden) * 2 : shape.payload_bytes;
-  const float global_scale = quantize && shape.format == Format::kNvfp4 ? *args.global_scale : 1.0f;
   for (int token = blockIdx.x; token < num_tokens; token += gridDim.x) {
-    const std::size_t slots = static_cast<std::size_t>(token) * shape.top_k;
-    const uint8_t* row = args.tokens + static_cast<std::size_t>(token) * row_bytes;
-    StagedVectors head;  // in flight while the ids are checked
-    if (with_payload) {
-      head.load(row, thread, row_bytes / kVectorBytes, blockDim.x);
-    }
-    if (thread == 0) {
-      destinations = 0;
-    }
-    if (thread < shape.top_k) {
-      given[thread] = args.topk_ids[slots + thread];
-    }
-    __syncthreads();
-    // Slot k checks its own id (range, and not named by an earlier slot), all slots at once.
-    if (thread < shape.top_k) {
-      int32_t id = given[thread];
-      if (id < -1 || id >= shape.num_experts) {
-        report_failure(group.status, StatusCode::kExpertOutOfRange, Operation::kDispatchSend, -1, token,
-                       thread, id);
-        id = -1;
-      }
-      for (int earlier = 0; id >= 0 && earlier < thread; ++earlier) {
-        if (given[earlier] == id) {
-          report_failure(group.status, StatusCode::kExpertRepeated, Operation::kDispatchSend, -1, token,
-                         thread, id);
-          id = -1;
-        }
-      }
-      ids[thread] = id;
-      group.sent_ids[slots + thread] = id;
-      if (id >= 0) {
-        atomicOr(&destinations, 1ull << (id / shape.local_experts));
-      }
-    }
-    __syncthreads();
-    // Every peer gets the ids (all -1 if none concern it), so receivers can read sources densely.
-    for (int slot = thread; slot < shape.world * shape.top_k; slot += blockDim.x) {
-      const int peer = slot / shape.top_k;
-      const int k = slot % shape.top_k;
-      uint8_t* region = group.peer_dispatch_regions[peer];
-      const int32_t id = ids[k];
-      region_ids(region, shape, shape.rank, token)[k] = id >= 0 && id / shape.local_experts == peer ? id : -1;
-      region_weights(region, shape, shape.rank, token)[k] = args.topk_weights[slots + k];
-    }
-    if (!with_payload) {
-      if (thread == 0) {
-        group.sent_masks[token] = destinations;
-      }
-      __syncthreads();  // the shared arrays are rewritten for the next token
-      continue;
-    }
-    // The token is read once and stored to every destination; start at the next rank so the ranks do not
-    // all hit the same peer first.
-    int count = 0;
-    for (int step = 0; step < shape.world; ++step) {
-      const int peer = (shape.rank + 1 + step) % shape.world;
-      if ((destinations >> peer) & 1) {
-        if (thread == 0) {
-          messages[count] = region_message(group.peer_dispatch_regions[peer], shape, shape.rank, token);
-        }
-        ++count;
-      }
-    }
-    if (thread == 0) {
-      group.sent_masks[token] = destinations;
-    }
-    __syncthreads();
-    const TokenTargets targets{messages, count, nullptr, 0, nullptr};
-    store_token(targets, row,
-                args.token_scales != nullptr
-                    ? args.token_scales + static_cast<std::size_t>(token) * shape.scale_bytes
-                    : nullptr,
-                quantize, shape, global_scale, head);
-    __syncthreads();  // the shared arrays are rewritten for the next token
+    send_token(group, args, token, with_payload);
   }
-
   if (last_block_to_finish(&group.state->send_blocks_done)) {
     group.state->sent_tokens = num_tokens;
     for (int peer = 0; peer < shape.world; ++peer) {
