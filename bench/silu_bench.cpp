@@ -113,7 +113,7 @@ double copy_peak_bytes_per_second(hipStream_t stream, int iterations) {
 }
 
 // One case: `rows` rows split evenly over kGroups groups, capacity = rows.
-rocep::testing::SiluCase make_case(std::mt19937_64& random, rocep::testing::SiluFormat format,
+rocep::testing::SiluCase make_case(std::mt19937_64& random, rocep::testing::FormatCase format,
                                    bool interleaved, int rows, int n) {
   rocep::testing::SiluCase test;
   test.shape.format = format.format;
@@ -194,11 +194,11 @@ int main(int argc, char** argv) {
     std::mt19937_64 random(2024);
     bool all_identical = true;
     bool all_on_target = true;
-    for (const auto format : rocep::testing::kSiluFormats) {
+    for (const auto format : rocep::testing::kFormatCases) {
       if (format.format == TokenFormat::kFp8Block128 && format.encoding == Fp8Encoding::kE4m3fnuz) {
         continue;  // fp8 runs once, in the device's own encoding (kAuto)
       }
-      const rocep::testing::SiluFormat tested{
+      const rocep::testing::FormatCase tested{
           format.format, format.format == TokenFormat::kFp8Block128 ? Fp8Encoding::kAuto : format.encoding};
       for (const bool interleaved : {false, true}) {
         const std::string check = check_against_reference(

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "format_cases.hpp"
 #include "hip/bf16.hpp"
 #include "hip/codecs.hpp"
 #include "hip/portable.hpp"
@@ -382,21 +383,6 @@ inline std::vector<float> random_rows(uint64_t seed, int rows, int columns, int 
     }
   }
   return values;
-}
-
-// The formats with their fp8 encoding (which only fp8 block-128 reads).
-struct FormatCase {
-  TokenFormat format;
-  Fp8Encoding encoding;
-};
-inline const FormatCase kFormatCases[] = {
-    {TokenFormat::kBf16, Fp8Encoding::kE4m3fn},          {TokenFormat::kFp8Block128, Fp8Encoding::kE4m3fn},
-    {TokenFormat::kFp8Block128, Fp8Encoding::kE4m3fnuz}, {TokenFormat::kMxfp8, Fp8Encoding::kE4m3fn},
-    {TokenFormat::kMxfp4, Fp8Encoding::kE4m3fn},         {TokenFormat::kNvfp4, Fp8Encoding::kE4m3fn},
-};
-
-inline std::string to_string(const FormatCase& format_case) {
-  return std::string(rocep::to_string(format_case.format)) + " " + rocep::to_string(format_case.encoding);
 }
 
 // The global scale a caller would pick: 448 * 6 / amax of the tensor.

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "format_cases.hpp"
 #include "hip/bf16.hpp"
 #include "hip/scale_layout.hpp"
 #include "rocep/formats.hpp"
@@ -22,17 +23,6 @@ namespace rocep::testing {
 inline constexpr uint8_t kSiluPoison = 0xFF;
 // Poisoned bytes past the end of every output buffer: a store past the buffer shows there.
 inline constexpr std::size_t kGuardBytes = 256;
-
-// One output format with the fp8 encoding it is tested in.
-struct SiluFormat {
-  TokenFormat format;
-  Fp8Encoding encoding;
-};
-inline constexpr SiluFormat kSiluFormats[] = {
-    {TokenFormat::kBf16, Fp8Encoding::kE4m3fn},          {TokenFormat::kFp8Block128, Fp8Encoding::kE4m3fn},
-    {TokenFormat::kFp8Block128, Fp8Encoding::kE4m3fnuz}, {TokenFormat::kMxfp8, Fp8Encoding::kE4m3fn},
-    {TokenFormat::kMxfp4, Fp8Encoding::kE4m3fn},         {TokenFormat::kNvfp4, Fp8Encoding::kE4m3fn},
-};
 
 // Host-side inputs of one call, and the SiluArgs fields that are not pointers.
 struct SiluCase {
@@ -81,7 +71,7 @@ inline std::vector<uint16_t> random_gate_up(std::mt19937_64& random, std::size_t
 // num_groups in [5, 12], each with 0 rows (probability 1/4) or up to 40; capacity above the row count.
 // Global scales: positive, except that with probability 1/4 one group gets an unusable one (0, -1, inf,
 // NaN: every nvfp4 block of its rows is NaN).
-inline SiluCase random_silu_case(std::mt19937_64& random, SiluFormat format, bool interleaved,
+inline SiluCase random_silu_case(std::mt19937_64& random, FormatCase format, bool interleaved,
                                  float clamp_limit) {
   SiluCase test;
   SiluArgs& shape = test.shape;

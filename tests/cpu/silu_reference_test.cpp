@@ -29,7 +29,7 @@ using rocep::device::exp_float;
 using rocep::device::float_bits;
 using rocep::device::silu;
 using rocep::device::silu_product;
-using rocep::testing::kSiluFormats;
+using rocep::testing::kFormatCases;
 using rocep::testing::random_silu_case;
 using rocep::testing::run_reference;
 using rocep::testing::SiluCase;
@@ -209,7 +209,7 @@ TEST(SiluReferenceTest, ClampLimitsGateFromAboveAndUpBothWays) {
 
 TEST(SiluReferenceTest, InterleavedEqualsPlainAfterPermutingTheInput) {
   std::mt19937_64 random(11);
-  for (const auto format : kSiluFormats) {
+  for (const auto format : kFormatCases) {
     SiluCase plain = random_silu_case(random, format, false, 0.0f);
     SiluCase interleaved = plain;
     interleaved.shape.interleaved = true;
@@ -229,7 +229,7 @@ TEST(SiluReferenceTest, InterleavedEqualsPlainAfterPermutingTheInput) {
 
 TEST(SiluReferenceTest, RowsPastTheRowCountAreNeverTouched) {
   std::mt19937_64 random(12);
-  for (const auto format : kSiluFormats) {
+  for (const auto format : kFormatCases) {
     for (int repeat = 0; repeat < 4; ++repeat) {
       const SiluCase test = random_silu_case(random, format, repeat % 2 == 1, repeat < 2 ? 0.0f : 7.0f);
       EXPECT_EQ(rocep::testing::unwritten_bytes_problem(test, run_reference(test)), "") << test.describe();
@@ -239,7 +239,7 @@ TEST(SiluReferenceTest, RowsPastTheRowCountAreNeverTouched) {
 
 TEST(SiluReferenceTest, ZeroRowsLeaveEverythingPoisoned) {
   std::mt19937_64 random(13);
-  for (const auto format : kSiluFormats) {
+  for (const auto format : kFormatCases) {
     SiluCase test = random_silu_case(random, format, false, 0.0f);
     std::fill(test.row_offsets.begin(), test.row_offsets.end(), 0u);
     const SiluOutputs outputs = run_reference(test);
@@ -251,7 +251,7 @@ TEST(SiluReferenceTest, ZeroRowsLeaveEverythingPoisoned) {
 
 TEST(SiluReferenceTest, RowCountAboveCapacityIsClamped) {
   std::mt19937_64 random(14);
-  for (const auto format : kSiluFormats) {
+  for (const auto format : kFormatCases) {
     SiluCase test = random_silu_case(random, format, false, 0.0f);
     while (test.row_offsets.back() < 2) {
       test = random_silu_case(random, format, false, 0.0f);
@@ -332,7 +332,7 @@ TEST(SiluReferenceTest, QuantisedOutputsDequantiseCloseToTheFloatResult) {
   // below a quarter of the smallest e8m0 scale 2^-127, and nvfp4 blocks whose amax / 6 * global_scale is
   // below half the smallest e4m3 step (a block far below its group's amax).
   std::mt19937_64 random(16);
-  for (const auto format : kSiluFormats) {
+  for (const auto format : kFormatCases) {
     SiluCase test = random_silu_case(random, format, false, 0.0f);
     const int n = test.shape.n;
     const int block_size = rocep::format_block_elements(format.format);

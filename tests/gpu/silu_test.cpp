@@ -25,7 +25,7 @@ using rocep::DeviceBuffer;
 using rocep::Fp8Encoding;
 using rocep::SiluArgs;
 using rocep::TokenFormat;
-using rocep::testing::kSiluFormats;
+using rocep::testing::kFormatCases;
 using rocep::testing::kSiluPoison;
 using rocep::testing::random_silu_case;
 using rocep::testing::run_reference;
@@ -112,7 +112,7 @@ class GpuSilu : public ::testing::Test {
 
 TEST_F(GpuSilu, EveryFormatLayoutAndClampMatchesTheReferenceBitForBit) {
   std::uniform_real_distribution<float> limit(1.0f, 20.0f);
-  for (const auto format : kSiluFormats) {
+  for (const auto format : kFormatCases) {
     for (const bool interleaved : {false, true}) {
       for (const bool clamp : {false, true}) {
         for (int repeat = 0; repeat < 3; ++repeat) {
@@ -126,7 +126,7 @@ TEST_F(GpuSilu, EveryFormatLayoutAndClampMatchesTheReferenceBitForBit) {
 // Thousands of rows: every block of the persistent grid loops several times, and nvfp4 rows cross many
 // 128-row scale tiles and groups.
 TEST_F(GpuSilu, ManyRowsMatchTheReference) {
-  for (const auto format : kSiluFormats) {
+  for (const auto format : kFormatCases) {
     SiluCase test = random_silu_case(random_, format, false, 0.0f);
     test.shape.n = 2048;
     test.shape.num_groups = 64;
@@ -148,7 +148,7 @@ TEST_F(GpuSilu, AutoEncodingIsTheDevicesOwn) {
 }
 
 TEST_F(GpuSilu, ZeroRowCallLeavesEverythingPoisoned) {
-  for (const auto format : kSiluFormats) {
+  for (const auto format : kFormatCases) {
     SiluCase test = random_silu_case(random_, format, true, 5.0f);
     std::fill(test.row_offsets.begin(), test.row_offsets.end(), 0u);
     check(test);
@@ -156,7 +156,7 @@ TEST_F(GpuSilu, ZeroRowCallLeavesEverythingPoisoned) {
 }
 
 TEST_F(GpuSilu, RowCountAboveCapacityIsClamped) {
-  for (const auto format : kSiluFormats) {
+  for (const auto format : kFormatCases) {
     SiluCase test = random_silu_case(random_, format, false, 0.0f);
     test.shape.capacity_rows = test.row_offsets.back() / 2;
     test.gate_up.resize(test.shape.capacity_rows * 2 * test.shape.n);
@@ -168,7 +168,7 @@ TEST_F(GpuSilu, RowCountAboveCapacityIsClamped) {
 // included) change in device memory, as a server replays one graph per step.
 TEST_F(GpuSilu, StreamOrderedAndGraphReplaysMatchTheReference) {
   rocep::Stream stream;
-  for (const auto format : kSiluFormats) {
+  for (const auto format : kFormatCases) {
     check(random_silu_case(random_, format, false, 0.0f), stream.get());
   }
   SiluCase test = random_silu_case(random_, {TokenFormat::kNvfp4, Fp8Encoding::kE4m3fn}, true, 0.0f);
