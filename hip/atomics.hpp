@@ -43,13 +43,18 @@ __device__ inline void store_release(T* address, T value) {
 #endif
 }
 
-// Atomic add with no ordering of its own; returns the previous value.
-template <Scope S, typename T>
-__device__ inline T fetch_add_relaxed(T* address, T value) {
+// Atomic add to a word in global memory with no ordering of its own and no result, so the thread does not
+// wait for it to complete (a reduction, not a fetch).
+template <Scope S>
+__device__ inline void add_relaxed(uint64_t* address, uint64_t value) {
 #if defined(ROCEP_PLATFORM_AMD)
-  return __hip_atomic_fetch_add(address, value, __ATOMIC_RELAXED, kHipScope<S>);
+  __hip_atomic_fetch_add(address, value, __ATOMIC_RELAXED, kHipScope<S>);
 #else
-  return cuda::atomic_ref<T, kCudaScope<S> >(*address).fetch_add(value, cuda::memory_order_relaxed);
+  if constexpr (S == Scope::kSystem) {
+    asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
+  } else {
+    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
+  }
 #endif
 }
 

@@ -2,8 +2,8 @@
 //
 //   rocep_combine_send  expert rank, blocks over received (source, token): weighted, reduce the token's
 //                       rows on this rank (float32 fma in ascending k, rounded to bf16) and store that one
-//                       partial row into the source's region; unweighted, store each row. The last block
-//                       releases every peer's combine_arrived[rank].
+//                       partial row into the source's region; unweighted, store each row. Each block then
+//                       adds its share to every peer's combine_arrived[rank].
 //   rocep_combine_recv  source rank, blocks over its tokens: wait for every rank, then sum the partials in
 //                       ascending rank order (+ shared expert), or copy the rows; store bf16.
 //   rocep_combine       both halves in one kernel (the fused call)
@@ -74,8 +74,7 @@ __device__ inline void reduce_rows(Vector16* destination, const Vector16* const*
   }
 }
 
-__device__ void send_partials(const GroupView& group, const rocep::device::CombineArgs& args,
-                              uint64_t sequence) {
+__device__ void send_partials(const GroupView& group, const rocep::device::CombineArgs& args) {
   const Shape& shape = group.shape;
   const int vectors = shape.hidden / kLanes;
   const int total = shape.world * shape.max_tokens;
@@ -132,18 +131,15 @@ __device__ void send_partials(const GroupView& group, const rocep::device::Combi
     }
     __syncthreads();  // the shared lists are rewritten for the next token
   }
-  if (last_block_to_finish(&group.state->send_blocks_done)) {
-    for (int peer = 0; peer < shape.world; ++peer) {
-      store_release<Scope::kSystem>(&group.peer_signals[peer]->combine_arrived[shape.rank], sequence);
-    }
-  }
+  signal_block_done(group.peer_signals, shape.world, shape.rank, &Signals::combine_arrived, kCallShares);
 }
 
 __device__ void receive_partials(const GroupView& group, const rocep::device::CombineArgs& args,
                                  uint64_t sequence) {
   const Shape& shape = group.shape;
-  const bool arrived = block_wait_for_peers(group.signals->combine_arrived, sequence, shape.world,
-                                            group.timeout_ticks, group.status, Operation::kCombineRecv);
+  const bool arrived =
+      block_wait_for_peers(group.signals->combine_arrived, sequence, kCallShares, shape.world,
+                           group.timeout_ticks, group.status, Operation::kCombineRecv);
   const int vectors = shape.hidden / kLanes;
   const int tokens = group.state->sent_tokens;
   __shared__ const Vector16* partials[kMaxWorld + 1];
@@ -190,8 +186,8 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
       }
     }
   }
-  if (last_block_to_finish(&group.state->receive_blocks_done) && !timed_out(group.status)) {
-    group.state->combine_sequence = sequence;
+  if (arrived && threadIdx.x == 0) {
+    group.block_calls[blockIdx.x].combines = sequence;  // the block's next combine is the one after
   }
 }
 
@@ -199,18 +195,18 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_combine_send(GroupView group, rocep::device::CombineArgs args) {
-  send_partials(group, args, group.state->combine_sequence + 1);
+  send_partials(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_combine_recv(GroupView group, rocep::device::CombineArgs args) {
-  receive_partials(group, args, group.state->combine_sequence + 1);
+  receive_partials(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_combine(GroupView group, rocep::device::CombineArgs args) {
-  const uint64_t sequence = group.state->combine_sequence + 1;
-  send_partials(group, args, sequence);
+  const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
+  send_partials(group, args);
   receive_partials(group, args, sequence);
 }
 

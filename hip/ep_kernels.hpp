@@ -33,6 +33,7 @@ struct GroupView {
   uint8_t* dispatch_region;               // this rank's DispatchRegion
   uint8_t* combine_region;                // this rank's CombineRegion
   LocalState* state;
+  BlockCalls* block_calls;  // [blocks of every kernel of the group]
   Status* status;
   int32_t* token_rows;    // [world][T][top_k]: row of each received (source, token, k), -1 if none
   uint32_t* expert_rows;  // [local_experts]: rows each local expert received in the last dispatch

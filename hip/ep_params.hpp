@@ -93,12 +93,19 @@ struct CombineRegion {
   ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) { return rows(shape) * row_bytes(shape); }
 };
 
-// Words every rank exposes for peers to signal into (polled-flag memory). Flags carry the call's sequence
-// number, which only grows, so they never need a reset and a stale flag is never mistaken for a new one.
+// What the sending grids of one call add to each peer's arrival word, in shares spread over their blocks
+// (group_sync.hpp): after a source's n-th call the word reads n * kCallShares, whatever the grid sizes.
+// The fused dispatch from kIdsFirstTokens on sends the ids ahead of the payload and signals them as the
+// first kIdsShares of the call; every other send signals the whole call at once.
+inline constexpr uint64_t kCallShares = uint64_t{1} << 20;
+inline constexpr uint64_t kIdsShares = kCallShares / 2;
+
+// Words every rank exposes for peers to signal into (polled-flag memory). Every block of a sending grid
+// adds its share once its stores are done; the counts only grow, so they never need a reset and a stale
+// count is never mistaken for a new one.
 struct Signals {
-  uint64_t dispatch_arrived[kMaxWorld];  // [s]: sequence number of source s's last completed dispatch_send
-  uint64_t ids_arrived[kMaxWorld];       // [s]: the same for the ids alone (fused dispatch, ids first)
-  uint64_t combine_arrived[kMaxWorld];   // [r]: sequence number of rank r's last completed combine_send
+  uint64_t dispatch_arrived[kMaxWorld];  // [s]: shares of source s's dispatch sends so far
+  uint64_t combine_arrived[kMaxWorld];   // [r]: shares of rank r's combine sends so far
   int32_t tokens_from[kMaxWorld];        // [s]: tokens source s sent in its last dispatch
 };
 
@@ -112,12 +119,16 @@ struct GridBarrier {
 
 // State a rank keeps for itself between the kernels of one dispatch / combine (device memory).
 struct LocalState {
-  uint64_t dispatch_sequence;  // completed dispatches; the next one signals dispatch_sequence + 1
-  uint64_t combine_sequence;
   GridBarrier barrier;
-  uint32_t send_blocks_done;  // blocks done with the sending part of the kernel in flight; reset by the last
-  uint32_t receive_blocks_done;  // blocks done with its receiving part; reset by the last
-  int32_t sent_tokens;           // tokens of this rank's last dispatch_send
+  int32_t sent_tokens;  // tokens of this rank's last dispatch_send
+};
+
+// The receives one block of a group's grids has completed (device memory, one entry per block). Every
+// kernel of a group runs the same number of blocks, so block b learns which call it is in from its own
+// entry, and no block waits for the others before the count moves on.
+struct BlockCalls {
+  uint64_t dispatches;  // the block is in dispatch call dispatches + 1
+  uint64_t combines;
 };
 
 }  // namespace rocep::device

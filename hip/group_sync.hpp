@@ -1,5 +1,5 @@
-// Grid- and group-level coordination used by every dispatch / combine kernel: failure reports, the wait
-// for all peers' signals, and "last block out" detection.
+// Grid- and group-level coordination used by every dispatch / combine kernel: failure reports, the
+// arrival signals and the wait for all peers' signals, and the barrier across the blocks of one grid.
 #pragma once
 
 #include <cstdint>
@@ -28,15 +28,40 @@ __device__ inline bool timed_out(const Status* status) {
          static_cast<uint32_t>(StatusCode::kTimeout);
 }
 
-// Thread 0 of the calling block waits until words[r] >= sequence for every rank r; the whole block
-// learns the outcome. On timeout the first missing peer is reported. Call from every thread.
-__device__ inline bool block_wait_for_peers(const uint64_t* words, uint64_t sequence, int world,
-                                            uint64_t timeout_ticks, Status* status, Operation operation) {
+// An arrival word of Signals, e.g. &Signals::dispatch_arrived.
+using ArrivalWords = uint64_t (Signals::*)[kMaxWorld];
+
+// Called by every thread of every block of a sending grid once the block's stores for the peers are
+// issued: thread 0 fences them at system scope and adds the block's part of `shares` to every peer's
+// words[rank]. The parts of one grid add up to `shares` exactly (block b of G adds floor((b+1)S/G) -
+// floor(bS/G), at least 1 for G <= S), so a receiver needs neither the sender's grid size nor a last
+// block that collects the others.
+__device__ inline void signal_block_done(Signals* const* peer_signals, int world, int rank,
+                                         ArrivalWords words, uint64_t shares) {
+  __syncthreads();
+  if (threadIdx.x != 0) {
+    return;
+  }
+  const uint64_t block = blockIdx.x;
+  const uint64_t part = (block + 1) * shares / gridDim.x - block * shares / gridDim.x;
+  __threadfence_system();  // the block's stores (ordered before thread 0's by the barrier), then the adds
+  for (int peer = 0; peer < world; ++peer) {
+    add_relaxed<Scope::kSystem>(&(peer_signals[peer]->*words)[rank], part);
+  }
+}
+
+// Thread 0 of the calling block waits until every rank r has signalled the first `shares` of its
+// `sequence`-th call (words[r] >= (sequence - 1) * kCallShares + shares); the whole block learns the
+// outcome. On timeout the first missing peer is reported. Call from every thread.
+__device__ inline bool block_wait_for_peers(const uint64_t* words, uint64_t sequence, uint64_t shares,
+                                            int world, uint64_t timeout_ticks, Status* status,
+                                            Operation operation) {
   __shared__ bool arrived;
   if (threadIdx.x == 0) {
     arrived = !timed_out(status);
+    const uint64_t target = (sequence - 1) * kCallShares + shares;
     for (int peer = 0; arrived && peer < world; ++peer) {
-      if (!wait_until_at_least(words + peer, sequence, timeout_ticks)) {
+      if (!wait_until_at_least(words + peer, target, timeout_ticks)) {
         report_failure(status, StatusCode::kTimeout, operation, peer, -1, -1, static_cast<int>(sequence));
         arrived = false;
       }
@@ -45,22 +70,6 @@ __device__ inline bool block_wait_for_peers(const uint64_t* words, uint64_t sequ
   // The barrier extends thread 0's acquire to the block: its reads are ordered before the others' reads.
   __syncthreads();
   return arrived;
-}
-
-// Returns true in thread 0 of the last block of the grid to call it; the counter is reset for the next
-// kernel. Every store the grid made before the call (with its fence) is visible to that thread.
-__device__ inline bool last_block_to_finish(uint32_t* blocks_done) {
-  __syncthreads();
-  if (threadIdx.x != 0) {
-    return false;
-  }
-  __threadfence_system();
-  if (atomicAdd(blocks_done, 1u) != gridDim.x - 1) {
-    return false;
-  }
-  __threadfence_system();
-  *blocks_done = 0;
-  return true;
 }
 
 // Returns once every block of the grid has called it, in every thread. All blocks of the grid must be

@@ -111,6 +111,7 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
   combine_region_ = DeviceBuffer(ipc_allocation_bytes(device::CombineRegion::bytes(shape)));
   signals_ = zeroed(ipc_allocation_bytes(sizeof(device::Signals)), DeviceMemoryKind::kPolledFlags);
   state_ = zeroed(sizeof(device::LocalState));
+  block_calls_ = zeroed(static_cast<std::size_t>(blocks_) * sizeof(device::BlockCalls));
   status_ = zeroed(sizeof(device::Status));
   token_rows_ = DeviceBuffer(slots * shape.world * sizeof(int32_t));
   expert_rows_ = DeviceBuffer(shape.local_experts * sizeof(uint32_t));
@@ -140,6 +141,7 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
   view_.dispatch_region = dispatch_region_.as<uint8_t>();
   view_.combine_region = combine_region_.as<uint8_t>();
   view_.state = state_.as<device::LocalState>();
+  view_.block_calls = block_calls_.as<device::BlockCalls>();
   view_.status = status_.as<device::Status>();
   view_.token_rows = token_rows_.as<int32_t>();
   view_.expert_rows = expert_rows_.as<uint32_t>();
@@ -150,8 +152,8 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
       static_cast<uint64_t>(config.timeout_seconds * static_cast<double>(wall_clock_rate_hz(device)));
 
   for (const DeviceBuffer* buffer :
-       {&dispatch_region_, &combine_region_, &signals_, &state_, &status_, &token_rows_, &expert_rows_,
-        &chunk_rows_, &sent_ids_, &sent_masks_, &peer_tables_}) {
+       {&dispatch_region_, &combine_region_, &signals_, &state_, &block_calls_, &status_, &token_rows_,
+        &expert_rows_, &chunk_rows_, &sent_ids_, &sent_masks_, &peer_tables_}) {
     memory_bytes_ += buffer->bytes();
   }
   node_->barrier();  // every peer has mapped everything before anyone may signal

@@ -50,6 +50,7 @@ class GpuEp {
   DeviceBuffer combine_region_;
   DeviceBuffer signals_;
   DeviceBuffer state_;
+  DeviceBuffer block_calls_;  // [blocks_] device::BlockCalls
   DeviceBuffer status_;
   DeviceBuffer token_rows_;
   DeviceBuffer expert_rows_;

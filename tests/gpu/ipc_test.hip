@@ -46,7 +46,7 @@ __global__ void send_pattern(uint32_t* peer_words, uint32_t* peer_flag, uint32_t
     // Each block's stores are ordered before its count (release); the last block to count acquires all
     // of them and publishes the flag to the peer.
     __threadfence_system();
-    const uint32_t done = rocep::device::fetch_add_relaxed<Scope::kSystem>(blocks_done, 1u) + 1;
+    const uint32_t done = atomicAdd(blocks_done, 1u) + 1;
     if (done == gridDim.x) {
       __threadfence_system();
       *blocks_done = 0;
