@@ -23,6 +23,7 @@
 namespace {
 
 using rocep::testing::download;
+using rocep::testing::fill_bytes;
 using rocep::testing::shared_seed;
 using rocep::testing::upload;
 using rocep::testing::world_rank;
@@ -85,7 +86,7 @@ Inputs make_inputs(const EpConfig& config, Routing routing, uint64_t seed) {
 
 DeviceBuffer poisoned(std::size_t bytes) {
   DeviceBuffer buffer(bytes);
-  ROCEP_GPU_CHECK(hipMemset(buffer.get(), kPoison, bytes));
+  fill_bytes(buffer, kPoison);
   return buffer;
 }
 
@@ -477,7 +478,7 @@ TEST_F(GpuEp, TwoRunsAreBitIdenticalAndGraphReplaysMatchEager) {
     return download<uint8_t>(out, out_bytes);
   };
   const auto first = run_eager();
-  ROCEP_GPU_CHECK(hipMemset(out.get(), kPoison, out.bytes()));
+  fill_bytes(out, kPoison);
   const auto second = run_eager();
   EXPECT_EQ(first, second) << "two eager runs differ";
 

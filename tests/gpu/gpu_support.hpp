@@ -30,14 +30,23 @@ inline bool use_rank_gpu() {
   return true;
 }
 
-// A device copy of `values`, one element at least so the pointer is never null.
+// A device copy of `values`, one element at least so the pointer is never null, complete on return: the
+// kernels under test run on non-blocking streams, which do not wait for the default stream, and a copy
+// from pageable memory may return before it lands.
 template <typename T>
 DeviceBuffer upload(const std::vector<T>& values) {
   DeviceBuffer buffer(std::max<std::size_t>(values.size(), 1) * sizeof(T));
   if (!values.empty()) {
     ROCEP_GPU_CHECK(hipMemcpy(buffer.get(), values.data(), values.size() * sizeof(T), hipMemcpyHostToDevice));
   }
+  ROCEP_GPU_CHECK(hipDeviceSynchronize());
   return buffer;
+}
+
+// Sets every byte of `buffer` to `value`, complete on return (see upload).
+inline void fill_bytes(const DeviceBuffer& buffer, uint8_t value) {
+  ROCEP_GPU_CHECK(hipMemset(buffer.get(), value, buffer.bytes()));
+  ROCEP_GPU_CHECK(hipDeviceSynchronize());
 }
 
 template <typename T>
