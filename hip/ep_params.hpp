@@ -56,12 +56,15 @@ struct Shape {
   Fp8 fp8_encoding;  // resolved (never auto)
 };
 
-// One rank's dispatch receive region: what every source rank s stores there for its token t.
+// One rank's dispatch region: what every source rank s stores there for its token t.
 //   ids     [world][T][top_k] int32: expert ids that concern this rank, -1 elsewhere
 //   weights [world][T][top_k] float32
-//   message [world][T][message_bytes]: the payload, then the scales row-major
-// Tokens that concern this rank are stored at their own index t (no compaction), so a sender needs no
-// prefix sum and the receiver reads the sources in (rank, token) order directly.
+//   message [world][T][message_bytes]: the payload, then the scales row-major. Source s stages its own
+//           tokens at [s] of its own region and the receivers read them from there (pull); only the
+//           fused dispatch of quantised formats from kIdsFirstTokens on stores them into [s] of each
+//           receiver's region instead (push).
+// Tokens are stored at their own index t (no compaction), so a sender needs no prefix sum and the receiver
+// reads the sources in (rank, token) order directly.
 struct DispatchRegion {
   ROCEP_HOST_DEVICE static std::size_t ids_offset(const Shape& shape, int source, int token) {
     return (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k * sizeof(int32_t);
