@@ -301,7 +301,7 @@ class StreamGate {
 struct Step {
   std::string name;
   bool dispatching;  // counts dispatch bytes (else combine bytes)
-  bool moves_data;   // a send or a fused call: bytes / time is reported
+  bool moves_data;   // the call that moves the bytes across (or a fused call): bytes / time is reported
   std::function<void()> call;
 };
 
@@ -358,8 +358,11 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
     steps.push_back({"dispatch", true, true, [&] { group.dispatch(inputs, outputs, stream_handle); }});
     steps.push_back({"combine", false, true, [&] { group.combine(combine_args, stream_handle); }});
   } else {
-    steps.push_back({"dispatch send", true, true, [&] { group.dispatch_send(inputs, stream_handle); }});
-    steps.push_back({"dispatch recv", true, false, [&] { group.dispatch_recv(outputs, stream_handle); }});
+    // On GPUs the receivers read the tokens over the links (dispatch_send stages them locally), so the
+    // dispatch bytes move in dispatch_recv; the CPU reference sends them in dispatch_send.
+    const bool pulled = on_gpu;
+    steps.push_back({"dispatch send", true, !pulled, [&] { group.dispatch_send(inputs, stream_handle); }});
+    steps.push_back({"dispatch recv", true, pulled, [&] { group.dispatch_recv(outputs, stream_handle); }});
     steps.push_back({"combine send", false, true, [&] { group.combine_send(combine_args, stream_handle); }});
     steps.push_back({"combine recv", false, false, [&] { group.combine_recv(combine_args, stream_handle); }});
   }
