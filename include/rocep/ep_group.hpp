@@ -61,10 +61,12 @@ class EpGroup {
   // All calls of a group go on one stream, and every dispatch is followed by a combine before the next
   // dispatch (the combine is what tells a rank that its peers are done reading its dispatch buffers).
   void dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream = nullptr);
-  // Sends this rank's tokens, once per destination rank, with the ids and weights that concern that rank.
-  // Returns once the sends are issued; the inputs must stay valid until dispatch_recv has returned.
+  // Sends every peer the ids and weights that concern it, and stages this rank's tokens (quantised if
+  // asked) where the peers read them: each token crosses to each destination rank once, in that rank's
+  // dispatch_recv. Returns once this is issued; the inputs must stay valid until dispatch_recv has returned.
   void dispatch_send(const DispatchInputs& inputs, void* stream = nullptr);
-  // Waits for every peer's tokens and lays them out expert by expert into `outputs`.
+  // Waits until every peer has sent its ids and staged its tokens, reads the tokens and lays them out
+  // expert by expert into `outputs`.
   void dispatch_recv(const DispatchOutputs& outputs, void* stream = nullptr);
 
   // combine = combine_send + combine_recv. Combines the rows of the latest dispatch of this group.
