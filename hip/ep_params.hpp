@@ -98,8 +98,8 @@ struct CombineRegion {
 
 // What the sending grids of one call add to each peer's arrival word, in shares spread over their blocks
 // (group_sync.hpp): after a source's n-th call the word reads n * kCallShares, whatever the grid sizes.
-// The fused dispatch from kIdsFirstTokens on sends the ids ahead of the payload and signals them as the
-// first kIdsShares of the call; every other send signals the whole call at once.
+// The fused dispatch of quantised formats from kIdsFirstTokens on sends the ids ahead of the payload and
+// signals them as the first kIdsShares of the call; every other send signals the whole call at once.
 inline constexpr uint64_t kCallShares = uint64_t{1} << 20;
 inline constexpr uint64_t kIdsShares = kCallShares / 2;
 
