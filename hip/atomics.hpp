@@ -43,18 +43,13 @@ __device__ inline void store_release(T* address, T value) {
 #endif
 }
 
-// Atomic add to a word in global memory with no ordering of its own and no result, so the thread does not
-// wait for it to complete (a reduction, not a fetch).
-template <Scope S>
-__device__ inline void add_relaxed(uint64_t* address, uint64_t value) {
+// Atomic add at system scope to a word in global memory (a peer's, too), with no ordering of its own and
+// no result, so the thread does not wait for it to complete (a reduction, not a fetch).
+__device__ inline void add_relaxed_system(uint64_t* address, uint64_t value) {
 #if defined(ROCEP_PLATFORM_AMD)
-  __hip_atomic_fetch_add(address, value, __ATOMIC_RELAXED, kHipScope<S>);
+  __hip_atomic_fetch_add(address, value, __ATOMIC_RELAXED, kHipScope<Scope::kSystem>);
 #else
-  if constexpr (S == Scope::kSystem) {
-    asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
-  } else {
-    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
-  }
+  asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
 #endif
 }
 

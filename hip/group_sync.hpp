@@ -46,7 +46,7 @@ __device__ inline void signal_block_done(Signals* const* peer_signals, int world
   const uint64_t part = (block + 1) * shares / gridDim.x - block * shares / gridDim.x;
   __threadfence_system();  // the block's stores (ordered before thread 0's by the barrier), then the adds
   for (int peer = 0; peer < world; ++peer) {
-    add_relaxed<Scope::kSystem>(&(peer_signals[peer]->*words)[rank], part);
+    add_relaxed_system(&(peer_signals[peer]->*words)[rank], part);
   }
 }
 
