@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "gpu_support.hpp"
 #include "hip/atomics.hpp"
 #include "hip/wait.hpp"
 #include "host/bootstrap.hpp"
@@ -107,10 +108,9 @@ TEST_F(IpcRoundTrip, KernelStoresIntoMappedPeerBuffer) {
   // [0] = the flag peers release into, [1] = the local block counter of send_pattern.
   rocep::DeviceBuffer flags(rocep::ipc_allocation_bytes(2 * sizeof(uint32_t)),
                             rocep::DeviceMemoryKind::kPolledFlags);
-  ROCEP_GPU_CHECK(hipMemset(words.get(), 0xA5, words.bytes()));
-  ROCEP_GPU_CHECK(hipMemset(flags.get(), 0, flags.bytes()));
+  rocep::testing::fill_bytes(words, 0xA5);
+  rocep::testing::fill_bytes(flags, 0);
   rocep::DeviceBuffer status_buffer(sizeof(RoundTripStatus));
-  ROCEP_GPU_CHECK(hipDeviceSynchronize());
 
   const rocep::PeerBuffers peer_words(*node, words);
   const rocep::PeerBuffers peer_flags(*node, flags);
@@ -123,8 +123,7 @@ TEST_F(IpcRoundTrip, KernelStoresIntoMappedPeerBuffer) {
 
   // Several rounds: the flag value is the round, so a stale flag from the last round is never mistaken.
   for (int round = 1; round <= 3; ++round) {
-    ROCEP_GPU_CHECK(hipMemset(status_buffer.get(), 0, status_buffer.bytes()));
-    ROCEP_GPU_CHECK(hipDeviceSynchronize());
+    rocep::testing::fill_bytes(status_buffer, 0);
     node->barrier();  // the previous round's checks are done everywhere before anyone overwrites
     // Senders are launched first: the first launch of a kernel may load it (lazy loading), and loading
     // waits for the device to idle, which a receiver spinning in the same process would never allow.
