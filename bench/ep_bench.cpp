@@ -1,7 +1,7 @@
 // Dispatch / combine benchmark under MPI. Every rank runs every call; a call's time is the slowest rank's
 // (MPI_MAX), since a collective step is as slow as its slowest member. Rank 0 prints the table: median time
-// per call, bytes that crossed to other ranks, and the resulting GB/s. --iterations counts the timed calls
-// of each kind.
+// per call, the spread of the per-rank medians (each rank's own times), bytes that crossed to other ranks,
+// and the resulting GB/s. --iterations counts the timed calls of each kind.
 //
 // Scaled dispatch formats (--formats=fp8,...) quantise the bf16 tokens inside dispatch; their remote bytes
 // are the payload and scales that travel. Combine always moves bf16.
@@ -159,10 +159,14 @@ Workload make_workload(const rocep::EpConfig& config, int num_tokens, int rank, 
   return workload;
 }
 
-double max_over_ranks(double value) {
+double reduce_over_ranks(double value, MPI_Op operation) {
   double result = 0;
-  MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, operation, MPI_COMM_WORLD);
   return result;
+}
+
+double max_over_ranks(double value) {
+  return reduce_over_ranks(value, MPI_MAX);
 }
 
 double median(std::vector<double> values) {
@@ -180,6 +184,8 @@ struct SummaryRow {
   std::string name;
   std::string backend;
   double median_us;
+  double fastest_rank_us;  // the per-rank medians (each rank's own event times): fastest and slowest rank
+  double slowest_rank_us;
   double remote_mb;
   double gb_per_s;
 };
@@ -190,12 +196,12 @@ void print_summary(double link_peak) {
     std::printf("\nP2P link peak measured in this run: %.1f GB/s per rank (copy engine, all ranks at once)\n",
                 link_peak);
   }
-  std::printf("\n%-36s %-18s %12s %12s %10s %10s\n", "case", "backend", "median [us]", "remote [MB]", "GB/s",
-              "of link");
+  std::printf("\n%-44s %-18s %12s %17s %12s %10s %10s\n", "case", "backend", "median [us]", "ranks [us]",
+              "remote [MB]", "GB/s", "of link");
   for (const SummaryRow& row : summary) {
-    std::printf("%-44s %-18s %12.1f %12.3f %10.3f %9.0f%%\n", row.name.c_str(), row.backend.c_str(),
-                row.median_us, row.remote_mb, row.gb_per_s,
-                link_peak > 0 ? 100 * row.gb_per_s / link_peak : 0.0);
+    std::printf("%-44s %-18s %12.1f %8.1f-%-8.1f %12.3f %10.3f %9.0f%%\n", row.name.c_str(),
+                row.backend.c_str(), row.median_us, row.fastest_rank_us, row.slowest_rank_us, row.remote_mb,
+                row.gb_per_s, link_peak > 0 ? 100 * row.gb_per_s / link_peak : 0.0);
   }
 }
 
@@ -381,7 +387,8 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
   }
   group.synchronize(stream_handle);
 
-  std::vector<std::vector<double>> step_seconds(steps.size());
+  std::vector<std::vector<double>> step_seconds(steps.size());      // the slowest rank's, per call
+  std::vector<std::vector<double>> own_step_seconds(steps.size());  // this rank's, per call
   std::vector<double> seconds(calls);
   for (auto _ : state) {
     MPI_Barrier(MPI_COMM_WORLD);
@@ -408,6 +415,9 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
         seconds[call] = MPI_Wtime() - start;
       }
     }
+    for (std::size_t call = 0; call < calls; ++call) {
+      own_step_seconds[call % steps.size()].push_back(seconds[call]);
+    }
     MPI_Allreduce(MPI_IN_PLACE, seconds.data(), static_cast<int>(calls), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     double round = 0;
     for (std::size_t call = 0; call < calls; ++call) {
@@ -424,9 +434,12 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
                                                                            : workload.remote_combine_bytes)
                                          : 0.0;
     const double median_seconds = median(step_seconds[i]);
+    const double own_median_seconds = median(own_step_seconds[i]);
     const double gb_per_s = median_seconds > 0 ? bytes / median_seconds / 1e9 : 0.0;
     state.counters[step.name + " [us]"] = median_seconds * 1e6;
-    summary.push_back({step.name + name, backend, median_seconds * 1e6, bytes / 1e6, gb_per_s});
+    summary.push_back({step.name + name, backend, median_seconds * 1e6,
+                       reduce_over_ranks(own_median_seconds, MPI_MIN) * 1e6,
+                       reduce_over_ranks(own_median_seconds, MPI_MAX) * 1e6, bytes / 1e6, gb_per_s});
   }
 }
 

@@ -61,8 +61,8 @@ struct Shape {
 //   weights [world][T][top_k] float32
 //   message [world][T][message_bytes]: the payload, then the scales row-major. Source s stages its own
 //           tokens at [s] of its own region and the receivers read them from there (pull); only the
-//           fused dispatch of quantised formats from kIdsFirstTokens on stores them into [s] of each
-//           receiver's region instead (push).
+//           fused dispatch of quantised formats on two ranks from kIdsFirstTokens on stores them into [s] of
+//           each receiver's region instead (push).
 // Tokens are stored at their own index t (no compaction), so a sender needs no prefix sum and the receiver
 // reads the sources in (rank, token) order directly.
 struct DispatchRegion {
@@ -98,8 +98,9 @@ struct CombineRegion {
 
 // What the sending grids of one call add to each peer's arrival word, in shares spread over their blocks
 // (group_sync.hpp): after a source's n-th call the word reads n * kCallShares, whatever the grid sizes.
-// The fused dispatch of quantised formats from kIdsFirstTokens on sends the ids ahead of the payload and
-// signals them as the first kIdsShares of the call; every other send signals the whole call at once.
+// The fused dispatch of quantised formats on two ranks from kIdsFirstTokens on sends the ids ahead of the
+// payload and signals them as the first kIdsShares of the call; every other send signals the whole call at
+// once.
 inline constexpr uint64_t kCallShares = uint64_t{1} << 20;
 inline constexpr uint64_t kIdsShares = kCallShares / 2;
 
