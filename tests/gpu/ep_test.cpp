@@ -420,6 +420,14 @@ void check_format_against_reference(const EpConfig& config, Routing routing, boo
     }
     EXPECT_EQ(wrong, 0) << "scales that differ from the reference";
     EXPECT_EQ(written_past_end, 0) << "scales of rows past row_offsets[L] that were written";
+
+    // A combine ends the round: it tells every rank that its peers are done reading the buffers that the
+    // next dispatch rewrites. Its output is checked by the combine tests; the expert outputs are the
+    // (poisoned, bf16-sized) rows buffer this test does not dispatch into.
+    DeviceBuffer combined = poisoned(std::max(inputs.num_tokens, 1) * hidden * sizeof(bf16_bits));
+    group.combine({outputs.recv_tokens.get(), outputs.recv_weights.as<float>(), nullptr, combined.get()},
+                  stream.get());
+    EXPECT_NO_THROW(group.synchronize(stream.get()));
   }
 }
 
