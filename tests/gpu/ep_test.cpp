@@ -438,7 +438,7 @@ TEST_F(GpuEp, QuantisedDispatchMatchesReference) {
     rocep::Fp8Encoding encoding;
     int hidden;
     int alignment;
-    int max_tokens;  // from 512 the fused dispatch sends ids first and writes its own rows while sending
+    int max_tokens;  // from 512 on two ranks the fused dispatch sends ids first and pushes the tokens
   };
   const Case cases[] = {
       {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 7168, 1, 48},
