@@ -48,12 +48,11 @@ __device__ inline QuantizedEight quantize_eight(const float (&values)[kElementsP
 
   QuantizedEight out{{0, 0}, 0};
   if constexpr (format == Format::kFp8Block128 || format == Format::kMxfp8) {
-    float divisor = 1.0f;     // fp8 block-128: x / scale
-    float multiplier = 1.0f;  // mxfp8: x * 2^(127 - code), exact
+    float multiplier = 1.0f;  // fp8 block-128: fp8_max / max(amax, 1e-4); mxfp8: 2^(127 - code), exact
     const bool finite = block_is_finite(amax);
     if constexpr (format == Format::kFp8Block128) {
-      divisor = fp8_block_scale(amax, encoding);
-      out.scale = float_bits(divisor);
+      out.scale = float_bits(fp8_block_scale(amax, encoding));
+      multiplier = fp8_element_factor(amax, encoding);
     } else {
       const uint8_t code = mx_scale_code(amax, kE4m3fnMax);
       multiplier = mx_inverse_scale(code);
@@ -64,7 +63,7 @@ __device__ inline QuantizedEight quantize_eight(const float (&values)[kElementsP
       float scaled[kElementsPerThread];
 #pragma unroll
       for (int i = 0; i < kElementsPerThread; ++i) {
-        scaled[i] = format == Format::kFp8Block128 ? values[i] / divisor : values[i] * multiplier;
+        scaled[i] = values[i] * multiplier;
       }
       if (encoding == Fp8::kE4m3fn) {
 #pragma unroll

@@ -126,8 +126,7 @@ __device__ inline void store_item(const SiluParams& params, const float (&values
     uint32_t words[kItemElements / 2];
 #pragma unroll
     for (int w = 0; w < kItemElements / 2; ++w) {
-      words[w] = rocep::float_to_bf16(canonical_nan(values[2 * w])) |
-                 (static_cast<uint32_t>(rocep::float_to_bf16(canonical_nan(values[2 * w + 1]))) << 16);
+      words[w] = rocep::float_pair_to_bf16_canonical(values[2 * w], values[2 * w + 1]);
     }
     const Vector16 packed{words[0], words[1], words[2], words[3]};
     if (active) {

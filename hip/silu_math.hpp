@@ -1,8 +1,9 @@
 // The float32 math of the fused SiLU kernels, defined bit for bit. Every step is one IEEE float32
 // operation rounded to nearest even, or an explicit fused multiply-add (one rounding), or integer work on
 // the bits: the build turns floating-point contraction off, so the CPU reference (host/silu.cpp) and the
-// kernels (hip/silu.hip) on every GPU compute the same bits. No hardware approximation (exp2, rcp) is
-// used: those differ between vendors.
+// kernels (hip/silu.hip) on every GPU compute the same bits. No result depends on a hardware approximation
+// (exp2, rcp): those differ between vendors. The one approximate reciprocal (divide_in_range on NVIDIA)
+// only starts a sequence whose result is the correctly rounded quotient whatever its low bits.
 #pragma once
 
 #include <math.h>  // fmaf: libm on the host, the fma instruction in device code (nvcc and hipcc)
@@ -17,16 +18,13 @@ ROCEP_HOST_DEVICE inline float fused_multiply_add(float a, float b, float c) {
   return fmaf(a, b, c);
 }
 
-// exp_float thresholds. Above kExpOverflowInput the result is +inf (exp(0x1.62e430p6) is past
-// FLT_MAX + half an ulp). Below kExpUnderflowInput the true result is under 2^-126 and exp_float returns
-// +0: results in the subnormal range are flushed, which saves a second scaling step per element, and SiLU
-// only adds exp to 1, where anything below 2^-24 vanishes anyway.
-inline constexpr float kExpOverflowInput = 0x1.62e42ep6f;  // 88.7228317: the largest x with exp(x) finite
-inline constexpr float kExpUnderflowInput =
-    -0x1.5d589ep6f;  // -87.3365402: the smallest x with exp(x) >= 2^-126
+// exp's inputs in silu are clamped to [-kSiluExpLimit, kSiluExpLimit]: exp(-87) = 1.6e-38 is still a
+// normal float32 and vanishes against 1, exp(87) = 6.1e37 is below 2^126.
+inline constexpr float kSiluExpLimit = 87.0f;
 
-// exp(x) for x in [kExpUnderflowInput, kExpOverflowInput], where the result is a normal float32; other
-// inputs give unspecified bits (exp_float and silu select them away).
+// exp(x) for x in [-87.33, 88.72], where the result is a normal float32, within 2 ulp of the exact value
+// (measured over every float32 of that range against double exp: at most 0.97 ulp;
+// tests/cpu/silu_reference_test.cpp keeps a dense sweep of it). Other inputs give unspecified bits.
 //   n = x / ln2 rounded to an integer (ties to even), r = x - n * ln2 in [-ln2/2, ln2/2] (Cody-Waite: ln2 as
 //   a 9-bit high part, so n * high is exact and x - n * high has no rounding error, plus a low part),
 //   exp(r) = 1 + r + r^2 * Q(r) with Q a degree-4 minimax fit of (exp(r) - 1 - r) / r^2 on [-0.3466, 0.3466]
@@ -60,30 +58,37 @@ ROCEP_HOST_DEVICE inline float exp_in_range(float x) {
   return bits_float(float_bits(p) + (float_bits(shifted) << 23));
 }
 
-// exp(x) in float32, within 2 ulp of the exact value wherever the result is a normal float32 (measured
-// over every float32 input against double exp: at most 0.97 ulp; tests/cpu/silu_reference_test.cpp keeps
-// a dense sweep of it); +0 below kExpUnderflowInput, +inf above kExpOverflowInput. NaN gives a NaN
-// (payload unspecified), +inf gives +inf, -inf gives +0.
-ROCEP_HOST_DEVICE inline float exp_float(float x) {
-  if (x < kExpUnderflowInput) {
-    return 0.0f;
-  }
-  return x <= kExpOverflowInput ? exp_in_range(x) : x + bits_float(kFloatExponentMask);  // +inf, NaN for NaN
+// n / d rounded to nearest even, the IEEE quotient, for d in [1, 2^126) and n not subnormal unless d is a
+// power of two. On NVIDIA without the IEEE division's guard for the cases outside that range (a check, a
+// branch to a slow path and the registers it clobbers, about 7 instructions per element): an approximate
+// reciprocal, one Newton step, the quotient and one correction by fused multiply-adds (the fast path of
+// CUDA's own correctly rounded division), with the remainder's sign arranged so that -0 / d stays -0, and
+// an infinite n selected through (inf - inf would make the correction NaN). Elsewhere IEEE division.
+ROCEP_HOST_DEVICE inline float divide_in_range(float n, float d) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  r = fused_multiply_add(fused_multiply_add(-d, r, 1.0f), r, r);
+  const float q = n * r;
+  const float corrected = fused_multiply_add(-fused_multiply_add(d, q, -n), r, q);
+  return __builtin_fabsf(n) == bits_float(kFloatExponentMask) ? n : corrected;
+#else
+  return n / d;
+#endif
 }
 
-// silu(g) = g / (1 + exp_float(-g)), one IEEE division. silu(g) = g exactly for g > 16.7
-// (exp(-g) < 2^-24). For g < -88.7 exp(-g) overflows and silu(g) is -0 (the exact value is still a float32
-// down to -92.6), and silu(-inf) is NaN (-inf / inf): float32 SiLU as this formula is written everywhere.
-// Computed with the thresholds folded in, which saves two instructions per element and gives the same
-// bits for every float32 g (checked over all 2^32): below kExpUnderflowInput exp_float is 0, and
-// exp(-87) = 1.6e-38 leaves 1 + e = 1 just the same, so -g is raised to -87 instead of selecting 0; a NaN g
-// gives NaN either way.
+// silu(g) = g / (1 + exp(-g)) with exp = exp_in_range, rounded once per operation, and -0 for g < -87
+// (where |silu(g)| < 1.5e-36; this includes -inf). exp's input is clamped to [-87, 87], inside
+// exp_in_range's range, which changes nothing: for g > 87 exp(-g) < 2^-125 vanishes against 1 just as
+// exp(-87) does, and g < -87 gives -0 whatever the denominator. So 1 + exp is in [1, 6.1e37], below 2^126,
+// and the numerator is subnormal only where |g| < 2^-125 makes exp(-g) exactly 1: divide_in_range holds.
+// silu(g) = g exactly for g > 16.7 (exp(-g) < 2^-24), silu(+inf) = +inf, NaN gives NaN.
 ROCEP_HOST_DEVICE inline float silu(float g) {
-  constexpr float kNegligibleExpInput = -87.0f;  // inside exp_in_range's range, exp < 2^-24
-  const float x = -g;
-  const float e = exp_in_range(x > kNegligibleExpInput ? x : kNegligibleExpInput);
-  const float denominator = x <= kExpOverflowInput ? 1.0f + e : bits_float(kFloatExponentMask);
-  return g / denominator;
+  float x = -g;
+  x = x < kSiluExpLimit ? x : kSiluExpLimit;  // a NaN g: either bound, the numerator keeps the NaN
+  x = x > -kSiluExpLimit ? x : -kSiluExpLimit;
+  const float numerator = g < -kSiluExpLimit ? -0.0f : g;
+  return divide_in_range(numerator, 1.0f + exp_in_range(x));
 }
 
 // SwiGLU limit, applied to gate and up before silu(g) * u when clamp_limit > 0: g = min(g, limit),
@@ -98,13 +103,6 @@ ROCEP_HOST_DEVICE inline float clamp_up(float u, float clamp_limit) {
 // silu(g) * u, the value every output format encodes.
 ROCEP_HOST_DEVICE inline float silu_product(float g, float u) {
   return silu(g) * u;
-}
-
-// The canonical 0x7fc00000 for any NaN, other values unchanged. The bf16 output stores this: NaN bits
-// from arithmetic differ between x86 (sign set), NVIDIA (0x7fffffff) and AMD, and bf16 keeps them. The
-// quantised formats need no such step: a NaN anywhere makes its whole block NaN, whatever its bits.
-ROCEP_HOST_DEVICE inline float canonical_nan(float value) {
-  return value != value ? bits_float(kFloatNan) : value;
 }
 
 }  // namespace rocep::device

@@ -250,11 +250,12 @@ void quantize_row(TokenFormat format, Fp8Encoding encoding, const float* values,
     switch (format) {
       case TokenFormat::kFp8Block128: {
         const float fp8_max = encoding == Fp8Encoding::kE4m3fnuz ? kE4m3fnuzMax : kE4m3fnMax;
-        const float scale = nan_block ? std::numeric_limits<float>::quiet_NaN()
-                                      : std::max(magnitude.amax, kFp8ScaleFloor) / fp8_max;
+        const float floored_amax = std::max(magnitude.amax, kFp8ScaleFloor);
+        const float scale = nan_block ? std::numeric_limits<float>::quiet_NaN() : floored_amax / fp8_max;
         std::memcpy(scales + sizeof(float) * block, &scale, sizeof scale);
+        const float factor = fp8_max / floored_amax;
         for (int i = 0; i < block_size; ++i) {
-          store_element(format, payload, first + i, nan_block ? 0 : fp8_type(encoding).encode(x[i] / scale));
+          store_element(format, payload, first + i, nan_block ? 0 : fp8_type(encoding).encode(x[i] * factor));
         }
         break;
       }

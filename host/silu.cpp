@@ -120,7 +120,7 @@ void silu_and_quantize_reference(const SiluArgs& args) {
         g = device::clamp_gate(g, args.clamp_limit);
         u = device::clamp_up(u, args.clamp_limit);
       }
-      values[column] = device::canonical_nan(device::silu_product(g, u));
+      values[column] = canonical_nan(device::silu_product(g, u));
     }
     // The row's group: the first g with row < row_offsets[g + 1], the last group at most (as the kernels).
     float global_scale = 0.0f;

@@ -228,11 +228,11 @@ ROCEP_HOST_DEVICE inline void quantize_block_with_device_codecs(device::Format f
     amax_bits = magnitude_bits > amax_bits ? magnitude_bits : amax_bits;
   }
   bool nan_block = !block_is_finite(amax_bits);
-  float fp8_scale = 0.0f;
-  float multiplier = 0.0f;  // MX and nvfp4 elements encode x * multiplier
+  float multiplier = 0.0f;  // elements encode x * multiplier
   if (format == Format::kFp8Block128) {
-    fp8_scale = fp8_block_scale(amax_bits, encoding);
+    const float fp8_scale = fp8_block_scale(amax_bits, encoding);
     __builtin_memcpy(scales + sizeof(float) * block, &fp8_scale, sizeof fp8_scale);
+    multiplier = nan_block ? 0.0f : fp8_element_factor(amax_bits, encoding);
   } else if (format == Format::kNvfp4) {
     const uint8_t code = nvfp4_scale_code(amax_bits, global_scale);
     scales[block] = code;
@@ -249,7 +249,7 @@ ROCEP_HOST_DEVICE inline void quantize_block_with_device_codecs(device::Format f
     if (!nan_block) {
       switch (format) {
         case Format::kFp8Block128:
-          code = encode_fp8(x / fp8_scale, encoding);
+          code = encode_fp8(x * multiplier, encoding);
           break;
         case Format::kMxfp8:
           code = encode_e4m3fn(x * multiplier);

@@ -13,7 +13,8 @@
 //
 // Blocks and scales (amax = largest |x| of the block; all arithmetic in IEEE float32, one rounding per
 // operation, in the order written)
-//   fp8 block-128  scale = max(amax, 1e-4) / fp8_max (448 or 240); element = fp8(x / scale)
+//   fp8 block-128  scale = max(amax, 1e-4) / fp8_max (448 or 240); element = fp8(x * factor), factor =
+//                  fp8_max / max(amax, 1e-4)
 //   mxfp8, mxfp4   e8m0 code = 127 + ceil(log2(amax / emax)), emax = 448 (e4m3fn) or 6 (e2m1), the quotient
 //                  rounded to float32 first, clamped to [0, 254] (amax = 0 gives code 0); element =
 //                  elem(x / 2^(code - 127)). Unlike OCP's floor rule this does not clip a block's largest

@@ -6,8 +6,8 @@
 // even), exp being the exp_float of hip/silu_math.hpp (a Cody-Waite reduction and a degree-6 polynomial
 // in fused multiply-adds, within 1 ulp of exp; +0 below -87.34, +inf above 88.72), so the CPU reference
 // and every GPU compute the same bits. silu(g) = g for g > 16.7; silu(g) = -0 for g < -88.7 (exp(-g)
-// overflows); silu(-inf) is NaN. bf16 stores every NaN as 0x7fc0; in the quantised formats a NaN or
-// infinity makes its whole block NaN (formats.hpp).
+// overflows); silu(-inf) is NaN. bf16 stores every NaN as 0x7fff (CUDA's canonical bf16 NaN); in the
+// quantised formats a NaN or infinity makes its whole block NaN (formats.hpp).
 #pragma once
 
 #include <cstddef>

@@ -502,7 +502,8 @@ double block_scale(TokenFormat format, const uint8_t* scales, int block, float g
 
 // |dequantize(quantize(x)) - x| is at most half a step of the element type at the block's scale, or the
 // distance to the largest value where the element saturates (the scale's own rounding can put the block's
-// largest element a little past the element max), plus the float32 roundings of x / scale and e * scale.
+// largest element a little past the element max), plus the float32 roundings of the element factor, of x *
+// factor and of e * scale.
 TEST(BlockCodecTest, DequantisedRowsAreWithinHalfAStep) {
   const uint64_t seed = rocep::testing::fresh_seed();
   SCOPED_TRACE(rocep::testing::seed_trace(seed));

@@ -1,8 +1,9 @@
 // The device codecs (hip/codecs.hpp) compiled for the GPU against the CPU reference (host/codecs.hpp), bit
 // for bit: element encoders over every bf16, random float32 patterns and every rounding boundary; every
-// decoder code; rows quantised by the scale helpers composed as a kernel composes them. The same checks
-// pass on the host (tests/cpu/codec_test.cpp), so a difference here is the device compilation's: a
-// contracted multiply-add, a flushed subnormal, a different division.
+// decoder code; rows quantised by the scale helpers composed as a kernel composes them; and the SiLU math
+// (hip/silu_math.hpp) with the bf16 pair conversion of its outputs. The same checks pass on the host
+// (tests/cpu/codec_test.cpp, silu_reference_test.cpp), so a difference here is the device compilation's:
+// a contracted multiply-add, a flushed subnormal, a different division.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +13,9 @@
 
 #include "codec_cases.hpp"
 #include "gpu_support.hpp"
+#include "hip/bf16.hpp"
 #include "hip/codecs.hpp"
+#include "hip/silu_math.hpp"
 #include "host/device_memory.hpp"
 #include "host/gpu_check.hpp"
 #include "mpi_support.hpp"
@@ -56,6 +59,15 @@ __global__ void quantize_rows(device::Format format, device::Fp8 encoding, const
         format, encoding, values + static_cast<std::size_t>(row) * columns, block % blocks_per_row,
         global_scale, payload + static_cast<std::size_t>(row) * payload_bytes,
         scales + static_cast<std::size_t>(row) * scale_bytes);
+  }
+}
+
+// silu of every input, and the bf16 pair (input, silu) as the bf16 SiLU output stores it.
+__global__ void silu_and_pairs(const float* inputs, int count, float* silu_values, uint32_t* pairs) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < count) {
+    silu_values[i] = device::silu(inputs[i]);
+    pairs[i] = rocep::float_pair_to_bf16_canonical(inputs[i], silu_values[i]);
   }
 }
 
@@ -110,6 +122,37 @@ TEST_F(GpuCodecTest, EncodersMatchReference) {
     EXPECT_TRUE(rocep::testing::same_codes_as_reference(element, element_inputs,
                                                         encode_on_device(element, element_inputs)));
   }
+}
+
+// Every bf16 (the kernels' gate values) and every 251st float32 bit pattern: silu's division on the
+// device is the IEEE quotient wherever the inputs take it, including subnormal and infinite numerators.
+TEST_F(GpuCodecTest, SiluAndBf16PairsMatchReference) {
+  std::vector<float> inputs = rocep::testing::bf16_inputs();
+  for (uint64_t bits = 0; bits <= 0xffffffffull; bits += 251) {
+    inputs.push_back(device::bits_float(static_cast<uint32_t>(bits)));
+  }
+  const int count = static_cast<int>(inputs.size());
+  const DeviceBuffer device_inputs = rocep::testing::upload(inputs);
+  DeviceBuffer silu_values(inputs.size() * sizeof(float));
+  DeviceBuffer pairs(inputs.size() * sizeof(uint32_t));
+  silu_and_pairs<<<grid_for(inputs.size()), kThreads>>>(device_inputs.as<float>(), count,
+                                                        silu_values.as<float>(), pairs.as<uint32_t>());
+  ROCEP_GPU_CHECK(hipGetLastError());
+  const std::vector<float> gpu_silu = rocep::testing::download<float>(silu_values, inputs.size());
+  const std::vector<uint32_t> gpu_pairs = rocep::testing::download<uint32_t>(pairs, inputs.size());
+  std::vector<float> expected_silu(inputs.size());
+  std::size_t pair_mismatches = 0;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    expected_silu[i] = device::silu(inputs[i]);
+    const uint32_t expected_pair = rocep::float_pair_to_bf16_canonical(inputs[i], expected_silu[i]);
+    if (gpu_pairs[i] != expected_pair && ++pair_mismatches <= 8) {
+      ADD_FAILURE() << "bf16 pair of " << rocep::testing::describe(inputs[i]) << " and its silu: GPU "
+                    << rocep::testing::hex(gpu_pairs[i], 8) << ", reference "
+                    << rocep::testing::hex(expected_pair, 8);
+    }
+  }
+  EXPECT_EQ(pair_mismatches, 0u);
+  EXPECT_TRUE(rocep::testing::same_floats("silu", gpu_silu, expected_silu));
 }
 
 TEST_F(GpuCodecTest, DecodersMatchReference) {
