@@ -47,7 +47,7 @@ struct TokenTargets {
 
 // Quantises one bf16 token row into the dispatch format and stores payload and scales to every target.
 // `first` is the thread's first vector of the row, loaded by the caller ahead of time. Every thread of the
-// block runs the same iterations (quantize_eight shuffles across lanes); lanes past the row quantise zeros
+// block runs the same iterations (quantize_elements shuffles across lanes); lanes past the row quantise zeros
 // and store nothing. One vector per step with the next one in flight, not unrolled: four staged vectors
 // took the send kernels from 64 to 96 registers on sm_90.
 template <Format format>
@@ -56,7 +56,7 @@ __device__ void quantize_to_targets(const TokenTargets& targets, const uint8_t* 
   const auto* vectors = reinterpret_cast<const Vector16*>(row);
   const uint32_t num_vectors = static_cast<uint32_t>(shape.hidden) / kElementsPerThread;
   constexpr int lanes = block_elements(format) / kElementsPerThread;
-  constexpr int code_bytes = eight_payload_bytes(format);
+  constexpr int code_bytes = elements_payload_bytes(format, kElementsPerThread);
   Vector16 next = first;
 #pragma unroll 1
   for (uint32_t base = 0; base < num_vectors; base += blockDim.x) {
@@ -73,7 +73,8 @@ __device__ void quantize_to_targets(const TokenTargets& targets, const uint8_t* 
         values[e] = rocep::bf16_to_float(static_cast<uint16_t>(words[e / 2] >> (16 * (e % 2))));
       }
     }
-    const QuantizedEight q = quantize_eight<format>(values, shape.fp8_encoding, global_scale);
+    const QuantizedElements<kElementsPerThread> q =
+        quantize_elements<format, kElementsPerThread>(values, shape.fp8_encoding, global_scale);
     if (v >= num_vectors) {
       continue;
     }

@@ -1,7 +1,7 @@
-// Quantising a row of float32 values in a block of threads, each thread holding 8 consecutive elements:
-// the lanes that hold one scale block agree on its amax through shuffles, then each encodes its own 8.
-// The kernels that produce quantised rows (dispatch from bf16 tokens, the fused SiLU) share this, and
-// host/codecs.cpp defines the same bits.
+// Quantising a row of float32 values in a block of threads, each thread holding 8 or 16 consecutive
+// elements: the lanes that hold one scale block agree on its amax through shuffles, then each encodes its
+// own elements. The kernels that produce quantised rows (dispatch from bf16 tokens, 8 per thread; the fused
+// SiLU, 16) share this, and host/codecs.cpp defines the same bits.
 #pragma once
 
 #include <cstdint>
@@ -12,41 +12,46 @@
 
 namespace rocep::device {
 
+// Elements per thread where dispatch quantises a token row.
 inline constexpr int kElementsPerThread = 8;
 
-// What one thread produces from its 8 elements: the codes (8 bytes of fp8 in words 0-1, or 4 bytes of
-// e2m1 in word 0, element 2i in the low nibble of byte i) and its block's scale (float32 bits for fp8
-// block-128, the code byte otherwise), which the block's first lane stores.
-struct QuantizedEight {
-  uint32_t codes[2];
+// What one thread produces from its kCount elements: the codes (kCount bytes of fp8 in words
+// [0, kCount / 4), or kCount / 2 bytes of e2m1 in words [0, kCount / 8), element 2i in the low nibble of
+// byte i) and its block's scale (float32 bits for fp8 block-128, the code byte otherwise), which the
+// block's first lane stores.
+template <int kCount>
+struct QuantizedElements {
+  uint32_t codes[kCount / 4];
   uint32_t scale;
 };
 
-// Payload bytes of 8 elements.
-ROCEP_HOST_DEVICE constexpr int eight_payload_bytes(Format format) {
-  return format == Format::kBf16 ? 16 : (format == Format::kMxfp4 || format == Format::kNvfp4 ? 4 : 8);
+// Payload bytes of `count` elements.
+ROCEP_HOST_DEVICE constexpr int elements_payload_bytes(Format format, int count) {
+  return format == Format::kBf16 ? 2 * count
+                                 : (format == Format::kMxfp4 || format == Format::kNvfp4 ? count / 2 : count);
 }
 
-// Every lane of the wave calls it, lanes without data with zeros; lanes
-// [b * L, (b + 1) * L) hold one scale block, L = block_elements(format) / 8 (a power of two up to 16, so a
-// block never straddles two waves).
-template <Format format>
-__device__ inline QuantizedEight quantize_eight(const float (&values)[kElementsPerThread], Fp8 encoding,
-                                                float global_scale) {
+// Every lane of the wave calls it, lanes without data with zeros; lanes [b * L, (b + 1) * L) hold one
+// scale block, L = block_elements(format) / kCount (a power of two up to 16, so a block never straddles
+// two waves; 1 when the block is the thread's own).
+template <Format format, int kCount>
+__device__ inline QuantizedElements<kCount> quantize_elements(const float (&values)[kCount], Fp8 encoding,
+                                                              float global_scale) {
   static_assert(format != Format::kBf16, "bf16 has no scales to compute");
   uint32_t amax = 0;
 #pragma unroll
-  for (int i = 0; i < kElementsPerThread; ++i) {
+  for (int i = 0; i < kCount; ++i) {
     const uint32_t magnitude = float_bits(values[i]) & 0x7fffffffu;
     amax = magnitude > amax ? magnitude : amax;
   }
-  const int lanes = block_elements(format) / kElementsPerThread;
+  static_assert(block_elements(format) % kCount == 0, "a thread's elements lie in one scale block");
+  const int lanes = block_elements(format) / kCount;
   for (int mask = 1; mask < lanes; mask <<= 1) {
     const uint32_t other = shuffle_xor(amax, mask);
     amax = other > amax ? other : amax;
   }
 
-  QuantizedEight out{{0, 0}, 0};
+  QuantizedElements<kCount> out{};
   if constexpr (format == Format::kFp8Block128 || format == Format::kMxfp8) {
     float multiplier = 1.0f;  // fp8 block-128: fp8_max / max(amax, 1e-4); mxfp8: 2^(127 - code), exact
     const bool finite = block_is_finite(amax);
@@ -60,19 +65,19 @@ __device__ inline QuantizedEight quantize_eight(const float (&values)[kElementsP
       encoding = Fp8::kE4m3fn;
     }
     if (finite) {
-      float scaled[kElementsPerThread];
+      float scaled[kCount];
 #pragma unroll
-      for (int i = 0; i < kElementsPerThread; ++i) {
+      for (int i = 0; i < kCount; ++i) {
         scaled[i] = values[i] * multiplier;
       }
       if (encoding == Fp8::kE4m3fn) {
 #pragma unroll
-        for (int i = 0; i < kElementsPerThread; i += 2) {
+        for (int i = 0; i < kCount; i += 2) {
           out.codes[i / 4] |= encode_e4m3fn_pair(scaled[i], scaled[i + 1]) << (8 * (i % 4));
         }
       } else {
 #pragma unroll
-        for (int i = 0; i < kElementsPerThread; ++i) {
+        for (int i = 0; i < kCount; ++i) {
           out.codes[i / 4] |= static_cast<uint32_t>(encode_e4m3fnuz(scaled[i])) << (8 * (i % 4));
         }
       }
@@ -97,8 +102,8 @@ __device__ inline QuantizedEight quantize_eight(const float (&values)[kElementsP
   }
   if (encode) {
 #pragma unroll
-    for (int i = 0; i < kElementsPerThread; ++i) {
-      out.codes[0] |= static_cast<uint32_t>(encode_e2m1(values[i] * multiplier)) << (4 * i);
+    for (int i = 0; i < kCount; ++i) {
+      out.codes[i / 8] |= static_cast<uint32_t>(encode_e2m1(values[i] * multiplier)) << (4 * (i % 8));
     }
   }
   return out;

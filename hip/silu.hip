@@ -7,11 +7,13 @@
 //   rocep_silu_mxfp4   e2m1 + e8m0 scales [rows][n/32]
 //   rocep_silu_nvfp4   e2m1 + e4m3fn scales in 128x4 tiles, global scale of the row's group
 //
-// Work: an item is 8 consecutive output columns of one row; items are numbered row-major and a persistent
-// grid strides over them, so the lanes of a wave hold consecutive items and a scale block (128, 32 or 16
-// columns = 16, 4 or 2 items) sits in aligned lanes of one wave: its amax is a few xor-shuffles, no shared
-// memory. Each thread loads kItemsInFlight items (16-byte loads of gate and up) before computing any.
-// The float math is hip/silu_math.hpp, the encoding hip/quantize.hpp (as dispatch), the scale placement
+// Work: an item is 8 (bf16) or 16 (quantised formats) consecutive output columns of one row; items are
+// numbered row-major and a persistent grid strides over them, so the lanes of a wave hold consecutive
+// items and a scale block (128, 32 or 16 columns = 8, 2 or 1 items of 16) sits in aligned lanes of one
+// wave: its amax is a few xor-shuffles, no shared memory. Sixteen columns halve the per-column share of
+// what is done once per item (addresses, the block's amax and scale). Each thread loads
+// kItemsInFlight items (16-byte loads of gate and up) before computing any. The float math is
+// hip/silu_math.hpp, the encoding hip/quantize.hpp (as dispatch), the scale placement
 // hip/scale_layout.hpp: the CPU reference (host/silu.cpp) uses the same three, so results match bit for bit.
 #include "bf16.hpp"
 #include "ep_kernels.hpp"
@@ -25,14 +27,19 @@ using namespace rocep::device;
 
 namespace {
 
-constexpr int kItemElements = kElementsPerThread;
-// Items whose loads a thread issues before it computes: 2 x 2 x 16 bytes per thread in flight.
-constexpr int kItemsInFlight = 2;
+// Output columns per item: bf16 rows are only a multiple of 8 long, the quantised formats' of 64 or more.
+template <Format kFormat>
+constexpr int kItemElements = kFormat == Format::kBf16 ? 8 : 16;
+// Items whose loads a thread issues before it computes: 2 x 16 bytes of gate and of up per 8 columns, 64
+// bytes per thread in flight.
+template <Format kFormat>
+constexpr int kItemsInFlight = 16 / kItemElements<kFormat>;
 
-// The raw loads of one item: 16 bf16. Plain: gate[0..8) then up[0..8); interleaved: g0 u0 g1 u1 ... g7 u7.
+// The raw loads of one item of kElements: plain, gate[0..kElements) then up[0..kElements); interleaved,
+// g0 u0 g1 u1 ...: kElements / 4 vectors either way.
+template <int kElements>
 struct GateUp {
-  Vector16 first;
-  Vector16 second;
+  Vector16 vectors[kElements / 4];
 };
 
 // The items of one thread, in order: thread t of the grid takes items t, t + grid_threads, ... of the
@@ -80,11 +87,17 @@ struct GroupCursor {
   }
 };
 
-template <bool kInterleaved>
-__device__ inline GateUp load_gate_up(const uint16_t* gate_up_row, uint32_t chunk, int n) {
-  const uint16_t* first = gate_up_row + (kInterleaved ? 2 * kItemElements * chunk : kItemElements * chunk);
-  const uint16_t* second = kInterleaved ? first + kItemElements : first + n;
-  return {*reinterpret_cast<const Vector16*>(first), *reinterpret_cast<const Vector16*>(second)};
+template <int kElements, bool kInterleaved>
+__device__ inline GateUp<kElements> load_gate_up(const uint16_t* gate_up_row, uint32_t chunk, int n) {
+  GateUp<kElements> loaded;
+  const auto* first =
+      reinterpret_cast<const Vector16*>(gate_up_row + (kInterleaved ? 2 : 1) * kElements * chunk);
+  const auto* up = reinterpret_cast<const Vector16*>(gate_up_row + n + kElements * chunk);
+#pragma unroll
+  for (int v = 0; v < kElements / 4; ++v) {
+    loaded.vectors[v] = kInterleaved || v < kElements / 8 ? first[v] : up[v - kElements / 8];
+  }
+  return loaded;
 }
 
 // 32-bit word w (0..3) of a vector. The loads are taken apart with word selects and shifts, not through a
@@ -99,15 +112,17 @@ __device__ inline float bf16_element(const Vector16& vector, int i) {
   return bits_float(i % 2 == 0 ? word << 16 : word & 0xffff0000u);
 }
 
-template <bool kInterleaved, bool kClamp>
-__device__ inline void silu_values(const GateUp& loaded, float clamp_limit, float (&values)[kItemElements]) {
+template <int kElements, bool kInterleaved, bool kClamp>
+__device__ inline void silu_values(const GateUp<kElements>& loaded, float clamp_limit,
+                                   float (&values)[kElements]) {
 #pragma unroll
-  for (int i = 0; i < kItemElements; ++i) {
-    // Interleaved: (g_i, u_i) is word i % 4 of the first or second vector.
-    float g = kInterleaved ? bf16_element(i < 4 ? loaded.first : loaded.second, 2 * (i % 4))
-                           : bf16_element(loaded.first, i);
-    float u = kInterleaved ? bf16_element(i < 4 ? loaded.first : loaded.second, 2 * (i % 4) + 1)
-                           : bf16_element(loaded.second, i);
+  for (int i = 0; i < kElements; ++i) {
+    // Plain: g_i is element i % 8 of vector i / 8, u_i of vector kElements / 8 + i / 8. Interleaved:
+    // (g_i, u_i) is word i % 4 of vector i / 4.
+    float g = kInterleaved ? bf16_element(loaded.vectors[i / 4], 2 * (i % 4))
+                           : bf16_element(loaded.vectors[i / 8], i % 8);
+    float u = kInterleaved ? bf16_element(loaded.vectors[i / 4], 2 * (i % 4) + 1)
+                           : bf16_element(loaded.vectors[kElements / 8 + i / 8], i % 8);
     if (kClamp) {
       g = clamp_gate(g, clamp_limit);
       u = clamp_up(u, clamp_limit);
@@ -119,29 +134,34 @@ __device__ inline void silu_values(const GateUp& loaded, float clamp_limit, floa
 // Encodes one item of `values` and stores it (and its block's scale, from the block's first lane) when
 // `active`; every lane of the wave calls it.
 template <Format kFormat, Fp8 kFp8>
-__device__ inline void store_item(const SiluParams& params, const float (&values)[kItemElements], bool active,
-                                  uint32_t row, uint32_t chunk, float global_scale) {
-  const std::size_t first_element = static_cast<std::size_t>(row) * params.n + kItemElements * chunk;
+__device__ inline void store_item(const SiluParams& params, const float (&values)[kItemElements<kFormat>],
+                                  bool active, uint32_t row, uint32_t chunk, float global_scale) {
+  constexpr int kElements = kItemElements<kFormat>;
+  const std::size_t first_element = static_cast<std::size_t>(row) * params.n + kElements * chunk;
+  constexpr bool kFourBit = elements_payload_bytes(kFormat, 2) == 1;
+  uint8_t* payload =
+      params.out + (kFourBit ? first_element / 2 : first_element * elements_payload_bytes(kFormat, 1));
   if constexpr (kFormat == Format::kBf16) {
-    uint32_t words[kItemElements / 2];
+    uint32_t words[kElements / 2];
 #pragma unroll
-    for (int w = 0; w < kItemElements / 2; ++w) {
+    for (int w = 0; w < kElements / 2; ++w) {
       words[w] = rocep::float_pair_to_bf16_canonical(values[2 * w], values[2 * w + 1]);
     }
-    const Vector16 packed{words[0], words[1], words[2], words[3]};
     if (active) {
-      *reinterpret_cast<Vector16*>(params.out + 2 * first_element) = packed;
+      *reinterpret_cast<Vector16*>(payload) = Vector16{words[0], words[1], words[2], words[3]};
     }
   } else {
-    constexpr int kLanes = block_elements(kFormat) / kItemElements;
-    const QuantizedEight quantized = quantize_eight<kFormat>(values, kFp8, global_scale);
+    constexpr int kLanes = block_elements(kFormat) / kElements;
+    const QuantizedElements<kElements> quantized =
+        quantize_elements<kFormat, kElements>(values, kFp8, global_scale);
     if (!active) {
       return;
     }
-    if constexpr (eight_payload_bytes(kFormat) == 4) {
-      *reinterpret_cast<uint32_t*>(params.out + first_element / 2) = quantized.codes[0];
+    const uint32_t* codes = quantized.codes;
+    if constexpr (elements_payload_bytes(kFormat, kElements) == 8) {
+      *reinterpret_cast<uint2*>(payload) = uint2{codes[0], codes[1]};
     } else {
-      *reinterpret_cast<uint2*>(params.out + first_element) = uint2{quantized.codes[0], quantized.codes[1]};
+      *reinterpret_cast<Vector16*>(payload) = Vector16{codes[0], codes[1], codes[2], codes[3]};
     }
     if (chunk % kLanes == 0) {
       uint8_t* scale_slot = params.out_scales + scale_offset(kFormat, row, static_cast<int>(chunk / kLanes),
@@ -157,38 +177,40 @@ __device__ inline void store_item(const SiluParams& params, const float (&values
 
 template <Format kFormat, Fp8 kFp8, bool kInterleaved, bool kClamp>
 __device__ void silu_rows(const SiluParams& params) {
+  constexpr int kElements = kItemElements<kFormat>;
+  constexpr int kInFlight = kItemsInFlight<kFormat>;
   const std::size_t row_count = params.row_offsets[params.num_groups];
   const auto rows =
       static_cast<uint32_t>(row_count < params.capacity_rows ? row_count : params.capacity_rows);
-  const uint32_t chunks_per_row = static_cast<uint32_t>(params.n) / kItemElements;
+  const uint32_t chunks_per_row = static_cast<uint32_t>(params.n) / kElements;
   const uint32_t grid_threads = gridDim.x * blockDim.x;
   // The same trip count in every thread, so every lane of a wave reaches every shuffle.
   const uint64_t items = static_cast<uint64_t>(rows) * chunks_per_row;
-  const uint64_t items_per_iteration = static_cast<uint64_t>(grid_threads) * kItemsInFlight;
+  const uint64_t items_per_iteration = static_cast<uint64_t>(grid_threads) * kInFlight;
   const uint64_t iterations = (items + items_per_iteration - 1) / items_per_iteration;
   ItemCursor cursor(blockIdx.x * blockDim.x + threadIdx.x, grid_threads, chunks_per_row);
   GroupCursor groups(params.row_offsets, params.num_groups);
 
   for (uint64_t iteration = 0; iteration < iterations; ++iteration) {
-    GateUp loaded[kItemsInFlight];
-    uint32_t row[kItemsInFlight];
-    uint32_t chunk[kItemsInFlight];
+    GateUp<kElements> loaded[kInFlight];
+    uint32_t row[kInFlight];
+    uint32_t chunk[kInFlight];
 #pragma unroll
-    for (int k = 0; k < kItemsInFlight; ++k) {
+    for (int k = 0; k < kInFlight; ++k) {
       row[k] = cursor.row;
       chunk[k] = cursor.chunk;
       loaded[k] = {};
       if (cursor.row < rows) {
         const uint16_t* gate_up_row = params.gate_up + static_cast<std::size_t>(cursor.row) * 2 * params.n;
-        loaded[k] = load_gate_up<kInterleaved>(gate_up_row, cursor.chunk, params.n);
+        loaded[k] = load_gate_up<kElements, kInterleaved>(gate_up_row, cursor.chunk, params.n);
       }
       cursor.advance();
     }
 #pragma unroll
-    for (int k = 0; k < kItemsInFlight; ++k) {
+    for (int k = 0; k < kInFlight; ++k) {
       const bool active = row[k] < rows;
-      float values[kItemElements];
-      silu_values<kInterleaved, kClamp>(loaded[k], params.clamp_limit, values);
+      float values[kElements];
+      silu_values<kElements, kInterleaved, kClamp>(loaded[k], params.clamp_limit, values);
       float global_scale = 0.0f;
       if constexpr (kFormat == Format::kNvfp4) {
         if (active) {
@@ -247,26 +269,32 @@ hipError_t load_silu_kernels(int* resident_blocks) {
       resident_blocks);
 }
 
-void launch_silu(const SiluParams& params, int max_blocks, hipStream_t stream) {
-  const uint64_t items = static_cast<uint64_t>(params.capacity_rows) * (params.n / kItemElements);
-  const uint64_t items_per_block = static_cast<uint64_t>(kBlockThreads) * kItemsInFlight;
-  const int blocks = static_cast<int>(
+// Blocks for `params`: enough for every item of capacity_rows once, at most `max_blocks`.
+template <Format kFormat>
+int silu_blocks(const SiluParams& params, int max_blocks) {
+  const uint64_t items = static_cast<uint64_t>(params.capacity_rows) * (params.n / kItemElements<kFormat>);
+  const uint64_t items_per_block = static_cast<uint64_t>(kBlockThreads) * kItemsInFlight<kFormat>;
+  return static_cast<int>(
       std::max<uint64_t>(1, std::min<uint64_t>(max_blocks, (items + items_per_block - 1) / items_per_block)));
+}
+
+void launch_silu(const SiluParams& params, int max_blocks, hipStream_t stream) {
   switch (params.format) {
     case Format::kBf16:
-      rocep_silu_bf16<<<blocks, kBlockThreads, 0, stream>>>(params);
+      rocep_silu_bf16<<<silu_blocks<Format::kBf16>(params, max_blocks), kBlockThreads, 0, stream>>>(params);
       break;
     case Format::kFp8Block128:
-      rocep_silu_fp8<<<blocks, kBlockThreads, 0, stream>>>(params);
+      rocep_silu_fp8<<<silu_blocks<Format::kFp8Block128>(params, max_blocks), kBlockThreads, 0, stream>>>(
+          params);
       break;
     case Format::kMxfp8:
-      rocep_silu_mxfp8<<<blocks, kBlockThreads, 0, stream>>>(params);
+      rocep_silu_mxfp8<<<silu_blocks<Format::kMxfp8>(params, max_blocks), kBlockThreads, 0, stream>>>(params);
       break;
     case Format::kMxfp4:
-      rocep_silu_mxfp4<<<blocks, kBlockThreads, 0, stream>>>(params);
+      rocep_silu_mxfp4<<<silu_blocks<Format::kMxfp4>(params, max_blocks), kBlockThreads, 0, stream>>>(params);
       break;
     case Format::kNvfp4:
-      rocep_silu_nvfp4<<<blocks, kBlockThreads, 0, stream>>>(params);
+      rocep_silu_nvfp4<<<silu_blocks<Format::kNvfp4>(params, max_blocks), kBlockThreads, 0, stream>>>(params);
       break;
   }
 }

@@ -58,37 +58,46 @@ ROCEP_HOST_DEVICE inline float exp_in_range(float x) {
   return bits_float(float_bits(p) + (float_bits(shifted) << 23));
 }
 
-// n / d rounded to nearest even, the IEEE quotient, for d in [1, 2^126) and n not subnormal unless d is a
-// power of two. On NVIDIA without the IEEE division's guard for the cases outside that range (a check, a
-// branch to a slow path and the registers it clobbers, about 7 instructions per element): an approximate
-// reciprocal, one Newton step, the quotient and one correction by fused multiply-adds (the fast path of
-// CUDA's own correctly rounded division), with the remainder's sign arranged so that -0 / d stays -0, and
-// an infinite n selected through (inf - inf would make the correction NaN). Elsewhere IEEE division.
+// n / d rounded to nearest even (the IEEE quotient) for finite n, NaN for an infinite or NaN n; for d in
+// [1, 2^126) and n not subnormal unless d is a power of two. On NVIDIA without the IEEE division's guard
+// for the cases outside that range (a check, a branch to a slow path and the registers it clobbers,
+// about 7 instructions per element): an approximate reciprocal, one Newton step, the quotient and one
+// correction by fused multiply-adds (the sequence nvcc emits for IEEE division when the guard passes),
+// with the remainder's sign arranged so that -0 / d stays -0. An infinite n makes the correction inf - inf,
+// a NaN; elsewhere adding n * 0 (a zero of n's sign, or NaN) gives the same.
 ROCEP_HOST_DEVICE inline float divide_in_range(float n, float d) {
 #if defined(__CUDA_ARCH__)
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
   r = fused_multiply_add(fused_multiply_add(-d, r, 1.0f), r, r);
   const float q = n * r;
-  const float corrected = fused_multiply_add(-fused_multiply_add(d, q, -n), r, q);
-  return __builtin_fabsf(n) == bits_float(kFloatExponentMask) ? n : corrected;
+  return fused_multiply_add(-fused_multiply_add(d, q, -n), r, q);
 #else
-  return n / d;
+  return n / d + n * 0.0f;
 #endif
 }
 
-// silu(g) = g / (1 + exp(-g)) with exp = exp_in_range, rounded once per operation, and -0 for g < -87
-// (where |silu(g)| < 1.5e-36; this includes -inf). exp's input is clamped to [-87, 87], inside
-// exp_in_range's range, which changes nothing: for g > 87 exp(-g) < 2^-125 vanishes against 1 just as
-// exp(-87) does, and g < -87 gives -0 whatever the denominator. So 1 + exp is in [1, 6.1e37], below 2^126,
-// and the numerator is subnormal only where |g| < 2^-125 makes exp(-g) exactly 1: divide_in_range holds.
-// silu(g) = g exactly for g > 16.7 (exp(-g) < 2^-24), silu(+inf) = +inf, NaN gives NaN.
+// max(value, floor), NaN for a NaN value: one instruction on NVIDIA sm_80 and later.
+ROCEP_HOST_DEVICE inline float max_keeping_nan(float value, float floor) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float result;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(result) : "f"(value), "f"(floor));
+  return result;
+#else
+  return value < floor ? floor : value;
+#endif
+}
+
+// silu(g) = g / (1 + exp(-g)) with exp = exp_in_range, rounded once per operation, for g >= -87; below
+// -87 (-inf included) it is silu(-87) = -1.43e-36 (the exact value lies between that and -0). So exp's
+// input is in [-87, 87], inside exp_in_range's range: for g > 87 it is raised to -87, where exp(-g) <
+// 2^-125 vanishes against 1 just as exp(-87) does. Then 1 + exp is in [1, 6.1e37], below 2^126, and the
+// numerator is subnormal only where |g| < 2^-125 makes exp(-g) exactly 1: divide_in_range holds.
+// silu(g) = g exactly for 16.7 < g < inf (exp(-g) < 2^-24); silu(+inf) and silu(NaN) are NaN.
 ROCEP_HOST_DEVICE inline float silu(float g) {
-  float x = -g;
-  x = x < kSiluExpLimit ? x : kSiluExpLimit;  // a NaN g: either bound, the numerator keeps the NaN
-  x = x > -kSiluExpLimit ? x : -kSiluExpLimit;
-  const float numerator = g < -kSiluExpLimit ? -0.0f : g;
-  return divide_in_range(numerator, 1.0f + exp_in_range(x));
+  const float numerator = max_keeping_nan(g, -kSiluExpLimit);
+  const float x = -numerator;
+  return divide_in_range(numerator, 1.0f + exp_in_range(x > -kSiluExpLimit ? x : -kSiluExpLimit));
 }
 
 // SwiGLU limit, applied to gate and up before silu(g) * u when clamp_limit > 0: g = min(g, limit),
