@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "float_ops.hpp"
 #include "portable.hpp"
 
 namespace rocep::device {
@@ -180,35 +181,46 @@ ROCEP_HOST_DEVICE inline bool block_is_finite(uint32_t amax_bits) {
 }
 
 // fp8 block-128: scale = max(amax, 1e-4) / fp8_max; elements encode x * (fp8_max / max(amax, 1e-4)), one
-// division per block instead of one per element.
+// division per block instead of one per element. max(amax, 1e-4) is a normal float32 and fp8_max a
+// constant: inside divide_in_range's range.
 ROCEP_HOST_DEVICE inline float fp8_block_scale(uint32_t amax_bits, Fp8 encoding) {
   if (!block_is_finite(amax_bits)) {
     return bits_float(kFloatNan);
   }
   const float amax = bits_float(amax_bits);
-  return (amax > 1e-4f ? amax : 1e-4f) / fp8_max(encoding);
+  return divide_in_range(amax > 1e-4f ? amax : 1e-4f, fp8_max(encoding));
 }
 
-// The multiplier of the elements of a finite fp8 block-128 block.
+// The multiplier of the elements of a finite fp8 block-128 block, fp8_max / m with m = max(amax, 1e-4),
+// computed as (fp8_max / 2^e) / (m / 2^e) for 2^e the power of two of m: both scalings are exact (the
+// numerator's exponent field stays in [7, 149] for m in [1e-4, FLT_MAX]), so the quotient is the same,
+// and the divisor lies in [1, 2), inside divide_in_range's range.
 ROCEP_HOST_DEVICE inline float fp8_element_factor(uint32_t amax_bits, Fp8 encoding) {
   const float amax = bits_float(amax_bits);
-  return fp8_max(encoding) / (amax > 1e-4f ? amax : 1e-4f);
+  const uint32_t floored = float_bits(amax > 1e-4f ? amax : 1e-4f);
+  const uint32_t unbias = (floored & kFloatExponentMask) - (127u << 23);  // e << 23, as a 32-bit difference
+  return divide_in_range(bits_float(float_bits(fp8_max(encoding)) - unbias), bits_float(floored - unbias));
 }
 
 // MX (e8m0): the smallest power of two X with amax / X <= element max, i.e. code = 127 +
 // ceil(log2(amax / element_max)), the quotient rounded to float32 first; clamped to [0, 254] (amax = 0
-// gives 0). Elements encode x / X.
+// gives 0). Elements encode x / X. Computed without the division: where the quotient is a normal float32,
+// it rounds to at most 2^j exactly when amax <= element_max * 2^j (the next float32 after element_max *
+// 2^j lies more than half an ulp of 2^j away), so the code is amax's exponent field less element_max's
+// unbiased exponent, plus one where amax's mantissa is above element_max's. Below that the quotient
+// rounds to at most 2^-127 (code 0) up to element_max * 2^-127 plus one float32 step, and to code 1 above.
+// Equal to the rule for every amax bit pattern (compared over all of them once, for 448 and 6); for those
+// element maxima the code never passes 253, so no upper clamp is needed.
 ROCEP_HOST_DEVICE inline uint8_t mx_scale_code(uint32_t amax_bits, float element_max) {
   if (!block_is_finite(amax_bits)) {
     return 0xff;
   }
-  const uint32_t ratio = float_bits(bits_float(amax_bits) / element_max);
-  const uint32_t exponent = ratio >> 23;
-  if (exponent == 0) {  // ratio below 2^-126: 2^-127 covers it unless it exceeds 2^-127
-    return ratio > 0x00400000u ? 1 : 0;
+  const uint32_t max_bits = float_bits(element_max);
+  if (amax_bits <= max_bits - (127u << 23) + 1) {
+    return 0;
   }
-  const uint32_t code = exponent + ((ratio & 0x7fffffu) != 0 ? 1u : 0u);
-  return static_cast<uint8_t>(code > 254 ? 254 : code);
+  const uint32_t above = (amax_bits & 0x7fffffu) > (max_bits & 0x7fffffu) ? 1u : 0u;
+  return static_cast<uint8_t>((amax_bits >> 23) - ((max_bits >> 23) - 127) + above);
 }
 
 // 1 / X for an e8m0 code of a finite block: exact (a power of two, a normal float32 for every code the

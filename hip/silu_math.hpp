@@ -2,21 +2,14 @@
 // operation rounded to nearest even, or an explicit fused multiply-add (one rounding), or integer work on
 // the bits: the build turns floating-point contraction off, so the CPU reference (host/silu.cpp) and the
 // kernels (hip/silu.hip) on every GPU compute the same bits. No result depends on a hardware approximation
-// (exp2, rcp): those differ between vendors. The one approximate reciprocal (divide_in_range on NVIDIA)
-// only starts a sequence whose result is the correctly rounded quotient whatever its low bits.
+// (exp2, rcp): those differ between vendors (hip/float_ops.hpp's division only starts from one).
 #pragma once
 
-#include <math.h>  // fmaf: libm on the host, the fma instruction in device code (nvcc and hipcc)
-
 #include "codecs.hpp"
+#include "float_ops.hpp"
 #include "portable.hpp"
 
 namespace rocep::device {
-
-// a * b + c with one rounding, on the host and on every GPU.
-ROCEP_HOST_DEVICE inline float fused_multiply_add(float a, float b, float c) {
-  return fmaf(a, b, c);
-}
 
 // exp's inputs in silu are clamped to [-kSiluExpLimit, kSiluExpLimit]: exp(-87) = 1.6e-38 is still a
 // normal float32 and vanishes against 1, exp(87) = 6.1e37 is below 2^126.
@@ -56,36 +49,6 @@ ROCEP_HOST_DEVICE inline float exp_in_range(float x) {
   // n sits in the low bits of `shifted`, so (bits << 23) is n << 23 modulo 2^32: adding it to p's bits
   // multiplies p by 2^n exactly; over the range the exponent field stays inside [1, 254].
   return bits_float(float_bits(p) + (float_bits(shifted) << 23));
-}
-
-// n / d rounded to nearest even (the IEEE quotient) for finite n, NaN for an infinite or NaN n; for d in
-// [1, 2^126) and n not subnormal unless d is a power of two. On NVIDIA without the IEEE division's guard
-// for the cases outside that range (a check, a branch to a slow path and the registers it clobbers,
-// about 7 instructions per element): an approximate reciprocal, one Newton step, the quotient and one
-// correction by fused multiply-adds (the sequence nvcc emits for IEEE division when the guard passes),
-// with the remainder's sign arranged so that -0 / d stays -0. An infinite n makes the correction inf - inf,
-// a NaN; elsewhere adding n * 0 (a zero of n's sign, or NaN) gives the same.
-ROCEP_HOST_DEVICE inline float divide_in_range(float n, float d) {
-#if defined(__CUDA_ARCH__)
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
-  r = fused_multiply_add(fused_multiply_add(-d, r, 1.0f), r, r);
-  const float q = n * r;
-  return fused_multiply_add(-fused_multiply_add(d, q, -n), r, q);
-#else
-  return n / d + n * 0.0f;
-#endif
-}
-
-// max(value, floor), NaN for a NaN value: one instruction on NVIDIA sm_80 and later.
-ROCEP_HOST_DEVICE inline float max_keeping_nan(float value, float floor) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  float result;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(result) : "f"(value), "f"(floor));
-  return result;
-#else
-  return value < floor ? floor : value;
-#endif
 }
 
 // silu(g) = g / (1 + exp(-g)) with exp = exp_in_range, rounded once per operation, for g >= -87; below
