@@ -4,7 +4,7 @@
 // warm-up), the bytes each call reads and writes, and their rate as a fraction of the HBM copy peak
 // measured in the same run (a device-to-device copy, its bytes counted as read + written).
 //
-//   rocep_silu_bench [--rows=32768] [--n=2048] [--iterations=50] [--check_rows=2048]
+//   rocep_silu_bench [--rows=32768] [--n=2048] [--iterations=100] [--check_rows=2048]
 //
 // Exit status 1 when a check fails (the kernels and the reference disagree); the table marks each case
 // against the 85% target.
@@ -35,13 +35,15 @@ using rocep::SiluArgs;
 using rocep::TokenFormat;
 
 constexpr double kTargetFraction = 0.85;
-constexpr int kWarmUpCalls = 5;
+// Untimed calls before each timing, for at least this long: the first calls after the host's reference
+// check (or an upload) find the GPU at idle clocks, and a few of them left runs 10% apart.
+constexpr double kWarmUpSeconds = 0.05;
 constexpr int kGroups = 8;  // the rows are split evenly over this many groups (experts)
 
 struct Options {
   int rows = 32768;
   int n = 2048;
-  int iterations = 50;
+  int iterations = 100;
   int check_rows = 2048;
 };
 
@@ -80,11 +82,19 @@ double median(std::vector<double> values) {
 }
 
 // Median seconds of `call` over `iterations` calls queued back to back on `stream`, an event between
-// consecutive calls, after kWarmUpCalls untimed ones.
+// consecutive calls, after kWarmUpSeconds of untimed ones.
 template <typename Call>
 double median_seconds(hipStream_t stream, int iterations, Call call) {
-  for (int i = 0; i < kWarmUpCalls; ++i) {
-    call();
+  for (double warm = 0.0; warm < kWarmUpSeconds;) {
+    Event start;
+    Event end;
+    start.record(stream);
+    for (int i = 0; i < 10; ++i) {
+      call();
+    }
+    end.record(stream);
+    end.synchronize();
+    warm += end.elapsed_ms_since(start) * 1e-3;
   }
   std::vector<Event> events(iterations + 1);
   events[0].record(stream);
@@ -180,9 +190,10 @@ int main(int argc, char** argv) {
     const rocep::Stream stream;
     const double peak = copy_peak_bytes_per_second(stream.get(), options.iterations);
     std::printf(
-        "rocep_silu_bench: %s (%d multiprocessors), rows %d, n %d, median of %d calls after %d warm-up\n",
+        "rocep_silu_bench: %s (%d multiprocessors), rows %d, n %d, median of %d calls after %.0f ms of "
+        "warm-up calls\n",
         properties.name, properties.multiProcessorCount, options.rows, options.n, options.iterations,
-        kWarmUpCalls);
+        kWarmUpSeconds * 1e3);
     std::printf(
         "HBM copy peak in this run: %.1f GB/s (device-to-device copy of 1 GiB, read + written bytes)\n",
         peak / 1e9);

@@ -38,12 +38,14 @@ template <Format format, int kCount>
 __device__ inline QuantizedElements<kCount> quantize_elements(const float (&values)[kCount], Fp8 encoding,
                                                               float global_scale) {
   static_assert(format != Format::kBf16, "bf16 has no scales to compute");
-  uint32_t amax = 0;
+  // The largest magnitude, NaN if any value is NaN: its bits are then at or above kFloatExponentMask, as
+  // for an infinity, and for finite values the float order is the order of the magnitude bits.
+  float largest = __builtin_fabsf(values[0]);
 #pragma unroll
-  for (int i = 0; i < kCount; ++i) {
-    const uint32_t magnitude = float_bits(values[i]) & 0x7fffffffu;
-    amax = magnitude > amax ? magnitude : amax;
+  for (int i = 1; i < kCount; ++i) {
+    largest = magnitude_max(largest, values[i]);
   }
+  uint32_t amax = float_bits(largest);
   static_assert(block_elements(format) % kCount == 0, "a thread's elements lie in one scale block");
   const int lanes = block_elements(format) / kCount;
   for (int mask = 1; mask < lanes; mask <<= 1) {
