@@ -559,6 +559,9 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
   __shared__ int32_t rows[kMaxTopK];
   __shared__ uint8_t* row_starts[kMaxTopK];
   __shared__ int row_count;
+  // The message's scales, read once with the payload's first loads: every row of the token stores them,
+  // and reading them from the source once per row put a read over the link behind each row's stores.
+  __shared__ uint32_t message_scales[kMaxScaleWords];
   const std::size_t vectors = shape.payload_bytes / kVectorBytes;
   const bool scaled = shape.format != Format::kBf16;
   // Pushed messages come from the peers only: (source, token) pairs over them alone, so that no block
@@ -591,6 +594,13 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
     StagedVectors head{};
     if (wanted) {
       head.load(message, threadIdx.x, vectors, blockDim.x);
+      if (scaled) {
+        // Whole words: the message is padded to 16 bytes past its scales.
+        const auto* scale_words = reinterpret_cast<const uint32_t*>(message + shape.payload_bytes);
+        for (uint32_t w = threadIdx.x; w < (shape.scale_bytes + 3) / 4; w += blockDim.x) {
+          message_scales[w] = scale_words[w];
+        }
+      }
     }
     if (static_cast<int>(threadIdx.x) < shape.top_k) {
       const int k = threadIdx.x;
@@ -617,8 +627,8 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
     if (scaled) {
       for (int k = 0; k < shape.top_k; ++k) {
         if (rows[k] >= 0) {
-          store_row_scales(message + shape.payload_bytes, args.recv_scales, args.scale_rows,
-                           static_cast<uint32_t>(rows[k]), shape, threadIdx.x, blockDim.x);
+          store_row_scales(reinterpret_cast<const uint8_t*>(message_scales), args.recv_scales,
+                           args.scale_rows, static_cast<uint32_t>(rows[k]), shape, threadIdx.x, blockDim.x);
         }
       }
     }

@@ -11,7 +11,10 @@
 
 namespace rocep::device {
 
-inline constexpr int kMaxWorld = 64;  // ranks of one node reachable by IPC (a uint64 mask per token)
+inline constexpr int kMaxWorld = 64;        // ranks of one node reachable by IPC (a uint64 mask per token)
+inline constexpr int kMaxHidden = 1 << 16;  // the largest hidden size EpConfig accepts
+// 32-bit words of the largest token scales: nvfp4's one byte per 16 elements.
+inline constexpr int kMaxScaleWords = kMaxHidden / 16 / 4;
 
 enum class StatusCode : uint32_t {
   kOk = 0,

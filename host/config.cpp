@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "hip/ep_params.hpp"
 #include "hip/scale_layout.hpp"
 #include "rocep/errors.hpp"
 
@@ -112,8 +113,8 @@ std::size_t format_scale_tensor_bytes(TokenFormat format, std::size_t rows, int 
 namespace {
 
 // Largest sizes accepted: well past any model, small enough that every byte count fits in 64 bits and
-// every row index in 32.
-constexpr int kMaxHidden = 1 << 16;
+// every row index in 32. The kernels size a buffer by the largest hidden (device::kMaxHidden).
+constexpr int kMaxHidden = device::kMaxHidden;
 constexpr int kMaxExperts = 1 << 14;
 constexpr int kMaxTokensPerRank = 1 << 16;
 constexpr int kMaxBlocks = 1 << 12;
