@@ -17,8 +17,8 @@ ROCEP_HOST_DEVICE inline float fused_multiply_add(float a, float b, float c) {
 }
 
 // n / d rounded to nearest even (the IEEE quotient) for finite n, NaN for an infinite or NaN n; for d in
-// [1, 2^126) and n not subnormal unless d is a power of two. On NVIDIA without the IEEE division's guard
-// for the cases outside that range (a check, a branch to a slow path and the registers it clobbers,
+// [1, 2^126) with n and n / d normal (or zero), or d a power of two. On NVIDIA without the IEEE division's
+// guard for the cases outside that range (a check, a branch to a slow path and the registers it clobbers,
 // about 7 instructions per element): an approximate reciprocal, one Newton step, the quotient and one
 // correction by fused multiply-adds (the sequence nvcc emits for IEEE division when the guard passes),
 // with the remainder's sign arranged so that -0 / d stays -0. An infinite n makes the correction inf - inf,

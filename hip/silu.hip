@@ -27,7 +27,7 @@ using namespace rocep::device;
 
 namespace {
 
-// Output columns per item: bf16 rows are only a multiple of 8 long, the quantised formats' of 64 or more.
+// Output columns per item: bf16 rows are only a multiple of 8 long, the quantised formats' of 32 or more.
 template <Format kFormat>
 constexpr int kItemElements = kFormat == Format::kBf16 ? 8 : 16;
 // Items whose loads a thread issues before it computes: 2 x 16 bytes of gate and of up per 8 columns, 64
