@@ -1,6 +1,6 @@
 // Float32 operations that give the same bits on the host and on every GPU, cheaper on the GPU than the
 // compiler's general versions: a fused multiply-add, a division over a restricted range without the IEEE
-// division's guard, and maxima that keep NaN. No result depends on a hardware approximation: the one
+// division's guard, and a max that keeps NaN. No result depends on a hardware approximation: the one
 // approximate reciprocal (divide_in_range on NVIDIA) only starts a sequence whose result is the correctly
 // rounded quotient whatever its low bits.
 #pragma once
@@ -35,28 +35,15 @@ ROCEP_HOST_DEVICE inline float divide_in_range(float n, float d) {
 #endif
 }
 
-// max(value, floor), NaN for a NaN value: one instruction on NVIDIA sm_80 and later.
-ROCEP_HOST_DEVICE inline float max_keeping_nan(float value, float floor) {
+// max(a, b), NaN when either is NaN: one instruction on NVIDIA sm_80 and later (where absolute values
+// passed in fold into its operands).
+ROCEP_HOST_DEVICE inline float max_keeping_nan(float a, float b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   float result;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(result) : "f"(value), "f"(floor));
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(result) : "f"(a), "f"(b));
   return result;
 #else
-  return value < floor ? floor : value;
-#endif
-}
-
-// max(|a|, |b|), NaN when either is NaN: one instruction on NVIDIA sm_80 and later (a max that keeps NaN,
-// the absolute values folded into its operands).
-ROCEP_HOST_DEVICE inline float magnitude_max(float a, float b) {
-  const float magnitude_a = __builtin_fabsf(a);
-  const float magnitude_b = __builtin_fabsf(b);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  float result;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(result) : "f"(magnitude_a), "f"(magnitude_b));
-  return result;
-#else
-  return a != a ? a : (b != b ? b : (magnitude_a < magnitude_b ? magnitude_b : magnitude_a));
+  return a != a ? a : (b != b ? b : (a < b ? b : a));
 #endif
 }
 

@@ -43,7 +43,7 @@ __device__ inline QuantizedElements<kCount> quantize_elements(const float (&valu
   float largest = __builtin_fabsf(values[0]);
 #pragma unroll
   for (int i = 1; i < kCount; ++i) {
-    largest = magnitude_max(largest, values[i]);
+    largest = max_keeping_nan(largest, __builtin_fabsf(values[i]));
   }
   uint32_t amax = float_bits(largest);
   static_assert(block_elements(format) % kCount == 0, "a thread's elements lie in one scale block");
