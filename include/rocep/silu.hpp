@@ -3,11 +3,11 @@
 // scales (include/rocep/formats.hpp: codecs and scale layouts).
 //
 // The value: silu(g) * u = g / (1 + exp(-g)) * u, every operation one IEEE float32 rounding (to nearest
-// even), exp being the exp_in_range of hip/silu_math.hpp (a Cody-Waite reduction and a degree-6
-// polynomial in fused multiply-adds, within 1 ulp of exp), so the CPU reference and every GPU compute the
-// same bits. silu(g) = g for 16.7 < g < inf; for g < -87 (-inf included) silu(g) = silu(-87) = -1.43e-36
-// (the exact value is smaller still); silu(+inf) and silu(NaN) are NaN. bf16 stores every NaN as 0x7fff
-// (CUDA's canonical bf16 NaN); in the quantised formats a NaN or infinity makes its whole block NaN
+// even), exp being the exp_in_range of hip/silu_math.hpp (a Cody-Waite reduction and a degree-5
+// polynomial in fused multiply-adds, within 3 ulp of exp; silu within 4 ulp), so the CPU reference and every
+// GPU compute the same bits. silu(g) = g for 16.7 < g < inf; for g < -87 (-inf included) silu(g) = silu(-87)
+// = -1.43e-36 (the exact value is smaller still); silu(+inf) and silu(NaN) are NaN. bf16 stores every NaN as
+// 0x7fff (CUDA's canonical bf16 NaN); in the quantised formats a NaN or infinity makes its whole block NaN
 // (formats.hpp).
 #pragma once
 

@@ -46,9 +46,9 @@ double ulp_error(float value, double exact) {
   return std::fabs(static_cast<double>(value) - exact) / std::ldexp(1.0, exponent - 24);
 }
 
-TEST(SiluMathTest, ExpIsWithinTwoUlpOfDoubleOverADenseSweep) {
+TEST(SiluMathTest, ExpIsWithinThreeUlpOfDoubleOverADenseSweep) {
   // Every 257th float32 bit pattern in silu's range of exp inputs (an exhaustive run over exp_in_range's
-  // whole range finds at most 0.97 ulp).
+  // whole range finds at most 2.23 ulp).
   double worst = 0.0;
   uint32_t worst_bits = 0;
   for (uint64_t bits = 0; bits <= 0xffffffffull; bits += 257) {
@@ -62,14 +62,14 @@ TEST(SiluMathTest, ExpIsWithinTwoUlpOfDoubleOverADenseSweep) {
       worst_bits = static_cast<uint32_t>(bits);
     }
   }
-  EXPECT_LE(worst, 2.0) << "at x = " << bits_float(worst_bits);
+  EXPECT_LE(worst, 3.0) << "at x = " << bits_float(worst_bits);
   std::printf("exp_in_range: largest error over the sweep %.3f ulp (at x = %a)\n", worst,
               bits_float(worst_bits));
 }
 
 TEST(SiluMathTest, ExpAtTheEndsOfSilusRange) {
   for (const float x : {-kSiluExpLimit, kSiluExpLimit}) {
-    EXPECT_LE(ulp_error(exp_in_range(x), std::exp(static_cast<double>(x))), 2.0) << "x = " << x;
+    EXPECT_LE(ulp_error(exp_in_range(x), std::exp(static_cast<double>(x))), 3.0) << "x = " << x;
   }
   EXPECT_GE(exp_in_range(-kSiluExpLimit), std::numeric_limits<float>::min());
   EXPECT_LT(1.0f + exp_in_range(kSiluExpLimit), std::ldexp(1.0f, 126));
@@ -77,8 +77,9 @@ TEST(SiluMathTest, ExpAtTheEndsOfSilusRange) {
   EXPECT_EQ(exp_in_range(-0.0f), 1.0f);
 }
 
-// silu(g) against double precision: NaN for NaN and +inf, silu(-87) below -87, within 3 ulp wherever the
-// exact value is a normal float32 (exp within 1 ulp, then 1 + e and the division round once each), and
+// silu(g) against double precision: NaN for NaN and +inf, silu(-87) below -87, within 4 ulp wherever the
+// exact value is a normal float32 (exp within 3 ulp, then 1 + e and the division round once each; every
+// float32 input gives at most 3.54 ulp), and
 // within the subnormal range where it is not.
 ::testing::AssertionResult silu_is_close(float g) {
   const float result = silu(g);
@@ -95,7 +96,7 @@ TEST(SiluMathTest, ExpAtTheEndsOfSilusRange) {
   const double exact = static_cast<double>(g) / (1.0 + std::exp(-static_cast<double>(g)));
   const bool close = std::fabs(exact) < std::numeric_limits<float>::min()
                          ? std::fabs(result) <= std::numeric_limits<float>::min()
-                         : ulp_error(result, exact) <= 3.0;
+                         : ulp_error(result, exact) <= 4.0;
   return close ? ::testing::AssertionSuccess()
                : ::testing::AssertionFailure() << "silu(" << g << ") = " << result << ", exact " << exact;
 }
