@@ -105,18 +105,26 @@ __device__ void quantize_to_targets(const TokenTargets& targets, const uint8_t* 
   }
 }
 
-// Copies the scales of one message into row `row` of the scale tensor (layout of the format), or zeros
-// them when `scales` is null, with threads [thread, ..., num_threads).
-__device__ void store_row_scales(const uint8_t* scales, uint8_t* recv_scales, uint64_t scale_rows,
-                                 uint32_t row, const Shape& shape, int thread, int num_threads) {
-  const int blocks = shape.hidden / block_elements(shape.format);
-  for (int block = thread; block < blocks; block += num_threads) {
-    uint8_t* destination = recv_scales + scale_offset(shape.format, row, block, scale_rows, shape.hidden);
-    if (shape.format == Format::kFp8Block128) {
-      *reinterpret_cast<uint32_t*>(destination) =
-          scales != nullptr ? reinterpret_cast<const uint32_t*>(scales)[block] : 0u;
-    } else {
-      *destination = scales != nullptr ? scales[block] : uint8_t{0};
+// Stores the scales of one token (row-major, 4-byte aligned; zeros when `scales` is null) into the rows
+// rows[0, count) of the scale tensor, in the format's layout, skipping rows < 0, with threads [thread, ...,
+// num_threads): each thread reads its groups of scale bytes once and stores them into every row.
+__device__ void store_scales_to_rows(const uint8_t* scales, uint8_t* recv_scales, const ScaleGroups& groups,
+                                     const int32_t* rows, int count, int thread, int num_threads) {
+  const bool words = groups.group_bytes == 4;
+  for (int g = thread; g < groups.groups; g += num_threads) {
+    const std::size_t group_offset = static_cast<std::size_t>(g) * groups.group_stride;
+    const uint32_t value =
+        scales == nullptr ? 0u : (words ? reinterpret_cast<const uint32_t*>(scales)[g] : uint32_t{scales[g]});
+    for (int c = 0; c < count; ++c) {
+      if (rows[c] < 0) {
+        continue;
+      }
+      uint8_t* destination = recv_scales + groups.row_offset(static_cast<uint32_t>(rows[c])) + group_offset;
+      if (words) {
+        *reinterpret_cast<uint32_t*>(destination) = value;
+      } else {
+        *destination = static_cast<uint8_t>(value);
+      }
     }
   }
 }
@@ -157,10 +165,9 @@ __device__ void store_token(const TokenTargets& targets, const uint8_t* row, con
       targets.payloads[d][shape.payload_bytes + i] = token_scales[i];
     }
   }
-  for (int r = 0; r < targets.own_row_count; ++r) {
-    store_row_scales(token_scales, targets.outputs->recv_scales, targets.outputs->scale_rows,
-                     static_cast<uint32_t>(targets.own_rows[r]), shape, threadIdx.x, blockDim.x);
-  }
+  store_scales_to_rows(token_scales, targets.outputs->recv_scales,
+                       scale_groups(shape.format, targets.outputs->scale_rows, shape.hidden),
+                       targets.own_rows, targets.own_row_count, threadIdx.x, blockDim.x);
 }
 
 // Tokens this rank sends: the count given, or 0 when it is out of range (then still signal every peer, so
@@ -564,6 +571,7 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
   __shared__ uint32_t message_scales[kMaxScaleWords];
   const std::size_t vectors = shape.payload_bytes / kVectorBytes;
   const bool scaled = shape.format != Format::kBf16;
+  const ScaleGroups scale_layout = scale_groups(shape.format, args.scale_rows, shape.hidden);
   // Pushed messages come from the peers only: (source, token) pairs over them alone, so that no block
   // strides over this rank's own tokens only.
   const bool pushed = messages == Messages::kPushedHere;
@@ -625,12 +633,8 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
     __syncthreads();
     copy_bytes16_to_many(row_starts, row_count, message, shape.payload_bytes, threadIdx.x, blockDim.x, head);
     if (scaled) {
-      for (int k = 0; k < shape.top_k; ++k) {
-        if (rows[k] >= 0) {
-          store_row_scales(reinterpret_cast<const uint8_t*>(message_scales), args.recv_scales,
-                           args.scale_rows, static_cast<uint32_t>(rows[k]), shape, threadIdx.x, blockDim.x);
-        }
-      }
+      store_scales_to_rows(reinterpret_cast<const uint8_t*>(message_scales), args.recv_scales, scale_layout,
+                           rows, shape.top_k, threadIdx.x, blockDim.x);
     }
     __syncthreads();
   }
@@ -644,7 +648,9 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
         reinterpret_cast<Vector16*>(destination)[i] = Vector16{0, 0, 0, 0};
       }
       if (scaled) {
-        store_row_scales(nullptr, args.recv_scales, args.scale_rows, row, shape, threadIdx.x, blockDim.x);
+        const auto padding_row = static_cast<int32_t>(row);
+        store_scales_to_rows(nullptr, args.recv_scales, scale_layout, &padding_row, 1, threadIdx.x,
+                             blockDim.x);
       }
       if (threadIdx.x == 0) {
         args.src_info[3 * static_cast<std::size_t>(row) + 0] = -1;

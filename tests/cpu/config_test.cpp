@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <limits>
 #include <string>
@@ -163,6 +164,39 @@ TEST(TokenFormatTest, ScaleLayoutsPlaceEachScaleWhereTheHeaderSays) {
   EXPECT_EQ(scale_offset(Format::kNvfp4, 127, 3, 200, 128), 31u * 16 + 3 * 4 + 3);
   EXPECT_EQ(rocep::format_scale_tensor_bytes(TokenFormat::kNvfp4, 129, 128), 2u * 2 * 512);
   EXPECT_EQ(rocep::format_scale_tensor_bytes(TokenFormat::kBf16, 129, 128), 0u);
+}
+
+// The kernels' grouped form of the layouts (ScaleGroups) against scale_offset, the definition: every byte
+// of every group of every row, for row counts past a tile and MX rows with and without whole words.
+TEST(TokenFormatTest, ScaleGroupsPlaceEveryByteWhereScaleOffsetDoes) {
+  using rocep::device::Format;
+  for (const Format format : {Format::kFp8Block128, Format::kMxfp4, Format::kMxfp8, Format::kNvfp4}) {
+    for (const int columns : {128, 160, 384, 7168}) {
+      if (columns % (format == Format::kNvfp4 ? 64 : std::max(32, rocep::device::block_elements(format))) !=
+          0) {
+        continue;
+      }
+      const std::size_t rows = 300;
+      const rocep::device::ScaleGroups groups = rocep::device::scale_groups(format, rows, columns);
+      const int scale_bytes = rocep::device::scale_bytes(format);
+      const int blocks = columns / rocep::device::block_elements(format);
+      ASSERT_EQ(groups.groups * groups.group_bytes, blocks * scale_bytes);
+      for (uint32_t row = 0; row < rows; ++row) {
+        for (int g = 0; g < groups.groups; ++g) {
+          for (int byte = 0; byte < groups.group_bytes; ++byte) {
+            // Byte `byte` of group g is byte (g * group_bytes + byte) of the row's row-major scales.
+            const int position = g * groups.group_bytes + byte;
+            const std::size_t expected =
+                rocep::device::scale_offset(format, row, position / scale_bytes, rows, columns) +
+                position % scale_bytes;
+            ASSERT_EQ(groups.row_offset(row) + g * groups.group_stride + byte, expected)
+                << "format " << static_cast<int>(format) << " columns " << columns << " row " << row
+                << " group " << g << " byte " << byte;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(EpConfigTest, NumLocalExpertsSplitsExpertsEvenly) {
