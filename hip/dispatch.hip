@@ -10,9 +10,7 @@
 //                        experts take the prefix over chunks and a grid barrier); every block takes the
 //                        padded prefix over experts (row_offsets); blocks over (source, token) read each
 //                        token from its source's region and copy it into its rows
-//   rocep_dispatch       both halves in one kernel (the fused call); for quantised formats on two ranks
-//                        from kIdsFirstTokens tokens per rank on, ids first and the payloads pushed, each
-//                        rank's own rows written while its peer's arrive
+//   rocep_dispatch       both halves in one kernel (the fused call)
 #include "bf16.hpp"
 #include "block_scan.hpp"
 #include "ep_kernels.hpp"
@@ -30,28 +28,17 @@ __device__ inline int32_t* region_ids(uint8_t* region, const Shape& shape, int s
 __device__ inline float* region_weights(uint8_t* region, const Shape& shape, int source, int token) {
   return reinterpret_cast<float*>(region + DispatchRegion::weights_offset(shape, source, token));
 }
-__device__ inline uint8_t* region_message(uint8_t* region, const Shape& shape, int source, int token) {
-  return region + DispatchRegion::message_offset(shape, source, token);
+__device__ inline uint8_t* region_message(uint8_t* region, const Shape& shape, int token) {
+  return region + DispatchRegion::message_offset(shape, token);
 }
 
-// Where a sending block stores one token: payloads[0, message_count) are whole messages in peers' regions
-// (payload, then the scales row-major); payloads[message_count, + own_row_count) are rows own_rows[] of this
-// rank's own dispatch output (payload row; scales go to outputs->recv_scales in the format's layout).
-struct TokenTargets {
-  uint8_t* const* payloads;
-  int message_count;
-  const int32_t* own_rows;
-  int own_row_count;
-  const DispatchRecvArgs* outputs;
-};
-
-// Quantises one bf16 token row into the dispatch format and stores payload and scales to every target.
-// `first` is the thread's first vector of the row, loaded by the caller ahead of time. Every thread of the
-// block runs the same iterations (quantize_elements shuffles across lanes); lanes past the row quantise zeros
-// and store nothing. One vector per step with the next one in flight, not unrolled: four staged vectors
-// took the send kernels from 64 to 96 registers on sm_90.
+// Quantises one bf16 token row into the dispatch format and stores it into `message`: the payload, then
+// the scales row-major. `first` is the thread's first vector of the row, loaded by the caller ahead of time.
+// Every thread of the block runs the same iterations (quantize_elements shuffles across lanes); lanes past
+// the row quantise zeros and store nothing. One vector per step with the next one in flight, not unrolled:
+// four staged vectors took the send kernels from 64 to 96 registers on sm_90.
 template <Format format>
-__device__ void quantize_to_targets(const TokenTargets& targets, const uint8_t* row, const Shape& shape,
+__device__ void quantize_to_message(uint8_t* message, const uint8_t* row, const Shape& shape,
                                     float global_scale, Vector16 first) {
   const auto* vectors = reinterpret_cast<const Vector16*>(row);
   const uint32_t num_vectors = static_cast<uint32_t>(shape.hidden) / kElementsPerThread;
@@ -78,29 +65,21 @@ __device__ void quantize_to_targets(const TokenTargets& targets, const uint8_t* 
     if (v >= num_vectors) {
       continue;
     }
-    const int block = static_cast<int>(v) / lanes;
-    for (int d = 0; d < targets.message_count + targets.own_row_count; ++d) {
-      uint8_t* payload = targets.payloads[d];
-      if constexpr (code_bytes == 8) {
-        *reinterpret_cast<uint2*>(payload + static_cast<std::size_t>(v) * code_bytes) =
-            uint2{q.codes[0], q.codes[1]};
-      } else {
-        *reinterpret_cast<uint32_t*>(payload + static_cast<std::size_t>(v) * code_bytes) = q.codes[0];
-      }
-      if (v % lanes != 0) {
-        continue;
-      }
-      uint8_t* scale = payload + shape.payload_bytes + static_cast<std::size_t>(block) * scale_bytes(format);
-      if (d >= targets.message_count) {
-        const auto own_row = static_cast<uint32_t>(targets.own_rows[d - targets.message_count]);
-        scale = targets.outputs->recv_scales +
-                scale_offset(format, own_row, block, targets.outputs->scale_rows, shape.hidden);
-      }
-      if constexpr (format == Format::kFp8Block128) {
-        *reinterpret_cast<uint32_t*>(scale) = q.scale;
-      } else {
-        *scale = static_cast<uint8_t>(q.scale);
-      }
+    if constexpr (code_bytes == 8) {
+      *reinterpret_cast<uint2*>(message + static_cast<std::size_t>(v) * code_bytes) =
+          uint2{q.codes[0], q.codes[1]};
+    } else {
+      *reinterpret_cast<uint32_t*>(message + static_cast<std::size_t>(v) * code_bytes) = q.codes[0];
+    }
+    if (v % lanes != 0) {
+      continue;
+    }
+    uint8_t* scale =
+        message + shape.payload_bytes + static_cast<std::size_t>(v / lanes) * scale_bytes(format);
+    if constexpr (format == Format::kFp8Block128) {
+      *reinterpret_cast<uint32_t*>(scale) = q.scale;
+    } else {
+      *scale = static_cast<uint8_t>(q.scale);
     }
   }
 }
@@ -133,41 +112,31 @@ __device__ inline int requested_tokens(const DispatchSendArgs& args) {
   return args.num_tokens_on_device != nullptr ? *args.num_tokens_on_device : args.num_tokens;
 }
 
-// Stores one token to every target, read once: quantised here (scaled formats from bf16), or copied as it
-// is with `token_scales` (its scales when it arrived quantised). `head`: the thread's first staged vectors
-// of `row`.
-__device__ void store_token(const TokenTargets& targets, const uint8_t* row, const uint8_t* token_scales,
-                            bool quantize, const Shape& shape, float global_scale,
-                            const StagedVectors& head) {
+// Stores one token into `message` (the payload, then the scales row-major), reading it once: quantised
+// here (scaled formats from bf16), or copied as it is with `token_scales` (its scales when it arrived
+// quantised). `head`: the thread's first staged vectors of `row`.
+__device__ void store_token(uint8_t* message, const uint8_t* row, const uint8_t* token_scales, bool quantize,
+                            const Shape& shape, float global_scale, const StagedVectors& head) {
   if (quantize) {
     switch (shape.format) {
       case Format::kFp8Block128:
-        quantize_to_targets<Format::kFp8Block128>(targets, row, shape, global_scale, head.vector[0]);
+        quantize_to_message<Format::kFp8Block128>(message, row, shape, global_scale, head.vector[0]);
         break;
       case Format::kMxfp8:
-        quantize_to_targets<Format::kMxfp8>(targets, row, shape, global_scale, head.vector[0]);
+        quantize_to_message<Format::kMxfp8>(message, row, shape, global_scale, head.vector[0]);
         break;
       case Format::kMxfp4:
-        quantize_to_targets<Format::kMxfp4>(targets, row, shape, global_scale, head.vector[0]);
+        quantize_to_message<Format::kMxfp4>(message, row, shape, global_scale, head.vector[0]);
         break;
       default:
-        quantize_to_targets<Format::kNvfp4>(targets, row, shape, global_scale, head.vector[0]);
+        quantize_to_message<Format::kNvfp4>(message, row, shape, global_scale, head.vector[0]);
     }
     return;
   }
-  copy_bytes16_to_many(targets.payloads, targets.message_count + targets.own_row_count, row,
-                       shape.payload_bytes, threadIdx.x, blockDim.x, head);
-  if (shape.scale_bytes == 0) {
-    return;
-  }
+  copy_bytes16_to_many(&message, 1, row, shape.payload_bytes, threadIdx.x, blockDim.x, head);
   for (uint32_t i = threadIdx.x; i < shape.scale_bytes; i += blockDim.x) {
-    for (int d = 0; d < targets.message_count; ++d) {
-      targets.payloads[d][shape.payload_bytes + i] = token_scales[i];
-    }
+    message[shape.payload_bytes + i] = token_scales[i];
   }
-  store_scales_to_rows(token_scales, targets.outputs->recv_scales,
-                       scale_groups(shape.format, targets.outputs->scale_rows, shape.hidden),
-                       targets.own_rows, targets.own_row_count, threadIdx.x, blockDim.x);
 }
 
 // Tokens this rank sends: the count given, or 0 when it is out of range (then still signal every peer, so
@@ -224,24 +193,20 @@ __device__ void check_token_ids(const GroupView& group, const DispatchSendArgs& 
 }
 
 // Validates the ids of `token` and stores ids and weights into every peer's region (all -1 for a peer none
-// concerns, so receivers read sources densely), and this rank's sent_ids / sent_masks; then
-// (with_payload), if any rank owns one of its experts, the token itself, read once, into this rank's own
-// region, where the receivers read it.
-__device__ void send_token(const GroupView& group, const DispatchSendArgs& args, int token,
-                           bool with_payload) {
+// concerns, so receivers read sources densely), and this rank's sent_ids / sent_masks; then, if any rank
+// owns one of its experts, the token itself, read once, into this rank's own region, where the receivers
+// read it.
+__device__ void send_token(const GroupView& group, const DispatchSendArgs& args, int token) {
   const Shape& shape = group.shape;
   __shared__ int32_t given[kMaxTopK];
   __shared__ int32_t ids[kMaxTopK];
   __shared__ unsigned long long destinations;
-  __shared__ uint8_t* staged[1];
   // Scaled formats from bf16 tokens are quantised here; everything else is copied as it is.
   const bool quantize = shape.format != Format::kBf16 && args.token_scales == nullptr;
   const std::size_t row_bytes = quantize ? static_cast<std::size_t>(shape.hidden) * 2 : shape.payload_bytes;
   const uint8_t* row = args.tokens + static_cast<std::size_t>(token) * row_bytes;
   StagedVectors head;  // in flight while the ids are checked
-  if (with_payload) {
-    head.load(row, threadIdx.x, row_bytes / kVectorBytes, blockDim.x);
-  }
+  head.load(row, threadIdx.x, row_bytes / kVectorBytes, blockDim.x);
   check_token_ids(group, args, token, given, ids, &destinations);
   const std::size_t slots = static_cast<std::size_t>(token) * shape.top_k;
   for (int slot = threadIdx.x; slot < shape.world * shape.top_k; slot += blockDim.x) {
@@ -258,29 +223,20 @@ __device__ void send_token(const GroupView& group, const DispatchSendArgs& args,
   if (threadIdx.x == 0) {
     group.sent_masks[token] = destinations;
   }
-  if (!with_payload) {
-    __syncthreads();  // the shared arrays are rewritten for the next token
-    return;
+  if (destinations != 0) {  // read after check_token_ids' barrier: the same in every thread
+    const float global_scale = quantize && shape.format == Format::kNvfp4 ? *args.global_scale : 1.0f;
+    store_token(region_message(group.dispatch_region, shape, token), row,
+                args.token_scales != nullptr
+                    ? args.token_scales + static_cast<std::size_t>(token) * shape.scale_bytes
+                    : nullptr,
+                quantize, shape, global_scale, head);
   }
-  const int count = destinations != 0 ? 1 : 0;
-  if (threadIdx.x == 0) {
-    staged[0] = region_message(group.dispatch_region, shape, shape.rank, token);
-  }
-  __syncthreads();
-  const TokenTargets targets{staged, count, nullptr, 0, nullptr};
-  const float global_scale = quantize && shape.format == Format::kNvfp4 ? *args.global_scale : 1.0f;
-  store_token(targets, row,
-              args.token_scales != nullptr
-                  ? args.token_scales + static_cast<std::size_t>(token) * shape.scale_bytes
-                  : nullptr,
-              quantize, shape, global_scale, head);
   __syncthreads();  // the shared arrays are rewritten for the next token
 }
 
 // Blocks over this rank's tokens (send_token); block 0 first tells every peer the token count, and each
-// block then adds its part of the call's shares to the peers' dispatch_arrived[rank] words (of the
-// ids' shares without the payload).
-__device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args, bool with_payload) {
+// block then adds its part of the call's shares to the peers' dispatch_arrived[rank] words.
+__device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args) {
   const Shape& shape = group.shape;
   const int num_tokens = tokens_to_send(shape, args);
   if (blockIdx.x == 0 && threadIdx.x == 0 && num_tokens != requested_tokens(args)) {
@@ -294,10 +250,9 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
     }
   }
   for (int token = blockIdx.x; token < num_tokens; token += gridDim.x) {
-    send_token(group, args, token, with_payload);
+    send_token(group, args, token);
   }
-  signal_block_done(group.peer_signals, shape.world, shape.rank, &Signals::dispatch_arrived,
-                    with_payload ? kCallShares : kIdsShares);
+  signal_block_done(group.peer_signals, shape.world, shape.rank, &Signals::dispatch_arrived, kCallShares);
 }
 
 // Chunks of all sources, and the most for which blocks add up the counts of earlier chunks where they need
@@ -550,17 +505,11 @@ __device__ inline int32_t row_of(const GroupView& group, const RowLayout& layout
   return static_cast<int32_t>(layout.offsets[expert] + earlier_chunks) + in_chunk;
 }
 
-// Where a receiver finds the messages: each in its source's own region, where the sources staged them
-// (this rank's own tokens included), or pushed into this rank's region by the peers (the fused ids-first
-// dispatch, which writes this rank's own rows while it sends, so its own tokens are skipped).
-enum class Messages { kInSourceRegions, kPushedHere };
-
 // Blocks over (source, token), the sources interleaved so that local copies and reads over the links run
 // side by side: each token's payload and scales into its rows, with src_info and weight; then the padding
 // rows. Reading from the sources' regions (a pull), each token crosses the link once per receiving rank
 // and is written into its rows as it arrives, with no second pass over a staging copy here.
-__device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& args, const RowLayout& layout,
-                              Messages messages) {
+__device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& args, const RowLayout& layout) {
   const Shape& shape = group.shape;
 
   __shared__ int32_t rows[kMaxTopK];
@@ -572,22 +521,16 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
   const std::size_t vectors = shape.payload_bytes / kVectorBytes;
   const bool scaled = shape.format != Format::kBf16;
   const ScaleGroups scale_layout = scale_groups(shape.format, args.scale_rows, shape.hidden);
-  // Pushed messages come from the peers only: (source, token) pairs over them alone, so that no block
-  // strides over this rank's own tokens only.
-  const bool pushed = messages == Messages::kPushedHere;
-  const int sources = pushed ? shape.world - 1 : shape.world;
-  const int first_source = pushed ? shape.rank + 1 : 0;
-  const int total = sources * shape.max_tokens;
+  const int total = shape.world * shape.max_tokens;
   for (int index = blockIdx.x; index < total; index += gridDim.x) {
-    const int source = (first_source + index % sources) % shape.world;
-    const int token = index / sources;
+    const int source = index % shape.world;
+    const int token = index / shape.world;
     if (token >= group.signals->tokens_from[source]) {
       continue;  // uniform across the block
     }
     int32_t* token_rows =
         group.token_rows + (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k;
-    const uint8_t* message = region_message(
-        pushed ? group.dispatch_region : group.peer_dispatch_regions[source], shape, source, token);
+    const uint8_t* message = region_message(group.peer_dispatch_regions[source], shape, token);
     if (static_cast<int>(threadIdx.x) < shape.top_k) {
       const int k = threadIdx.x;
       const int32_t id = region_ids(group.dispatch_region, shape, source, token)[k];
@@ -669,108 +612,8 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
                            group.timeout_ticks, group.status, Operation::kDispatchRecv)) {
     count_dispatch(group, sequence);
     if (lay_out_rows(group, args, layout)) {
-      expand_tokens(group, args, layout, Messages::kInSourceRegions);
+      expand_tokens(group, args, layout);
     }
-  }
-}
-
-// The fused dispatch of quantised formats on two ranks from kIdsFirstTokens tokens per rank up: ids first, so
-// every rank knows every row before any payload moves; then each rank reads each of its tokens once,
-// quantises it, and stores it to the peers that own its experts (a push) and straight into its own rows, its
-// own expansion and the quantisation overlapping the transfer; then it expands the peers' tokens. bf16 is
-// pulled like everything else: staging a copy is cheap, and the receivers write each token into its rows
-// as it arrives (H200, EP2, 4096 tokens: bf16 300 us pushed this way, 242 us pulled; fp8 228 us pushed,
-// 243 us pulled, its quantisation no longer hidden behind the link). On more ranks a token goes to several
-// peers, each store of it waits on the quantisation, and the pushed tokens are expanded only after they all
-// arrived (EP8 on H200, 4096 fp8 tokens: 781 us pushed; pulled, 80 us to stage and 507 us to receive).
-inline constexpr int kIdsFirstTokens = 512;
-inline constexpr int kIdsFirstMaxWorld = 2;
-
-__device__ inline bool ids_first(const Shape& shape) {
-  return shape.max_tokens >= kIdsFirstTokens && shape.world <= kIdsFirstMaxWorld &&
-         shape.format != Format::kBf16;
-}
-
-__device__ void send_own_rows(const GroupView& group, const DispatchSendArgs& send_args,
-                              const DispatchRecvArgs& recv_args, const RowLayout& layout) {
-  const Shape& shape = group.shape;
-  const int num_tokens = tokens_to_send(shape, send_args);
-  __shared__ uint8_t* payloads[kMaxWorld + kMaxTopK];
-  __shared__ int32_t slot_rows[kMaxTopK];
-  __shared__ int32_t own_rows[kMaxTopK];
-  __shared__ int message_count;
-  __shared__ int own_row_count;
-  const int thread = threadIdx.x;
-  const bool quantize = shape.format != Format::kBf16 && send_args.token_scales == nullptr;
-  const std::size_t row_bytes = quantize ? static_cast<std::size_t>(shape.hidden) * 2 : shape.payload_bytes;
-  const float global_scale = quantize && shape.format == Format::kNvfp4 ? *send_args.global_scale : 1.0f;
-  for (int token = blockIdx.x; token < num_tokens; token += gridDim.x) {
-    const uint8_t* row = send_args.tokens + static_cast<std::size_t>(token) * row_bytes;
-    StagedVectors head;  // in flight while the rows are found
-    head.load(row, thread, row_bytes / kVectorBytes, blockDim.x);
-    const uint64_t destinations = group.sent_masks[token];
-    if (thread < shape.top_k) {
-      const int32_t id = region_ids(group.dispatch_region, shape, shape.rank, token)[thread];
-      const int32_t own_row = id >= 0 ? row_of(group, layout, shape.rank, token, thread, id) : -1;
-      if (own_row >= 0) {
-        recv_args.src_info[3 * static_cast<std::size_t>(own_row) + 0] = shape.rank;
-        recv_args.src_info[3 * static_cast<std::size_t>(own_row) + 1] = token;
-        recv_args.src_info[3 * static_cast<std::size_t>(own_row) + 2] = thread;
-        recv_args.recv_weights[own_row] =
-            send_args.topk_weights[static_cast<std::size_t>(token) * shape.top_k + thread];
-      }
-      group.token_rows[(static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * shape.top_k +
-                       thread] = own_row;  // the final row, for combine
-      slot_rows[thread] = own_row;
-    }
-    __syncthreads();
-    if (thread == 0) {
-      int count = 0;
-      for (int step = 1; step < shape.world; ++step) {  // the peers, from the next rank on
-        const int peer = (shape.rank + step) % shape.world;
-        if ((destinations >> peer) & 1) {
-          payloads[count++] = region_message(group.peer_dispatch_regions[peer], shape, shape.rank, token);
-        }
-      }
-      message_count = count;
-      int rows = 0;
-      for (int k = 0; k < shape.top_k; ++k) {
-        if (slot_rows[k] >= 0) {
-          own_rows[rows++] = slot_rows[k];
-          payloads[count++] =
-              recv_args.recv_tokens + static_cast<std::size_t>(slot_rows[k]) * shape.payload_bytes;
-        }
-      }
-      own_row_count = rows;
-    }
-    __syncthreads();
-    const TokenTargets targets{payloads, message_count, own_rows, own_row_count, &recv_args};
-    store_token(targets, row,
-                send_args.token_scales != nullptr
-                    ? send_args.token_scales + static_cast<std::size_t>(token) * shape.scale_bytes
-                    : nullptr,
-                quantize, shape, global_scale, head);
-    __syncthreads();  // the shared arrays are rewritten for the next token
-  }
-  signal_block_done(group.peer_signals, shape.world, shape.rank, &Signals::dispatch_arrived,
-                    kCallShares - kIdsShares);
-}
-
-__device__ void dispatch_ids_first(const GroupView& group, const DispatchSendArgs& send_args,
-                                   const DispatchRecvArgs& recv_args, uint64_t sequence,
-                                   const RowLayout& layout) {
-  const Shape& shape = group.shape;
-  send_tokens(group, send_args, /*with_payload=*/false);
-  if (!block_wait_for_peers(group.signals->dispatch_arrived, sequence, kIdsShares, shape.world,
-                            group.timeout_ticks, group.status, Operation::kDispatchRecv) ||
-      !lay_out_rows(group, recv_args, layout)) {
-    return;
-  }
-  send_own_rows(group, send_args, recv_args, layout);
-  if (block_wait_for_peers(group.signals->dispatch_arrived, sequence, kCallShares, shape.world,
-                           group.timeout_ticks, group.status, Operation::kDispatchRecv)) {
-    count_dispatch(group, sequence);
-    expand_tokens(group, recv_args, layout, Messages::kPushedHere);
   }
 }
 
@@ -778,7 +621,7 @@ __device__ void dispatch_ids_first(const GroupView& group, const DispatchSendArg
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_dispatch_send(GroupView group, DispatchSendArgs args) {
-  send_tokens(group, args, /*with_payload=*/true);
+  send_tokens(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
@@ -792,11 +635,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
   __shared__ RowLayoutMemory memory;
   const RowLayout layout = row_layout(&memory, group.shape);
-  if (ids_first(group.shape)) {
-    dispatch_ids_first(group, send_args, recv_args, sequence, layout);
-    return;
-  }
-  send_tokens(group, send_args, /*with_payload=*/true);
+  send_tokens(group, send_args);
   receive_tokens(group, recv_args, sequence, layout);
 }
 

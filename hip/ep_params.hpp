@@ -62,10 +62,8 @@ struct Shape {
 // One rank's dispatch region: what every source rank s stores there for its token t.
 //   ids     [world][T][top_k] int32: expert ids that concern this rank, -1 elsewhere
 //   weights [world][T][top_k] float32
-//   message [world][T][message_bytes]: the payload, then the scales row-major. Source s stages its own
-//           tokens at [s] of its own region and the receivers read them from there (pull); only the
-//           fused dispatch of quantised formats on two ranks from kIdsFirstTokens on stores them into [s] of
-//           each receiver's region instead (push).
+//   message [T][message_bytes]: this rank's own tokens, staged there by its send (the payload, then the
+//           scales row-major); the receivers read them from there (pull).
 // Tokens are stored at their own index t (no compaction), so a sender needs no prefix sum and the receiver
 // reads the sources in (rank, token) order directly.
 struct DispatchRegion {
@@ -76,12 +74,11 @@ struct DispatchRegion {
     return ids_offset(shape, shape.world, 0) +
            (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k * sizeof(float);
   }
-  ROCEP_HOST_DEVICE static std::size_t message_offset(const Shape& shape, int source, int token) {
-    return 2 * ids_offset(shape, shape.world, 0) +
-           (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.message_bytes;
+  ROCEP_HOST_DEVICE static std::size_t message_offset(const Shape& shape, int token) {
+    return 2 * ids_offset(shape, shape.world, 0) + static_cast<std::size_t>(token) * shape.message_bytes;
   }
   ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) {
-    return message_offset(shape, shape.world, 0);
+    return message_offset(shape, shape.max_tokens);
   }
 };
 
@@ -101,11 +98,7 @@ struct CombineRegion {
 
 // What the sending grids of one call add to each peer's arrival word, in shares spread over their blocks
 // (group_sync.hpp): after a source's n-th call the word reads n * kCallShares, whatever the grid sizes.
-// The fused dispatch of quantised formats on two ranks from kIdsFirstTokens on sends the ids ahead of the
-// payload and signals them as the first kIdsShares of the call; every other send signals the whole call at
-// once.
 inline constexpr uint64_t kCallShares = uint64_t{1} << 20;
-inline constexpr uint64_t kIdsShares = kCallShares / 2;
 
 // Words every rank exposes for peers to signal into (polled-flag memory). Every block of a sending grid
 // adds its share once its stores are done; the counts only grow, so they never need a reset and a stale

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <cstring>
 #include <limits>
 
@@ -116,9 +115,6 @@ std::string dispatch_format_input_error(const EpConfig& config, int rank, const 
   const std::string where = "dispatch: rank " + std::to_string(rank);
   if (config.dispatch_format == TokenFormat::kBf16 && inputs.token_scales != nullptr) {
     return where + " passed token_scales, but dispatch_format bf16 has no scales";
-  }
-  if (reinterpret_cast<std::uintptr_t>(inputs.token_scales) % 4 != 0) {
-    return where + " passed token_scales at an address that is not a multiple of 4 bytes";
   }
   if (config.dispatch_format == TokenFormat::kNvfp4 && inputs.token_scales == nullptr &&
       inputs.global_scale == nullptr) {

@@ -33,8 +33,7 @@ struct DispatchInputs {
   // num_tokens, so a captured graph can be replayed with a different count.
   const int32_t* num_tokens_on_device = nullptr;
   // Scaled formats only, optional: the scales of already quantised tokens, row-major per token
-  // ([num_tokens, format_scale_bytes]: float32 for fp8 block-128, e8m0 for MX, e4m3fn for nvfp4), at an
-  // address that is a multiple of 4 bytes.
+  // ([num_tokens, format_scale_bytes]: float32 for fp8 block-128, e8m0 for MX, e4m3fn for nvfp4).
   const void* token_scales = nullptr;
   // nvfp4 from bf16 only: one float32, the global scale the tokens are quantised with (device memory on
   // the GPU backend). Every rank must pass the same value: the receiver's GEMM applies one per tensor.

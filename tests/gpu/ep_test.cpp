@@ -203,11 +203,12 @@ class GpuEp : public ::testing::Test {
     }
 
     rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
-    // Receive memory is O(world x T x message) whatever the expert count: the dispatch and combine regions,
-    // per-slot bookkeeping, and each of the three exported buffers rounded up to 2 MiB.
+    // Receive memory is O(world x T x message) whatever the expert count: the dispatch region (this rank's
+    // staged tokens) and the combine region, per-slot bookkeeping, and each of the three exported buffers
+    // rounded up to 2 MiB.
     const std::size_t tokens = config.max_tokens_per_rank;
     const std::size_t slots = tokens * config.top_k;
-    const std::size_t regions = (world + std::max(world, config.top_k)) * tokens * hidden * sizeof(bf16_bits);
+    const std::size_t regions = (1 + std::max(world, config.top_k)) * tokens * hidden * sizeof(bf16_bits);
     const std::size_t chunks = world * ((tokens + 63) / 64);  // the receiver ranks tokens 64 at a time
     const std::size_t bookkeeping = (3 * world + 1) * slots * sizeof(int32_t) + tokens * sizeof(uint64_t) +
                                     (chunks + 1) * local_experts * sizeof(uint32_t) +
@@ -438,7 +439,7 @@ TEST_F(GpuEp, QuantisedDispatchMatchesReference) {
     rocep::Fp8Encoding encoding;
     int hidden;
     int alignment;
-    int max_tokens;  // from 512 on two ranks the fused dispatch sends ids first and pushes the tokens
+    int max_tokens;  // 48: one chunk of 64 tokens per source; 576: nine
   };
   const Case cases[] = {
       {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 7168, 1, 48},
