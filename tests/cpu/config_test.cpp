@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <limits>
 #include <string>
@@ -172,8 +171,7 @@ TEST(TokenFormatTest, ScaleGroupsPlaceEveryByteWhereScaleOffsetDoes) {
   using rocep::device::Format;
   for (const Format format : {Format::kFp8Block128, Format::kMxfp4, Format::kMxfp8, Format::kNvfp4}) {
     for (const int columns : {128, 160, 384, 7168}) {
-      if (columns % (format == Format::kNvfp4 ? 64 : std::max(32, rocep::device::block_elements(format))) !=
-          0) {
+      if (columns % rocep::format_column_multiple(static_cast<TokenFormat>(format)) != 0) {
         continue;
       }
       const std::size_t rows = 300;
