@@ -2,8 +2,8 @@
 //
 //   rocep_combine_send  expert rank, blocks over received (source, token): weighted, reduce the token's
 //                       rows on this rank (float32 fma in ascending k, rounded to bf16) and store that one
-//                       partial row into the source's region; unweighted, store each row. Each block then
-//                       adds its share to every peer's combine_arrived[rank].
+//                       partial row into the source's region; unweighted, store each row. The grid's last
+//                       block then adds 1 to every peer's combine_arrived[rank].
 //   rocep_combine_recv  source rank, blocks over its tokens: wait for every rank, then sum the partials in
 //                       ascending rank order (+ shared expert), or copy the rows; store bf16.
 //   rocep_combine       both halves in one kernel (the fused call)
@@ -131,15 +131,15 @@ __device__ void send_partials(const GroupView& group, const rocep::device::Combi
     }
     __syncthreads();  // the shared lists are rewritten for the next token
   }
-  signal_block_done(group.peer_signals, shape.world, shape.rank, &Signals::combine_arrived, kCallShares);
+  signal_grid_done(&group.state->combine_blocks_sent, group.peer_signals, shape.world, shape.rank,
+                   &Signals::combine_arrived);
 }
 
 __device__ void receive_partials(const GroupView& group, const rocep::device::CombineArgs& args,
                                  uint64_t sequence) {
   const Shape& shape = group.shape;
-  const bool arrived =
-      block_wait_for_peers(group.signals->combine_arrived, sequence, kCallShares, shape.world,
-                           group.timeout_ticks, group.status, Operation::kCombineRecv);
+  const bool arrived = block_wait_for_peers(group.signals->combine_arrived, sequence, shape.world,
+                                            group.timeout_ticks, group.status, Operation::kCombineRecv);
   const int vectors = shape.hidden / kLanes;
   const int tokens = group.state->sent_tokens;
   __shared__ const Vector16* partials[kMaxWorld + 1];

@@ -2,8 +2,8 @@
 // rows grouped by local expert, in (source rank, source token, k) order.
 //
 //   rocep_dispatch_send  sending half: validate ids, store ids / weights into each peer's region and the
-//                        payload (quantised if asked) into this rank's own region, then each block adds
-//                        its share to the peers' dispatch_arrived[rank] words
+//                        payload (quantised if asked) into this rank's own region, then the grid's last
+//                        block adds 1 to the peers' dispatch_arrived[rank] words
 //   rocep_dispatch_recv  receiving half: wait for every source; rank the rows per local expert (bit masks
 //                        over chunks of 64 tokens of one source: small receives in every block on its own,
 //                        large ones by blocks over chunks, a grid barrier, with many chunks blocks over
@@ -234,8 +234,8 @@ __device__ void send_token(const GroupView& group, const DispatchSendArgs& args,
   __syncthreads();  // the shared arrays are rewritten for the next token
 }
 
-// Blocks over this rank's tokens (send_token); block 0 first tells every peer the token count, and each
-// block then adds its part of the call's shares to the peers' dispatch_arrived[rank] words.
+// Blocks over this rank's tokens (send_token); block 0 first tells every peer the token count, and the
+// grid's last block then signals the peers' dispatch_arrived[rank] words.
 __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args) {
   const Shape& shape = group.shape;
   const int num_tokens = tokens_to_send(shape, args);
@@ -252,7 +252,8 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
   for (int token = blockIdx.x; token < num_tokens; token += gridDim.x) {
     send_token(group, args, token);
   }
-  signal_block_done(group.peer_signals, shape.world, shape.rank, &Signals::dispatch_arrived, kCallShares);
+  signal_grid_done(&group.state->dispatch_blocks_sent, group.peer_signals, shape.world, shape.rank,
+                   &Signals::dispatch_arrived);
 }
 
 // Chunks of all sources, and the most for which blocks add up the counts of earlier chunks where they need
@@ -608,8 +609,8 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
 __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
                                const RowLayout& layout) {
   const Shape& shape = group.shape;
-  if (block_wait_for_peers(group.signals->dispatch_arrived, sequence, kCallShares, shape.world,
-                           group.timeout_ticks, group.status, Operation::kDispatchRecv)) {
+  if (block_wait_for_peers(group.signals->dispatch_arrived, sequence, shape.world, group.timeout_ticks,
+                           group.status, Operation::kDispatchRecv)) {
     count_dispatch(group, sequence);
     if (lay_out_rows(group, args, layout)) {
       expand_tokens(group, args, layout);

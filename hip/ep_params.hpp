@@ -96,16 +96,12 @@ struct CombineRegion {
   ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) { return rows(shape) * row_bytes(shape); }
 };
 
-// What the sending grids of one call add to each peer's arrival word, in shares spread over their blocks
-// (group_sync.hpp): after a source's n-th call the word reads n * kCallShares, whatever the grid sizes.
-inline constexpr uint64_t kCallShares = uint64_t{1} << 20;
-
-// Words every rank exposes for peers to signal into (polled-flag memory). Every block of a sending grid
-// adds its share once its stores are done; the counts only grow, so they never need a reset and a stale
-// count is never mistaken for a new one.
+// Words every rank exposes for peers to signal into (polled-flag memory). The last block of a sending grid
+// adds 1 once every block's stores are done (group_sync.hpp); the counts only grow, so they never need a
+// reset and a stale count is never mistaken for a new one.
 struct Signals {
-  uint64_t dispatch_arrived[kMaxWorld];  // [s]: shares of source s's dispatch sends so far
-  uint64_t combine_arrived[kMaxWorld];   // [r]: shares of rank r's combine sends so far
+  uint64_t dispatch_arrived[kMaxWorld];  // [s]: dispatch sends of source s so far
+  uint64_t combine_arrived[kMaxWorld];   // [r]: combine sends of rank r so far
   int32_t tokens_from[kMaxWorld];        // [s]: tokens source s sent in its last dispatch
 };
 
@@ -120,7 +116,9 @@ struct GridBarrier {
 // State a rank keeps for itself between the kernels of one dispatch / combine (device memory).
 struct LocalState {
   GridBarrier barrier;
-  int32_t sent_tokens;  // tokens of this rank's last dispatch_send
+  int32_t sent_tokens;            // tokens of this rank's last dispatch_send
+  uint32_t dispatch_blocks_sent;  // blocks of the running dispatch send that are done (then reset to 0)
+  uint32_t combine_blocks_sent;   // the same for combine
 };
 
 // The receives one block of a group's grids has completed (device memory, one entry per block). Every
