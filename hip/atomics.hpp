@@ -53,4 +53,11 @@ __device__ inline void add_relaxed_system(uint64_t* address, uint64_t value) {
 #endif
 }
 
+// Sets bit `bit` (0-63) of a 64-bit mask in shared or global memory, atomically. Through the 32-bit half
+// that holds it: sm_90 has no 64-bit atomic OR and runs atomicOr on 64 bits as a compare-and-swap loop
+// (ATOMS.CAST.SPIN.64 in the dispatch ranking). Both targets are little-endian, so the low half comes first.
+__device__ inline void atomic_set_bit(unsigned long long* mask, int bit) {
+  atomicOr(reinterpret_cast<unsigned int*>(mask) + (bit >> 5), 1u << (bit & 31));
+}
+
 }  // namespace rocep::device

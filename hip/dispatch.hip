@@ -11,6 +11,7 @@
 //                        padded prefix over experts (row_offsets); blocks over (source, token) read each
 //                        token from its source's region and copy it into its rows
 //   rocep_dispatch       both halves in one kernel (the fused call)
+#include "atomics.hpp"
 #include "bf16.hpp"
 #include "block_scan.hpp"
 #include "ep_kernels.hpp"
@@ -186,7 +187,7 @@ __device__ void check_token_ids(const GroupView& group, const DispatchSendArgs& 
     }
     ids[thread] = id;
     if (id >= 0) {
-      atomicOr(destinations, 1ull << (id / shape.local_experts));
+      atomic_set_bit(destinations, id / shape.local_experts);
     }
   }
   __syncthreads();
@@ -308,7 +309,7 @@ __device__ void rank_rows_in_block(const GroupView& group, unsigned long long* m
     const int32_t* ids = region_ids(group.dispatch_region, shape, source, token);
     unsigned long long* chunk_masks =
         masks + (source * chunks_per_source(shape) + token / kChunkTokens) * shape.local_experts;
-    const unsigned long long bit = 1ull << (token % kChunkTokens);
+    const int bit = token % kChunkTokens;
     for (int first = 0; first < shape.top_k; first += kIdsInFlight) {
       int32_t batch[kIdsInFlight];
 #pragma unroll
@@ -319,7 +320,7 @@ __device__ void rank_rows_in_block(const GroupView& group, unsigned long long* m
 #pragma unroll
         for (int i = 0; i < kIdsInFlight; ++i) {
           if (batch[i] >= 0) {
-            atomicOr(&chunk_masks[batch[i] - first_expert], bit);
+            atomic_set_bit(&chunk_masks[batch[i] - first_expert], bit);
           }
         }
       }
@@ -351,7 +352,7 @@ __device__ void rank_chunk_rows(const GroupView& group) {
       const int32_t id = region_ids(group.dispatch_region, shape, source,
                                     first_token + slot / shape.top_k)[slot % shape.top_k];
       if (id >= 0) {
-        atomicOr(&masks[id - first_expert], 1ull << (slot / shape.top_k));
+        atomic_set_bit(&masks[id - first_expert], slot / shape.top_k);
       }
     }
     __syncthreads();
