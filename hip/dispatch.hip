@@ -9,7 +9,8 @@
 //                        large ones by blocks over chunks, a grid barrier, with many chunks blocks over
 //                        experts take the prefix over chunks and a grid barrier); every block takes the
 //                        padded prefix over experts (row_offsets); blocks over (source, token) read each
-//                        token from its source's region and copy it into its rows
+//                        token from its source's region and copy it into its rows (small receives: other
+//                        ranks' tokens in halves, two blocks each)
 //   rocep_dispatch       both halves in one kernel (the fused call)
 #include "atomics.hpp"
 #include "bf16.hpp"
@@ -510,7 +511,9 @@ __device__ inline int32_t row_of(const GroupView& group, const RowLayout& layout
 // Blocks over (source, token), the sources interleaved so that local copies and reads over the links run
 // side by side: each token's payload and scales into its rows, with src_info and weight; then the padding
 // rows. Reading from the sources' regions (a pull), each token crosses the link once per receiving rank
-// and is written into its rows as it arrives, with no second pass over a staging copy here.
+// and is written into its rows as it arrives, with no second pass over a staging copy here. A receive
+// small enough to leave blocks idle has each token of another rank read by two blocks, half each, so that
+// twice the reads over the link are in flight; this rank's own tokens stay whole.
 __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& args, const RowLayout& layout) {
   const Shape& shape = group.shape;
 
@@ -523,13 +526,20 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
   const std::size_t vectors = shape.payload_bytes / kVectorBytes;
   const bool scaled = shape.format != Format::kBf16;
   const ScaleGroups scale_layout = scale_groups(shape.format, args.scale_rows, shape.hidden);
-  const int total = shape.world * shape.max_tokens;
-  for (int index = blockIdx.x; index < total; index += gridDim.x) {
-    const int source = index % shape.world;
-    const int token = index / shape.world;
+  const int parts = (2 * shape.world - 1) * shape.max_tokens <= static_cast<int>(gridDim.x) ? 2 : 1;
+  const int items_per_token = 1 + parts * (shape.world - 1);  // this rank's own, then the others' parts
+  const int total = items_per_token * shape.max_tokens;
+  for (int item = blockIdx.x; item < total; item += gridDim.x) {
+    const int token = item / items_per_token;
+    const int other = item % items_per_token - 1;  // -1: this rank's own token
+    const int source = other < 0 ? shape.rank : other / parts + (other / parts >= shape.rank ? 1 : 0);
+    const int part = other < 0 ? 0 : other % parts;
     if (token >= group.signals->tokens_from[source]) {
       continue;  // uniform across the block
     }
+    const int token_parts = other < 0 ? 1 : parts;
+    const std::size_t first_vector = vectors * part / token_parts;
+    const std::size_t part_vectors = vectors * (part + 1) / token_parts - first_vector;
     int32_t* token_rows =
         group.token_rows + (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k;
     const uint8_t* message = region_message(group.peer_dispatch_regions[source], shape, token);
@@ -546,8 +556,8 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
     }
     StagedVectors head{};
     if (wanted) {
-      head.load(message, threadIdx.x, vectors, blockDim.x);
-      if (scaled) {
+      head.load(message + first_vector * kVectorBytes, threadIdx.x, part_vectors, blockDim.x);
+      if (scaled && part == 0) {
         // Whole words: the message is padded to 16 bytes past its scales.
         const auto* scale_words = reinterpret_cast<const uint32_t*>(message + shape.payload_bytes);
         for (uint32_t w = threadIdx.x; w < (shape.scale_bytes + 3) / 4; w += blockDim.x) {
@@ -555,7 +565,7 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
         }
       }
     }
-    if (static_cast<int>(threadIdx.x) < shape.top_k) {
+    if (static_cast<int>(threadIdx.x) < shape.top_k && part == 0) {
       const int k = threadIdx.x;
       const int32_t row = rows[k];
       if (row >= 0) {
@@ -570,14 +580,16 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
       int count = 0;
       for (int k = 0; k < shape.top_k; ++k) {
         if (rows[k] >= 0) {
-          row_starts[count++] = args.recv_tokens + static_cast<std::size_t>(rows[k]) * shape.payload_bytes;
+          row_starts[count++] = args.recv_tokens + static_cast<std::size_t>(rows[k]) * shape.payload_bytes +
+                                first_vector * kVectorBytes;
         }
       }
       row_count = count;
     }
     __syncthreads();
-    copy_bytes16_to_many(row_starts, row_count, message, shape.payload_bytes, threadIdx.x, blockDim.x, head);
-    if (scaled) {
+    copy_bytes16_to_many(row_starts, row_count, message + first_vector * kVectorBytes,
+                         part_vectors * kVectorBytes, threadIdx.x, blockDim.x, head);
+    if (scaled && part == 0) {
       store_scales_to_rows(reinterpret_cast<const uint8_t*>(message_scales), args.recv_scales, scale_layout,
                            rows, shape.top_k, threadIdx.x, blockDim.x);
     }
