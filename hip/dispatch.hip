@@ -526,20 +526,26 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
   const std::size_t vectors = shape.payload_bytes / kVectorBytes;
   const bool scaled = shape.format != Format::kBf16;
   const ScaleGroups scale_layout = scale_groups(shape.format, args.scale_rows, shape.hidden);
-  const int parts = (2 * shape.world - 1) * shape.max_tokens <= static_cast<int>(gridDim.x) ? 2 : 1;
-  const int items_per_token = 1 + parts * (shape.world - 1);  // this rank's own, then the others' parts
+  // Items: (token, source), or for a small receive (token, this rank) and (token, other rank, half).
+  const bool halves = (2 * shape.world - 1) * shape.max_tokens <= static_cast<int>(gridDim.x);
+  const int items_per_token = halves ? 2 * shape.world - 1 : shape.world;
   const int total = items_per_token * shape.max_tokens;
   for (int item = blockIdx.x; item < total; item += gridDim.x) {
     const int token = item / items_per_token;
-    const int other = item % items_per_token - 1;  // -1: this rank's own token
-    const int source = other < 0 ? shape.rank : other / parts + (other / parts >= shape.rank ? 1 : 0);
-    const int part = other < 0 ? 0 : other % parts;
+    const int slot = item % items_per_token;
+    int source = slot;
+    int half = 0;  // 0: the whole token; 1, 2: its first or second half
+    if (halves) {
+      const int other = (slot - 1) >> 1;  // slot 0: this rank; then two slots per other rank
+      source = slot == 0 ? shape.rank : other + (other >= shape.rank ? 1 : 0);
+      half = slot == 0 ? 0 : 1 + ((slot - 1) & 1);
+    }
     if (token >= group.signals->tokens_from[source]) {
       continue;  // uniform across the block
     }
-    const int token_parts = other < 0 ? 1 : parts;
-    const std::size_t first_vector = vectors * part / token_parts;
-    const std::size_t part_vectors = vectors * (part + 1) / token_parts - first_vector;
+    const std::size_t first_vector = half == 2 ? vectors / 2 : 0;
+    const std::size_t part_vectors = half == 0 ? vectors : (half == 1 ? vectors / 2 : vectors - vectors / 2);
+    const bool first_part = half != 2;  // stores the token's metadata and scales
     int32_t* token_rows =
         group.token_rows + (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k;
     const uint8_t* message = region_message(group.peer_dispatch_regions[source], shape, token);
@@ -557,7 +563,7 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
     StagedVectors head{};
     if (wanted) {
       head.load(message + first_vector * kVectorBytes, threadIdx.x, part_vectors, blockDim.x);
-      if (scaled && part == 0) {
+      if (scaled && first_part) {
         // Whole words: the message is padded to 16 bytes past its scales.
         const auto* scale_words = reinterpret_cast<const uint32_t*>(message + shape.payload_bytes);
         for (uint32_t w = threadIdx.x; w < (shape.scale_bytes + 3) / 4; w += blockDim.x) {
@@ -565,7 +571,7 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
         }
       }
     }
-    if (static_cast<int>(threadIdx.x) < shape.top_k && part == 0) {
+    if (static_cast<int>(threadIdx.x) < shape.top_k && first_part) {
       const int k = threadIdx.x;
       const int32_t row = rows[k];
       if (row >= 0) {
@@ -589,7 +595,7 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
     __syncthreads();
     copy_bytes16_to_many(row_starts, row_count, message + first_vector * kVectorBytes,
                          part_vectors * kVectorBytes, threadIdx.x, blockDim.x, head);
-    if (scaled && part == 0) {
+    if (scaled && first_part) {
       store_scales_to_rows(reinterpret_cast<const uint8_t*>(message_scales), args.recv_scales, scale_layout,
                            rows, shape.top_k, threadIdx.x, blockDim.x);
     }
