@@ -31,24 +31,31 @@ __device__ inline bool timed_out(const Status* status) {
 // An arrival word of Signals, e.g. &Signals::dispatch_arrived.
 using ArrivalWords = uint64_t (Signals::*)[kMaxWorld];
 
+// Called by thread 0 of every block of a grid, once per use of `count` (zero before the first): releases
+// the block's earlier stores at device scope into *count and returns true in the grid's last block only,
+// which has then acquired every other block's stores and reset the count for the next use.
+__device__ inline bool arrives_last(uint32_t* count) {
+  __threadfence();
+  if (atomicAdd(count, 1u) != gridDim.x - 1) {
+    return false;
+  }
+  __threadfence();
+  *count = 0;
+  return true;
+}
+
 // Called by every thread of every block of a sending grid once the block's stores for the peers are
-// issued. Each block releases its stores at device scope into *blocks_done; the grid's last block resets
-// the count and, with one system-scope fence for the whole grid, adds 1 to every peer's words[rank]. With a
-// system fence and adds in every block, signalling took 4.0 us of a 128-token dispatch send on H200 (EP2,
-// 396 blocks); this way 2.5 us.
+// issued. The blocks count in through *blocks_done (arrives_last); the grid's last block then, with one
+// system-scope fence for the whole grid, adds 1 to every peer's words[rank]. With a system fence and adds
+// in every block, signalling took 4.0 us of a 128-token dispatch send on H200 (EP2, 396 blocks); this way
+// 2.5 us.
 __device__ inline void signal_grid_done(uint32_t* blocks_done, Signals* const* peer_signals, int world,
                                         int rank, ArrivalWords words) {
-  __syncthreads();
-  if (threadIdx.x != 0) {
+  __syncthreads();  // the block's stores are ordered before thread 0's
+  if (threadIdx.x != 0 || !arrives_last(blocks_done)) {
     return;
   }
-  __threadfence();  // the block's stores (ordered before thread 0's by the barrier), then the count
-  if (atomicAdd(blocks_done, 1u) != gridDim.x - 1) {
-    return;
-  }
-  *blocks_done = 0;  // the next grid of this kind starts after this one has ended
-  // Orders every block's stores (acquired through the count) before the adds, for every peer.
-  __threadfence_system();
+  __threadfence_system();  // every block's stores before the adds, for every peer
   for (int peer = 0; peer < world; ++peer) {
     add_relaxed_system(&(peer_signals[peer]->*words)[rank], uint64_t{1});
   }
@@ -84,10 +91,7 @@ __device__ inline bool grid_barrier(GridBarrier* barrier, int rank, uint64_t tim
   if (threadIdx.x == 0) {
     passed = true;
     const uint64_t generation = load_acquire<Scope::kDevice>(&barrier->generation);
-    __threadfence();
-    if (atomicAdd(&barrier->arrived, 1u) == gridDim.x - 1) {
-      __threadfence();
-      barrier->arrived = 0;
+    if (arrives_last(&barrier->arrived)) {
       store_release<Scope::kDevice>(&barrier->generation, generation + 1);
     } else {
       const uint64_t start = wall_clock_ticks();
