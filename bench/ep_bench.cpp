@@ -7,7 +7,10 @@
 // are the payload and scales that travel. Combine always moves bf16.
 //
 //   mpirun -np 2 rocep_bench [--tokens=128,4096] [--formats=bf16,fp8,mxfp8,mxfp4,nvfp4] [--hidden=7168]
-//                            [--top_k=8] [--experts=256] [--iterations=20] [--blocks=N] [benchmark flags]
+//                            [--top_k=8] [--experts=256] [--iterations=20] [--blocks=N]
+//                            [--inputs=copied,input_buffer] [benchmark flags]
+//
+// --inputs=input_buffer also times bf16 dispatch from tokens written into EpGroup::dispatch_input_buffer().
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 
@@ -46,6 +49,9 @@ struct BenchOptions {
   int experts = 256;
   int iterations = 20;
   int blocks = 0;  // 0 = the library's choice
+  // Where bf16 tokens come from: false = a buffer of the caller's (dispatch stages them), true = the group's
+  // input buffer (EpGroup::dispatch_input_buffer); other formats always take the first.
+  std::vector<bool> input_buffer{false};
 };
 
 // Removes --name=value from argv (so Google Benchmark does not see it) and returns the value.
@@ -112,6 +118,16 @@ BenchOptions parse_options(int& argc, char** argv) {
     options.iterations = parse_positive(value, "iterations");
   if (take_flag(argc, argv, "blocks", value))
     options.blocks = parse_positive(value, "blocks");
+  if (take_flag(argc, argv, "inputs", value)) {
+    options.input_buffer.clear();
+    std::stringstream list(value);
+    for (std::string item; std::getline(list, item, ',');) {
+      if (item != "copied" && item != "input_buffer") {
+        throw rocep::ConfigError("--inputs: '" + item + "' is invalid: allowed are copied, input_buffer");
+      }
+      options.input_buffer.push_back(item == "input_buffer");
+    }
+  }
   return options;
 }
 
@@ -252,6 +268,16 @@ class CaseMemory {
   T* make(std::size_t count) {
     return static_cast<T*>(allocate(std::max<std::size_t>(count, 1) * sizeof(T)));
   }
+  void copy_in(void* destination, const void* source, std::size_t bytes) {
+#if defined(ROCEP_GPU_BUILD)
+    if (on_gpu_) {
+      ROCEP_GPU_CHECK(hipMemcpy(destination, source, bytes, hipMemcpyHostToDevice));
+      return;
+    }
+#endif
+    if (bytes > 0)
+      std::memcpy(destination, source, bytes);
+  }
 
  private:
   void* allocate(std::size_t bytes) {
@@ -264,16 +290,6 @@ class CaseMemory {
 #endif
     host_.emplace_back(bytes);
     return host_.back().data();
-  }
-  void copy_in(void* destination, const void* source, std::size_t bytes) {
-#if defined(ROCEP_GPU_BUILD)
-    if (on_gpu_) {
-      ROCEP_GPU_CHECK(hipMemcpy(destination, source, bytes, hipMemcpyHostToDevice));
-      return;
-    }
-#endif
-    if (bytes > 0)
-      std::memcpy(destination, source, bytes);
   }
   bool on_gpu_;
   std::vector<std::vector<uint8_t>> host_;
@@ -317,7 +333,7 @@ struct Step {
 constexpr int kRepeats = 8;
 
 void run_case(benchmark::State& state, const std::string& name, Sequence sequence, rocep::EpConfig config,
-              int num_tokens) {
+              int num_tokens, bool in_input_buffer) {
   int rank = 0;
   int world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -335,6 +351,12 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
   auto* recv_weights = memory.make<float>(rows);
   rocep::DispatchInputs inputs{memory.make(workload.tokens), memory.make(workload.topk_ids),
                                memory.make(workload.topk_weights), num_tokens, nullptr};
+  if (in_input_buffer) {
+    // Written once: the calls only read it, as a server's previous layer would have written it there.
+    memory.copy_in(group.dispatch_input_buffer(), workload.tokens.data(),
+                   workload.tokens.size() * sizeof(rocep::bf16_bits));
+    inputs.tokens = group.dispatch_input_buffer();
+  }
   // nvfp4: a global scale that keeps the block scales of values in [-4, 4] inside e4m3's range.
   inputs.global_scale = memory.make(std::vector<float>{448.0f * 6.0f / 4.0f});
   rocep::DispatchOutputs outputs{recv_tokens,
@@ -484,16 +506,23 @@ int main(int argc, char** argv) {
       rocep::EpConfig format_config = config;
       format_config.dispatch_format = format;
       format_config.validate(world);
-      for (const int tokens : options.tokens) {
-        for (const Sequence sequence : {Sequence::kFused, Sequence::kSplit}) {
-          const std::string name =
-              std::string("/") + rocep::to_string(format) + "/tokens:" + std::to_string(tokens);
-          // A fixed iteration count: every rank must run the same number of collective calls.
-          const std::string case_name = (sequence == Sequence::kFused ? "fused" : "split") + name;
-          benchmark::RegisterBenchmark(case_name.c_str(), run_case, name, sequence, format_config, tokens)
-              ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
-              ->UseManualTime()
-              ->Unit(benchmark::kMicrosecond);
+      for (const bool input_buffer : options.input_buffer) {
+        if (input_buffer && format != rocep::TokenFormat::kBf16) {
+          continue;
+        }
+        for (const int tokens : options.tokens) {
+          for (const Sequence sequence : {Sequence::kFused, Sequence::kSplit}) {
+            const std::string name = std::string("/") + rocep::to_string(format) +
+                                     (input_buffer ? "/input_buffer" : "") +
+                                     "/tokens:" + std::to_string(tokens);
+            // A fixed iteration count: every rank must run the same number of collective calls.
+            const std::string case_name = (sequence == Sequence::kFused ? "fused" : "split") + name;
+            benchmark::RegisterBenchmark(case_name.c_str(), run_case, name, sequence, format_config, tokens,
+                                         input_buffer)
+                ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
+                ->UseManualTime()
+                ->Unit(benchmark::kMicrosecond);
+          }
         }
       }
     }

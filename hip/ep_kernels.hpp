@@ -53,6 +53,7 @@ struct DispatchSendArgs {
   const float* topk_weights;
   int32_t num_tokens;
   const int32_t* num_tokens_on_device;  // overrides num_tokens when set
+  bool tokens_in_place;                 // `tokens` is this rank's region's message area: nothing to stage
 };
 
 struct DispatchRecvArgs {

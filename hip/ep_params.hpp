@@ -63,7 +63,8 @@ struct Shape {
 //   ids     [world][T][top_k] int32: expert ids that concern this rank, -1 elsewhere
 //   weights [world][T][top_k] float32
 //   message [T][message_bytes]: this rank's own tokens, staged there by its send (the payload, then the
-//           scales row-major); the receivers read them from there (pull).
+//           scales row-major), or written there by the caller (bf16, EpGroup::dispatch_input_buffer); the
+//           receivers read them from there (pull).
 // Tokens are stored at their own index t (no compaction), so a sender needs no prefix sum and the receiver
 // reads the sources in (rank, token) order directly.
 struct DispatchRegion {
@@ -74,8 +75,10 @@ struct DispatchRegion {
     return ids_offset(shape, shape.world, 0) +
            (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k * sizeof(float);
   }
+  // 16-byte aligned: messages are read and written in 16-byte vectors.
   ROCEP_HOST_DEVICE static std::size_t message_offset(const Shape& shape, int token) {
-    return 2 * ids_offset(shape, shape.world, 0) + static_cast<std::size_t>(token) * shape.message_bytes;
+    return (2 * ids_offset(shape, shape.world, 0) + 15) / 16 * 16 +
+           static_cast<std::size_t>(token) * shape.message_bytes;
   }
   ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) {
     return message_offset(shape, shape.max_tokens);

@@ -193,6 +193,9 @@ std::string EpConfig::describe() const {
        << " max_tokens_per_rank=" << max_tokens_per_rank << " format=" << to_string(dispatch_format)
        << (dispatch_format == TokenFormat::kFp8Block128 ? std::string("/") + to_string(fp8_encoding) : "")
        << " combine=" << to_string(combine_dtype) << " alignment=" << expert_alignment;
+  if (num_blocks > 0) {
+    text << " blocks=" << num_blocks;
+  }
   return text.str();
 }
 

@@ -157,6 +157,15 @@ int EpGroup::num_local_experts() const {
 std::size_t EpGroup::max_recv_rows() const {
   return impl_->config.max_recv_rows(world_size());
 }
+void* EpGroup::dispatch_input_buffer() {
+#if defined(ROCEP_GPU_BUILD)
+  if (impl_->gpu) {
+    return impl_->gpu->dispatch_input_buffer();
+  }
+#endif
+  return impl_->reference->dispatch_input_buffer();
+}
+
 std::size_t EpGroup::memory_bytes() const {
 #if defined(ROCEP_GPU_BUILD)
   if (impl_->gpu) {

@@ -178,6 +178,14 @@ void GpuEp::require_usable() const {
   }
 }
 
+void* GpuEp::dispatch_input_buffer() const {
+  const std::string error = reference::input_buffer_format_error(config_);
+  if (!error.empty()) {
+    throw ConfigError(error);
+  }
+  return dispatch_region_.as<uint8_t>() + device::DispatchRegion::message_offset(view_.shape, 0);
+}
+
 device::DispatchSendArgs GpuEp::dispatch_send_args(const DispatchInputs& inputs) const {
   require_usable();
   if (inputs.num_tokens_on_device == nullptr &&
@@ -194,13 +202,22 @@ device::DispatchSendArgs GpuEp::dispatch_send_args(const DispatchInputs& inputs)
   if (!format_error.empty()) {
     throw InvalidInputError(format_error);
   }
+  // Tokens in this rank's own dispatch region are valid only at the input buffer (bf16): anywhere else the
+  // staging copy would overwrite tokens it has yet to read.
+  const void* buffer = config_.dispatch_format == TokenFormat::kBf16 ? dispatch_input_buffer() : nullptr;
+  const std::string misplaced = reference::misplaced_tokens_error(
+      rank_, inputs.tokens, dispatch_region_.get(), dispatch_region_.bytes(), buffer);
+  if (!misplaced.empty()) {
+    throw InvalidInputError(misplaced);
+  }
   return {static_cast<const uint8_t*>(inputs.tokens),
           static_cast<const uint8_t*>(inputs.token_scales),
           inputs.global_scale,
           inputs.topk_ids,
           inputs.topk_weights,
           inputs.num_tokens,
-          inputs.num_tokens_on_device};
+          inputs.num_tokens_on_device,
+          buffer != nullptr && inputs.tokens == buffer};
 }
 
 device::DispatchRecvArgs GpuEp::dispatch_recv_args(const DispatchOutputs& outputs) const {

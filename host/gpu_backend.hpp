@@ -23,6 +23,8 @@ class GpuEp {
   GpuEp& operator=(const GpuEp&) = delete;
 
   std::size_t memory_bytes() const { return memory_bytes_; }
+  // bf16 dispatch: the message area of this rank's dispatch region, [T][hidden] bf16 (see EpGroup).
+  void* dispatch_input_buffer() const;
 
   // The fused calls run one kernel each; the halves one each.
   void dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, hipStream_t stream);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 
@@ -132,10 +133,38 @@ std::string dispatch_format_output_error(const EpConfig& config, int rank, const
   return {};
 }
 
+std::string input_buffer_format_error(const EpConfig& config) {
+  if (config.dispatch_format == TokenFormat::kBf16) {
+    return {};
+  }
+  return std::string("EpGroup::dispatch_input_buffer: dispatch_format is ") +
+         to_string(config.dispatch_format) + "; the input buffer holds bf16 tokens only";
+}
+
+std::string misplaced_tokens_error(int rank, const void* tokens, const void* memory, std::size_t bytes,
+                                   const void* buffer) {
+  const auto address = reinterpret_cast<std::uintptr_t>(tokens);
+  const auto first = reinterpret_cast<std::uintptr_t>(memory);
+  if (tokens == buffer || address < first || address - first >= bytes) {
+    return {};
+  }
+  return "dispatch: rank " + std::to_string(rank) +
+         " passed tokens inside the group's own dispatch memory but not at dispatch_input_buffer()";
+}
+
 ReferenceEp::ReferenceEp(MPI_Comm comm, const EpConfig& config) : bootstrap_(comm), config_(config) {
   config_.validate(bootstrap_.size());
   config_.fp8_encoding = reference_fp8_encoding(config_.fp8_encoding);
   local_experts_ = config_.num_local_experts(bootstrap_.size());
+}
+
+void* ReferenceEp::dispatch_input_buffer() {
+  const std::string error = input_buffer_format_error(config_);
+  if (!error.empty()) {
+    throw ConfigError(error);
+  }
+  input_buffer_.resize(static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.hidden);
+  return input_buffer_.data();
 }
 
 void ReferenceEp::dispatch_send(const DispatchInputs& inputs) {
@@ -157,7 +186,11 @@ void ReferenceEp::dispatch_send(const DispatchInputs& inputs) {
     error =
         "dispatch: rank " + std::to_string(rank()) + " passed a null tokens/topk_ids/topk_weights pointer";
   } else {
-    error = dispatch_format_input_error(config_, rank(), inputs);
+    error = misplaced_tokens_error(rank(), inputs.tokens, input_buffer_.data(),
+                                   input_buffer_.size() * sizeof(bf16_bits), input_buffer_.data());
+    if (error.empty()) {
+      error = dispatch_format_input_error(config_, rank(), inputs);
+    }
   }
   for (int token = 0; error.empty() && token < num_tokens; ++token) {
     const int32_t* ids = inputs.topk_ids + static_cast<std::size_t>(token) * top_k;

@@ -24,6 +24,12 @@ void agree_on_input_errors(MPI_Comm comm, const std::string& local_error, const 
 // naming the rank and the field (both backends check with these).
 std::string dispatch_format_input_error(const EpConfig& config, int rank, const DispatchInputs& inputs);
 std::string dispatch_format_output_error(const EpConfig& config, int rank, const DispatchOutputs& outputs);
+// EpGroup::dispatch_input_buffer: empty when config.dispatch_format has one (bf16), else the ConfigError's
+// message; and empty unless `tokens` lies in [memory, memory + bytes), the group's own dispatch memory,
+// anywhere but at `buffer`, the input buffer inside it.
+std::string input_buffer_format_error(const EpConfig& config);
+std::string misplaced_tokens_error(int rank, const void* tokens, const void* memory, std::size_t bytes,
+                                   const void* buffer);
 
 class ReferenceEp {
  public:
@@ -33,6 +39,8 @@ class ReferenceEp {
   int rank() const { return bootstrap_.rank(); }
   int world_size() const { return bootstrap_.size(); }
 
+  // See EpGroup for the contracts: host memory here, allocated on the first call.
+  void* dispatch_input_buffer();
   // Collective; see EpGroup for the contracts.
   void dispatch_send(const DispatchInputs& inputs);
   void dispatch_recv(const DispatchOutputs& outputs);
@@ -50,6 +58,7 @@ class ReferenceEp {
   EpConfig config_;
   int local_experts_ = 0;
 
+  std::vector<bf16_bits> input_buffer_;  // [max_tokens_per_rank][hidden] once asked for
   // dispatch_send -> dispatch_recv
   std::vector<std::vector<uint8_t>> received_messages_;
   bool dispatch_sent_ = false;

@@ -50,11 +50,21 @@ class EpGroup {
   std::size_t max_recv_rows() const;  // R: rows to allocate for DispatchOutputs and expert outputs
   std::size_t memory_bytes() const;   // bytes the group allocated for itself (outputs not included)
 
+  // bf16 dispatch only: this rank's input buffer, [max_tokens_per_rank, hidden] bf16 in the group's own
+  // memory (device memory on the GPU backend, host memory on the CPU reference), where the peers read this
+  // rank's tokens. Tokens written here and passed as DispatchInputs::tokens (this very pointer) are not
+  // copied by dispatch_send, which then sends only ids and weights. Write it only between this rank's
+  // combine and its next dispatch, in stream order: from a dispatch until this rank's combine of it, the
+  // peers may be reading the tokens. Not collective; the same pointer for the group's lifetime. Throws
+  // ConfigError for other dispatch formats.
+  void* dispatch_input_buffer();
+
   // dispatch = dispatch_send + dispatch_recv.
   // Collective: every rank calls it, in the same order relative to combine, with its own inputs (0 tokens
   // is allowed). Allocates: no. Graph-safe: yes on the GPU backend (no host synchronisation).
-  // Errors: InvalidInputError before any work if num_tokens is outside [0, max_tokens_per_rank] or a pointer
-  // is null (the peers then time out waiting for this rank); InvalidInputError naming rank, token and slot
+  // Errors: InvalidInputError before any work if num_tokens is outside [0, max_tokens_per_rank], a pointer
+  // is null, or the tokens lie in the group's own dispatch memory anywhere but at dispatch_input_buffer()
+  // (the peers then time out waiting for this rank); InvalidInputError naming rank, token and slot
   // for an expert id outside [-1, num_experts) or an expert named twice by one token (nothing is stored
   // for it); TimeoutError naming the peer if a peer does not send within config().timeout_seconds. On the
   // GPU backend the last two come from synchronize().

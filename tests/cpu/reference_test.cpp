@@ -647,6 +647,44 @@ TEST(ReferenceEpTest, SplitCallsEqualEpGroupAndRepeatBitIdentically) {
   }
 }
 
+// Tokens written into the group's input buffer dispatch exactly like a copy of them elsewhere; a pointer
+// into the buffer anywhere but at its start is rejected on every rank, and a scaled format has no buffer.
+TEST(ReferenceEpTest, TokensInTheInputBufferDispatchLikeAnyOther) {
+  const Problem problem({256, 8, 16, 32, 4}, Routing::kMasked);
+  SCOPED_TRACE(problem.trace());
+  ReferenceEp ep(MPI_COMM_WORLD, problem.config);
+  const DispatchBuffers expected = dispatch(ep, problem);
+  rocep::EpGroup group(MPI_COMM_WORLD, problem.config, rocep::Backend::kCpuReference);
+  auto* buffer = static_cast<bf16_bits*>(group.dispatch_input_buffer());
+  ASSERT_NE(buffer, nullptr);
+  EXPECT_EQ(group.dispatch_input_buffer(), buffer) << "the buffer moved";
+  const RankInputs& mine = problem.mine();
+  std::copy(mine.tokens.begin(), mine.tokens.end(), buffer);
+  rocep::DispatchInputs inputs = mine.view();
+  inputs.tokens = buffer;
+  DispatchBuffers in_place(problem);
+  group.dispatch(inputs, in_place.view());
+  EXPECT_TRUE(in_place.same_bytes_as(expected));
+
+  const bool last = problem.rank == problem.world - 1;
+  if (last)
+    inputs.tokens = buffer + problem.config.hidden;  // one row in
+  try {
+    group.dispatch(inputs, in_place.view());
+    ADD_FAILURE() << "no InvalidInputError on this rank";
+  } catch (const rocep::InvalidInputError& error) {
+    EXPECT_TRUE(names(error.what(), "rank", problem.world - 1)) << error.what();
+    if (last) {
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring, "dispatch_input_buffer()", error.what());
+    }
+  }
+
+  rocep::EpConfig fp8 = problem.config;
+  fp8.dispatch_format = rocep::TokenFormat::kFp8Block128;
+  rocep::EpGroup fp8_group(MPI_COMM_WORLD, fp8, rocep::Backend::kCpuReference);
+  EXPECT_THROW(fp8_group.dispatch_input_buffer(), rocep::ConfigError);
+}
+
 // --- quantised formats ----------------------------------------------------------------------------------
 
 // Dispatch in a scaled format from bf16 tokens: every row holds exactly the source token as

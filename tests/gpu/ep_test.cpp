@@ -149,11 +149,12 @@ class GpuEp : public ::testing::Test {
     }
   }
 
-  // Runs dispatch + combine on the reference and on the GPU and compares everything.
-  void check_against_reference(const EpConfig& config, Routing routing) {
+  // Runs dispatch + combine on the reference and on the GPU and compares everything. With
+  // `in_input_buffer`, the GPU dispatches the tokens from the group's input buffer.
+  void check_against_reference(const EpConfig& config, Routing routing, bool in_input_buffer = false) {
     const uint64_t seed = shared_seed();
     SCOPED_TRACE("seed " + std::to_string(seed) + ", routing " + std::to_string(static_cast<int>(routing)) +
-                 ", " + config.describe());
+                 ", " + config.describe() + (in_input_buffer ? ", tokens in the input buffer" : ""));
     const Inputs inputs = make_inputs(config, routing, seed);
     const int world = world_size();
     const int local_experts = config.num_local_experts(world);
@@ -217,6 +218,12 @@ class GpuEp : public ::testing::Test {
     EXPECT_LE(group.memory_bytes(), regions + bookkeeping);
     rocep::Stream stream;
     const DeviceInputs device_inputs(inputs);
+    rocep::DispatchInputs dispatch_inputs = device_inputs.view();
+    if (in_input_buffer) {
+      dispatch_inputs.tokens = group.dispatch_input_buffer();
+      ROCEP_GPU_CHECK(hipMemcpy(group.dispatch_input_buffer(), inputs.tokens.data(),
+                                inputs.tokens.size() * sizeof(bf16_bits), hipMemcpyHostToDevice));
+    }
     const DeviceBuffer device_expert_outputs = upload(expert_outputs);
     const DeviceBuffer device_shared = upload(shared);
     for (const bool weighted : {true, false}) {
@@ -224,10 +231,10 @@ class GpuEp : public ::testing::Test {
       DeviceOutputs outputs(config, rows, local_experts);
       // Split calls for the weighted pass, fused calls for the unweighted one: both must match.
       if (weighted) {
-        group.dispatch_send(device_inputs.view(), stream.get());
+        group.dispatch_send(dispatch_inputs, stream.get());
         group.dispatch_recv(outputs.view(), stream.get());
       } else {
-        group.dispatch(device_inputs.view(), outputs.view(), stream.get());
+        group.dispatch(dispatch_inputs, outputs.view(), stream.get());
       }
       group.synchronize(stream.get());
       const auto row_offsets = download<uint32_t>(outputs.row_offsets, local_experts + 1);
@@ -263,8 +270,10 @@ class GpuEp : public ::testing::Test {
   }
 };
 
-EpConfig make_config(int hidden, int top_k, int experts_per_rank, int max_tokens, int alignment = 1) {
+EpConfig make_config(int hidden, int top_k, int experts_per_rank, int max_tokens, int alignment = 1,
+                     int num_blocks = 0) {
   EpConfig config;
+  config.num_blocks = num_blocks;
   config.hidden = hidden;
   config.top_k = top_k;
   config.num_experts = experts_per_rank * world_size();
@@ -285,6 +294,8 @@ TEST_F(GpuEp, MatchesReferenceAcrossShapesAndRoutings) {
       make_config(2048, 4, 256 / world, 96, 8),
       // Enough tokens that the receiver ranks more than 16 chunks of 64 and takes their prefix in a pass.
       make_config(2048, 8, 64 / world, 576),
+      // 8 blocks: each sends its 72 tokens in batches of 32, 32 and 8.
+      make_config(2048, 8, 64 / world, 576, 1, 8),
   };
   for (const EpConfig& config : configs) {
     for (const Routing routing :
@@ -294,6 +305,30 @@ TEST_F(GpuEp, MatchesReferenceAcrossShapesAndRoutings) {
       check_against_reference(config, routing);
     }
   }
+}
+
+// Tokens written into the group's input buffer (no staging copy in the send) give the same results.
+TEST_F(GpuEp, TokensInTheInputBufferMatchReference) {
+  const int world = world_size();
+  for (const EpConfig& config : {make_config(7168, 8, 256 / world, 128), make_config(2048, 4, 8, 32, 4),
+                                 make_config(2048, 8, 64 / world, 576, 1, 8)}) {
+    for (const Routing routing : {Routing::kUniform, Routing::kMasked, Routing::kUnevenCounts}) {
+      check_against_reference(config, routing, /*in_input_buffer=*/true);
+    }
+  }
+  // A pointer into the buffer anywhere but at its start is refused before anything is launched (here on
+  // every rank at once, so that no rank waits for another).
+  const EpConfig config = make_config(2048, 4, 8, 32);
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  const Inputs inputs = make_inputs(config, Routing::kFull, shared_seed());
+  const DeviceInputs device_inputs(inputs);
+  rocep::DispatchInputs misplaced = device_inputs.view();
+  misplaced.tokens = static_cast<bf16_bits*>(group.dispatch_input_buffer()) + config.hidden;
+  EXPECT_THROW(group.dispatch_send(misplaced, nullptr), rocep::InvalidInputError);
+  EpConfig fp8 = config;
+  fp8.dispatch_format = rocep::TokenFormat::kFp8Block128;
+  rocep::EpGroup fp8_group(MPI_COMM_WORLD, fp8, rocep::Backend::kGpu);
+  EXPECT_THROW(fp8_group.dispatch_input_buffer(), rocep::ConfigError);
 }
 
 // Dispatch in a quantised format, quantised from bf16 in the kernel or passed through already quantised:
@@ -440,18 +475,21 @@ TEST_F(GpuEp, QuantisedDispatchMatchesReference) {
     int hidden;
     int alignment;
     int max_tokens;  // 48: one chunk of 64 tokens per source; 576: nine
+    int num_blocks;  // 0: every block that stays resident
   };
   const Case cases[] = {
-      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 7168, 1, 48},
-      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fnuz, 2048, 4, 48},
-      {rocep::TokenFormat::kMxfp8, rocep::Fp8Encoding::kAuto, 2048, 1, 48},
-      {rocep::TokenFormat::kMxfp4, rocep::Fp8Encoding::kAuto, 7168, 1, 48},
-      {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2048, 128, 48},
-      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 2048, 4, 576},
-      {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2048, 128, 576},
+      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 7168, 1, 48, 0},
+      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fnuz, 2048, 4, 48, 0},
+      {rocep::TokenFormat::kMxfp8, rocep::Fp8Encoding::kAuto, 2048, 1, 48, 0},
+      {rocep::TokenFormat::kMxfp4, rocep::Fp8Encoding::kAuto, 7168, 1, 48, 0},
+      {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2048, 128, 48, 0},
+      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 2048, 4, 576, 0},
+      {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2048, 128, 576, 0},
+      // Several tokens per block, in batches: quantised one after another after one check of their ids.
+      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 7168, 1, 576, 8},
   };
   for (const Case& c : cases) {
-    EpConfig config = make_config(c.hidden, 8, 64 / world, c.max_tokens, c.alignment);
+    EpConfig config = make_config(c.hidden, 8, 64 / world, c.max_tokens, c.alignment, c.num_blocks);
     config.dispatch_format = c.format;
     config.fp8_encoding = c.encoding == rocep::Fp8Encoding::kAuto ? rocep::Fp8Encoding::kE4m3fn : c.encoding;
     for (const Routing routing : {Routing::kUniform, Routing::kMasked, Routing::kUnevenCounts}) {
