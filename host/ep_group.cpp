@@ -157,6 +157,7 @@ int EpGroup::num_local_experts() const {
 std::size_t EpGroup::max_recv_rows() const {
   return impl_->config.max_recv_rows(world_size());
 }
+
 void* EpGroup::dispatch_input_buffer() {
 #if defined(ROCEP_GPU_BUILD)
   if (impl_->gpu) {
