@@ -55,8 +55,9 @@ class EpGroup {
   // rank's tokens. Tokens written here and passed as DispatchInputs::tokens (this very pointer) are not
   // copied by dispatch_send, which then sends only ids and weights. Write it only between this rank's
   // combine and its next dispatch, in stream order: from a dispatch until this rank's combine of it, the
-  // peers may be reading the tokens. Not collective; the same pointer for the group's lifetime. Throws
-  // ConfigError for other dispatch formats.
+  // peers may be reading the tokens. Not collective; the same pointer for the group's lifetime. Allocates:
+  // no on the GPU backend (it is the memory the send would stage the tokens into); the CPU reference
+  // allocates it on the first call. Throws ConfigError for other dispatch formats.
   void* dispatch_input_buffer();
 
   // dispatch = dispatch_send + dispatch_recv.
