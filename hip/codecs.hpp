@@ -105,23 +105,31 @@ ROCEP_HOST_DEVICE inline uint8_t encode_fp8(float value, Fp8 encoding) {
   return encoding == Fp8::kE4m3fnuz ? encode_e4m3fnuz(value) : encode_e4m3fn(value);
 }
 
-// 4-bit code in the low nibble; saturates at 6. Adding a power of two P to |x| rounds |x| to a multiple of
-// P's float32 step, to nearest even, and leaves the multiple in the low mantissa bits. With P = 2^22 (step
-// 0.5) below 2, 2^23 (step 1) below 4 and 2^24 (step 2) from 4, that is e2m1's grid there, an even
-// multiple is an even code, and the code is the multiple plus 0, 2 or 4. This gives the reference's
-// boundary rule (host/codecs.cpp) for every float32 but NaN (compared over all of them once; the codec
-// tests keep every bf16, random float32 and every boundary).
+// e2m1 magnitude code (0..7) of a magnitude m in [0, 6], rounded to nearest even. Adding a power of two
+// P to m rounds m to a multiple of P's float32 step, to nearest even, and leaves the multiple in the low
+// mantissa bits. e2m1's step is half of m's power of two 2^e, or 0.5 below 1 (e = 0 there): P = 2^(e + 22)
+// has that step, an even multiple is an even code, and the code is the multiple plus 2e. So the sum is
+// taken with P plus 2e steps (exact, and even: the rounding is the same), whose low mantissa bits are then
+// the code itself. Integer and one float add, no compare: this gives the reference's boundary rule
+// (host/codecs.cpp) for every float32 but NaN (compared over all of them once; the codec tests keep every
+// bf16, random float32 and every boundary).
+ROCEP_HOST_DEVICE inline uint32_t e2m1_magnitude(float magnitude) {
+  const uint32_t exponent_bits = float_bits(magnitude) & kFloatExponentMask;
+  const uint32_t binade = exponent_bits > 0x3f800000u ? exponent_bits : 0x3f800000u;  // 2^e, e in {0, 1, 2}
+  // (binade >> 22) is 254 + 2e.
+  const uint32_t shift_bits = binade + (22u << 23) + (binade >> 22) - 254u;
+  return float_bits(magnitude + bits_float(shift_bits)) & 0x7u;
+}
+
+ROCEP_HOST_DEVICE inline float e2m1_saturated_magnitude(float value) {
+  const float magnitude = __builtin_fabsf(value);
+  return magnitude < kE2m1Max ? magnitude : kE2m1Max;
+}
+
+// 4-bit code in the low nibble; saturates at 6.
 ROCEP_HOST_DEVICE inline uint8_t encode_e2m1(float value) {
-  const uint32_t bits = float_bits(value);
-  const float abs_value = bits_float(bits & 0x7fffffffu);
-  const float magnitude = abs_value < kE2m1Max ? abs_value : kE2m1Max;
-  const bool below_two = magnitude < 2.0f;
-  const bool below_four = magnitude < 4.0f;
-  const float shift = below_two ? 0x1p22f : (below_four ? 0x1p23f : 0x1p24f);
-  // The bits of `shift`, less the code offset of its range.
-  const uint32_t base = below_two ? 0x4a800000u : (below_four ? 0x4b000000u - 2 : 0x4b800000u - 4);
-  const uint32_t code = float_bits(magnitude + shift) - base;
-  return static_cast<uint8_t>(code | ((bits >> 28) & 0x8u));
+  const uint32_t code = e2m1_magnitude(e2m1_saturated_magnitude(value));
+  return static_cast<uint8_t>(code | ((float_bits(value) >> 28) & 0x8u));
 }
 
 // Decoders: exact, since every code is a float32 value.
@@ -181,14 +189,21 @@ ROCEP_HOST_DEVICE inline bool block_is_finite(uint32_t amax_bits) {
 }
 
 // fp8 block-128: scale = max(amax, 1e-4) / fp8_max; elements encode x * (fp8_max / max(amax, 1e-4)), one
-// division per block instead of one per element. max(amax, 1e-4) is a normal float32 and fp8_max a
-// constant: inside divide_in_range's range.
+// division per block instead of one per element. The scale divides by a constant, so it takes no
+// division: with y = 1 / fp8_max rounded to float32, q = m * y is within an ulp of m / fp8_max and one
+// correction by the exact remainder m - q * fp8_max (a fused multiply-add) gives the IEEE quotient
+// (Markstein's step, which needs y correctly rounded). Equal to m / fp8_max for every float32 m in
+// [1e-4, FLT_MAX] and both maxima (compared over all of them once; the codec tests keep every 61st float32).
 ROCEP_HOST_DEVICE inline float fp8_block_scale(uint32_t amax_bits, Fp8 encoding) {
   if (!block_is_finite(amax_bits)) {
     return bits_float(kFloatNan);
   }
   const float amax = bits_float(amax_bits);
-  return divide_in_range(amax > 1e-4f ? amax : 1e-4f, fp8_max(encoding));
+  const float m = amax > 1e-4f ? amax : 1e-4f;
+  const float divisor = fp8_max(encoding);
+  const float reciprocal = encoding == Fp8::kE4m3fnuz ? 0x1.111112p-8f : 0x1.24924ap-9f;  // 1/240, 1/448
+  const float q = m * reciprocal;
+  return fused_multiply_add(fused_multiply_add(-q, divisor, m), reciprocal, q);
 }
 
 // The multiplier of the elements of a finite fp8 block-128 block, fp8_max / m with m = max(amax, 1e-4),

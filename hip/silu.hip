@@ -43,27 +43,47 @@ struct GateUp {
 };
 
 // The items of one thread, in order: thread t of the grid takes items t, t + grid_threads, ... of the
-// row-major [rows][n / 8] numbering; rows only grow, so the nvfp4 group lookup can walk forward.
+// row-major [rows][n / kElements] numbering; rows only grow, so the nvfp4 group lookup can walk forward.
+// Besides the item's row and chunk (for its scale and group) it keeps the item's place in gate_up and in
+// the output, which move by fixed steps: grid_threads items are grid_threads * kElements output elements,
+// and in gate_up (2n per row) the same plus n more in the plain layout when the chunk wraps into the next
+// row. So no address is worked out again from the row.
+template <int kElements, bool kInterleaved>
 struct ItemCursor {
   uint32_t row;
-  uint32_t chunk;  // columns [8 * chunk, 8 * chunk + 8)
+  uint32_t chunk;  // columns [kElements * chunk, kElements * chunk + kElements)
   uint32_t chunks_per_row;
   uint32_t step_rows;
   uint32_t step_chunks;
+  std::size_t input;  // gate_up element of the item's first load: gate (plain) or its first (g, u) pair
+  std::size_t input_step;
+  std::size_t output;  // output element of the item's first column
+  std::size_t output_step;
 
   __device__ ItemCursor(uint32_t thread, uint32_t grid_threads, uint32_t chunks)
       : row(thread / chunks),
         chunk(thread % chunks),
         chunks_per_row(chunks),
         step_rows(grid_threads / chunks),
-        step_chunks(grid_threads % chunks) {}
+        step_chunks(grid_threads % chunks),
+        input(input_offset(row, chunk, chunks)),
+        input_step(input_offset(step_rows, step_chunks, chunks)),
+        output(static_cast<std::size_t>(thread) * kElements),
+        output_step(static_cast<std::size_t>(grid_threads) * kElements) {}
   __device__ void advance() {
     chunk += step_chunks;
     row += step_rows;
+    input += input_step;
+    output += output_step;
     if (chunk >= chunks_per_row) {
       chunk -= chunks_per_row;
       ++row;
+      input += kInterleaved ? 0 : static_cast<std::size_t>(chunks_per_row) * kElements;  // n
     }
+  }
+  // Rows of 2n elements; chunks of kElements gate values (plain) or kElements (g, u) pairs (interleaved).
+  __device__ static std::size_t input_offset(uint32_t row, uint32_t chunk, uint32_t chunks) {
+    return (static_cast<std::size_t>(row) * chunks * 2 + chunk * (kInterleaved ? 2u : 1u)) * kElements;
   }
 };
 
@@ -87,12 +107,13 @@ struct GroupCursor {
   }
 };
 
+// The item whose first load is gate_up[input]: plain, the gate's kElements values there and the up's n
+// further on; interleaved, 2 * kElements values there.
 template <int kElements, bool kInterleaved>
-__device__ inline GateUp<kElements> load_gate_up(const uint16_t* gate_up_row, uint32_t chunk, int n) {
+__device__ inline GateUp<kElements> load_gate_up(const uint16_t* gate_up, std::size_t input, int n) {
   GateUp<kElements> loaded;
-  const auto* first =
-      reinterpret_cast<const Vector16*>(gate_up_row + (kInterleaved ? 2 : 1) * kElements * chunk);
-  const auto* up = reinterpret_cast<const Vector16*>(gate_up_row + n + kElements * chunk);
+  const auto* first = reinterpret_cast<const Vector16*>(gate_up + input);
+  const auto* up = reinterpret_cast<const Vector16*>(gate_up + input + n);
 #pragma unroll
   for (int v = 0; v < kElements / 4; ++v) {
     loaded.vectors[v] = kInterleaved || v < kElements / 8 ? first[v] : up[v - kElements / 8];
@@ -131,13 +152,14 @@ __device__ inline void silu_values(const GateUp<kElements>& loaded, float clamp_
   }
 }
 
-// Encodes one item of `values` and stores it (and its block's scale, from the block's first lane) when
-// `active`; every lane of the wave calls it.
+// Encodes one item of `values`, whose first column is output element `first_element` (row-major), and
+// stores it (and its block's scale, from the block's first lane) when `active`; every lane of the wave
+// calls it.
 template <Format kFormat, Fp8 kFp8>
 __device__ inline void store_item(const SiluParams& params, const float (&values)[kItemElements<kFormat>],
-                                  bool active, uint32_t row, uint32_t chunk, float global_scale) {
+                                  bool active, uint32_t row, uint32_t chunk, std::size_t first_element,
+                                  float global_scale) {
   constexpr int kElements = kItemElements<kFormat>;
-  const std::size_t first_element = static_cast<std::size_t>(row) * params.n + kElements * chunk;
   constexpr bool kFourBit = elements_payload_bytes(kFormat, 2) == 1;
   uint8_t* payload =
       params.out + (kFourBit ? first_element / 2 : first_element * elements_payload_bytes(kFormat, 1));
@@ -188,22 +210,24 @@ __device__ void silu_rows(const SiluParams& params) {
   const uint64_t items = static_cast<uint64_t>(rows) * chunks_per_row;
   const uint64_t items_per_iteration = static_cast<uint64_t>(grid_threads) * kInFlight;
   const uint64_t iterations = (items + items_per_iteration - 1) / items_per_iteration;
-  ItemCursor cursor(blockIdx.x * blockDim.x + threadIdx.x, grid_threads, chunks_per_row);
+  ItemCursor<kElements, kInterleaved> cursor(blockIdx.x * blockDim.x + threadIdx.x, grid_threads,
+                                             chunks_per_row);
   GroupCursor groups(params.row_offsets, params.num_groups);
 
   for (uint64_t iteration = 0; iteration < iterations; ++iteration) {
     GateUp<kElements> loaded[kInFlight];
     uint32_t row[kInFlight];
     uint32_t chunk[kInFlight];
+    std::size_t output[kInFlight];
 #pragma unroll
     for (int k = 0; k < kInFlight; ++k) {
       row[k] = cursor.row;
       chunk[k] = cursor.chunk;
-      loaded[k] = {};
-      if (cursor.row < rows) {
-        const uint16_t* gate_up_row = params.gate_up + static_cast<std::size_t>(cursor.row) * 2 * params.n;
-        loaded[k] = load_gate_up<kElements, kInterleaved>(gate_up_row, cursor.chunk, params.n);
-      }
+      output[k] = cursor.output;
+      // An item past the last row loads the first item instead (rows > 0 here) and stores nothing; its
+      // lanes hold whole scale blocks of their own, so its values reach no active block's amax.
+      loaded[k] = load_gate_up<kElements, kInterleaved>(params.gate_up, cursor.row < rows ? cursor.input : 0,
+                                                        params.n);
       cursor.advance();
     }
 #pragma unroll
@@ -217,7 +241,7 @@ __device__ void silu_rows(const SiluParams& params) {
           global_scale = params.global_scales[groups.group_of(row[k])];
         }
       }
-      store_item<kFormat, kFp8>(params, values, active, row[k], chunk[k], global_scale);
+      store_item<kFormat, kFp8>(params, values, active, row[k], chunk[k], output[k], global_scale);
     }
   }
 }

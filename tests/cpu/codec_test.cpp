@@ -217,6 +217,27 @@ TEST(ReferenceCodecTest, MxScaleCodeZeroCanSaturateByOneStep) {
   EXPECT_GT(amax * std::ldexp(1.0f, 127), 6.0f);
 }
 
+// The device computes the fp8 block-128 scale max(amax, 1e-4) / fp8_max without a division (a reciprocal
+// and one correction); formats.hpp's rule is one IEEE division. Every 61st finite float32 amax, both
+// encodings.
+TEST(BlockCodecTest, Fp8ScaleIsTheIeeeQuotient) {
+  for (const auto encoding : {device::Fp8::kE4m3fn, device::Fp8::kE4m3fnuz}) {
+    const float fp8_max = device::fp8_max(encoding);
+    uint64_t mismatches = 0;
+    for (uint32_t amax_bits = 0; amax_bits < device::kFloatExponentMask; amax_bits += 61) {
+      const float amax = device::bits_float(amax_bits);
+      const float expected = std::max(amax, 1e-4f) / fp8_max;
+      const float scale = device::fp8_block_scale(amax_bits, encoding);
+      if (device::float_bits(scale) != device::float_bits(expected) && mismatches++ < 4) {
+        ADD_FAILURE() << "fp8 max " << fp8_max << ", amax " << rocep::testing::describe(amax) << ": scale "
+                      << rocep::testing::describe(scale) << ", expected "
+                      << rocep::testing::describe(expected);
+      }
+    }
+    EXPECT_EQ(mismatches, 0u) << "fp8 max " << fp8_max;
+  }
+}
+
 struct KnownValue {
   uint8_t code;
   float value;
