@@ -126,10 +126,16 @@ ROCEP_HOST_DEVICE inline float e2m1_saturated_magnitude(float value) {
   return magnitude < kE2m1Max ? magnitude : kE2m1Max;
 }
 
+// 4-bit code (sign in bit 3) in bits 0-3 of a 32-bit word, the rest 0; saturates at 6. A word, so that the
+// quantiser can shift it into its nibble without a byte mask first.
+ROCEP_HOST_DEVICE inline uint32_t e2m1_code(float value) {
+  const uint32_t magnitude = e2m1_magnitude(e2m1_saturated_magnitude(value));
+  return magnitude | ((float_bits(value) >> 28) & 0x8u);
+}
+
 // 4-bit code in the low nibble; saturates at 6.
 ROCEP_HOST_DEVICE inline uint8_t encode_e2m1(float value) {
-  const uint32_t code = e2m1_magnitude(e2m1_saturated_magnitude(value));
-  return static_cast<uint8_t>(code | ((float_bits(value) >> 28) & 0x8u));
+  return static_cast<uint8_t>(e2m1_code(value));
 }
 
 // Decoders: exact, since every code is a float32 value.
@@ -188,6 +194,13 @@ ROCEP_HOST_DEVICE inline bool block_is_finite(uint32_t amax_bits) {
   return amax_bits < kFloatExponentMask;
 }
 
+// max(amax, 1e-4), the fp8 block-128 amax that scale and element factor divide by: an all-zero block still
+// gets a usable scale.
+ROCEP_HOST_DEVICE inline float fp8_floored_amax(uint32_t amax_bits) {
+  const float amax = bits_float(amax_bits);
+  return amax > 1e-4f ? amax : 1e-4f;
+}
+
 // fp8 block-128: scale = max(amax, 1e-4) / fp8_max; elements encode x * (fp8_max / max(amax, 1e-4)), one
 // division per block instead of one per element. The scale divides by a constant, so it takes no
 // division: with y = 1 / fp8_max rounded to float32, q = m * y is within an ulp of m / fp8_max and one
@@ -198,8 +211,7 @@ ROCEP_HOST_DEVICE inline float fp8_block_scale(uint32_t amax_bits, Fp8 encoding)
   if (!block_is_finite(amax_bits)) {
     return bits_float(kFloatNan);
   }
-  const float amax = bits_float(amax_bits);
-  const float m = amax > 1e-4f ? amax : 1e-4f;
+  const float m = fp8_floored_amax(amax_bits);
   const float divisor = fp8_max(encoding);
   const float reciprocal = encoding == Fp8::kE4m3fnuz ? 0x1.111112p-8f : 0x1.24924ap-9f;  // 1/240, 1/448
   const float q = m * reciprocal;
@@ -211,8 +223,7 @@ ROCEP_HOST_DEVICE inline float fp8_block_scale(uint32_t amax_bits, Fp8 encoding)
 // numerator's exponent field stays in [7, 149] for m in [1e-4, FLT_MAX]), so the quotient is the same,
 // and the divisor lies in [1, 2), inside divide_in_range's range.
 ROCEP_HOST_DEVICE inline float fp8_element_factor(uint32_t amax_bits, Fp8 encoding) {
-  const float amax = bits_float(amax_bits);
-  const uint32_t floored = float_bits(amax > 1e-4f ? amax : 1e-4f);
+  const uint32_t floored = float_bits(fp8_floored_amax(amax_bits));
   const uint32_t unbias = (floored & kFloatExponentMask) - (127u << 23);  // e << 23, as a 32-bit difference
   return divide_in_range(bits_float(float_bits(fp8_max(encoding)) - unbias), bits_float(floored - unbias));
 }

@@ -103,13 +103,9 @@ __device__ inline QuantizedElements<kCount> quantize_elements(const float (&valu
     multiplier = encode ? nvfp4_element_factor(code, global_scale) : 0.0f;
   }
   if (encode) {
-    // encode_e2m1 per element, its magnitude code and sign placed straight into the nibble.
 #pragma unroll
     for (int i = 0; i < kCount; ++i) {
-      const float scaled = values[i] * multiplier;
-      const int nibble = 4 * (i % 8);
-      out.codes[i / 8] |= e2m1_magnitude(e2m1_saturated_magnitude(scaled)) << nibble;
-      out.codes[i / 8] |= (float_bits(scaled) >> (28 - nibble)) & (0x8u << nibble);
+      out.codes[i / 8] |= e2m1_code(values[i] * multiplier) << (4 * (i % 8));
     }
   }
   return out;
