@@ -40,8 +40,9 @@ struct GroupView {
   // [world * ceil(T / kChunkTokens)][local_experts]: rows of each chunk of a source's tokens per expert,
   // then the rows of the chunks before it
   uint32_t* chunk_rows;
-  int32_t* sent_ids;     // [T][top_k]: the validated ids of this rank's last dispatch (-1 = none)
-  uint64_t* sent_masks;  // [T]: destination ranks of each token of this rank's last dispatch
+  int32_t* sent_ids;         // [T][top_k]: the validated ids of this rank's last dispatch (-1 = none)
+  uint64_t* sent_masks;      // [T]: destination ranks of each token of this rank's last dispatch
+  uint8_t* received_scales;  // ReceivedScales, for formats whose layout groups_tile_rows (else null)
   uint64_t timeout_ticks;
 };
 

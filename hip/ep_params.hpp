@@ -85,6 +85,20 @@ struct DispatchRegion {
   }
 };
 
+// The scales of every token a rank received in its last dispatch, row-major [world][T][row_bytes] (its own
+// device memory, not exported): a large receive into a layout that interleaves rows (groups_tile_rows)
+// keeps each token's scales here once and lays them out for all rows in a pass after the expansion.
+struct ReceivedScales {
+  // A token's scale bytes padded to 16: rows are read in 16-byte vectors.
+  ROCEP_HOST_DEVICE static std::size_t row_bytes(const Shape& shape) {
+    return (static_cast<std::size_t>(shape.scale_bytes) + 15) / 16 * 16;
+  }
+  ROCEP_HOST_DEVICE static std::size_t offset(const Shape& shape, int source, int token) {
+    return (static_cast<std::size_t>(source) * shape.max_tokens + token) * row_bytes(shape);
+  }
+  ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) { return offset(shape, shape.world, 0); }
+};
+
 // One rank's combine receive region, bf16 rows of `hidden`:
 //   weighted:   [world][T] rows: the partial sum rank r computed for token t at row r * T + t
 //   unweighted: [T][top_k] rows: expert output of (t, k) at row t * top_k + k

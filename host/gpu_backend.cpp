@@ -7,6 +7,7 @@
 
 #include "device.hpp"
 #include "gpu_check.hpp"
+#include "hip/scale_layout.hpp"
 #include "reference.hpp"
 #include "rocep/errors.hpp"
 
@@ -119,6 +120,8 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
   chunk_rows_ = DeviceBuffer(chunks * shape.local_experts * sizeof(uint32_t));
   sent_ids_ = DeviceBuffer(slots * sizeof(int32_t));
   sent_masks_ = DeviceBuffer(static_cast<std::size_t>(shape.max_tokens) * sizeof(uint64_t));
+  received_scales_ =
+      DeviceBuffer(device::groups_tile_rows(shape.format) ? device::ReceivedScales::bytes(shape) : 0);
   ROCEP_GPU_CHECK(hipDeviceSynchronize());
 
   peer_dispatch_regions_ = std::make_unique<PeerBuffers>(*node_, dispatch_region_);
@@ -148,12 +151,13 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
   view_.chunk_rows = chunk_rows_.as<uint32_t>();
   view_.sent_ids = sent_ids_.as<int32_t>();
   view_.sent_masks = sent_masks_.as<uint64_t>();
+  view_.received_scales = received_scales_.as<uint8_t>();
   view_.timeout_ticks =
       static_cast<uint64_t>(config.timeout_seconds * static_cast<double>(wall_clock_rate_hz(device)));
 
   for (const DeviceBuffer* buffer :
        {&dispatch_region_, &combine_region_, &signals_, &state_, &block_calls_, &status_, &token_rows_,
-        &expert_rows_, &chunk_rows_, &sent_ids_, &sent_masks_, &peer_tables_}) {
+        &expert_rows_, &chunk_rows_, &sent_ids_, &sent_masks_, &received_scales_, &peer_tables_}) {
     memory_bytes_ += buffer->bytes();
   }
   node_->barrier();  // every peer has mapped everything before anyone may signal

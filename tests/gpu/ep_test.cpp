@@ -474,7 +474,7 @@ TEST_F(GpuEp, QuantisedDispatchMatchesReference) {
     rocep::Fp8Encoding encoding;
     int hidden;
     int alignment;
-    int max_tokens;  // 48: one chunk of 64 tokens per source; 576: nine
+    int max_tokens;  // 48: one chunk of 64 tokens per source; 576: nine; 1088: ranked by the whole grid
     int num_blocks;  // 0: every block that stays resident
   };
   const Case cases[] = {
@@ -485,6 +485,9 @@ TEST_F(GpuEp, QuantisedDispatchMatchesReference) {
       {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2048, 128, 48, 0},
       {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 2048, 4, 576, 0},
       {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2048, 128, 576, 0},
+      // Scales laid out after the expansion, in 512-byte runs (21 groups per row: the last 8 are partial).
+      {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 2688, 4, 1088, 0},
+      {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 7168, 128, 1088, 0},
       // Several tokens per block, in batches: quantised one after another after one check of their ids.
       {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 7168, 1, 576, 8},
   };
