@@ -287,22 +287,9 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
                    &Signals::dispatch_arrived);
 }
 
-// Chunks of all sources, and the most for which blocks add up the counts of earlier chunks where they need
-// them instead of prefix_chunk_rows: that pass and its grid barrier cost ~2.5 us of a 128-token receive on
-// H200.
-__device__ inline int dispatch_chunks(const Shape& shape) {
-  return shape.world * chunks_per_source(shape);
-}
+// The most chunks for which blocks add up the counts of earlier chunks where they need them instead of
+// prefix_chunk_rows: that pass and its grid barrier cost ~2.5 us of a 128-token receive on H200.
 inline constexpr int kChunksSummedInPlace = 16;
-
-// A receive whose chunk masks (one 64-bit word per chunk and local expert) fit in kBlockRankingMasks is
-// ranked by every block on its own in shared memory: no global counts and no grid barrier, which took
-// ~5 us of a 128-token receive on H200 (ranking 2.4 us, barrier and row offsets 2.7 us).
-inline constexpr int kBlockRankingMasks = 1024;  // 8 KB
-
-__device__ inline bool ranked_in_block(const Shape& shape) {
-  return dispatch_chunks(shape) * shape.local_experts <= kBlockRankingMasks;
-}
 
 // The rows of one receive as a block sees them: offsets[e] is the first row of local expert e (padded,
 // every block, shared memory, kMaxLocalExperts + 1 entries); `masks` ([chunk][local_experts], shared) holds
@@ -542,9 +529,9 @@ __device__ inline int32_t row_of(const GroupView& group, const RowLayout& layout
 // rows. Reading from the sources' regions (a pull), each token crosses the link once per receiving rank
 // and is written into its rows as it arrives, with no second pass over a staging copy here. A receive
 // small enough to leave blocks idle has each token of another rank read by two blocks, half each, so that
-// twice the reads over the link are in flight; this rank's own tokens stay whole. With `scales_later`,
-// each token's scales go to received_scales once instead, for lay_out_scales. `message_scales`: shared
-// memory of kMaxScaleWords words.
+// twice the reads over the link are in flight; this rank's own tokens stay whole. With `scales_later` (a
+// constant in each kernel), each token's scales go to received_scales once instead, for lay_out_scales.
+// `message_scales`: shared memory of kMaxScaleWords words.
 __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& args, const RowLayout& layout,
                               bool scales_later, uint32_t* message_scales) {
   const Shape& shape = group.shape;
@@ -596,20 +583,13 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
         // Whole words: the message is padded to 16 bytes past its scales. Read once with the payload's
         // first loads: every row of the token stores them, and reading them from the source once per row
         // put a read over the link behind each row's stores.
-        // Two loops, so that each store's memory space is known (one loop through a pointer to either took
-        // the fused prefill dispatch 1-2.5 us longer in fp8, mxfp4 and nvfp4; EP2, H200).
         const auto* scale_words = reinterpret_cast<const uint32_t*>(message + shape.payload_bytes);
-        const uint32_t num_words = (shape.scale_bytes + 3) / 4;
-        if (scales_later) {
-          auto* kept = reinterpret_cast<uint32_t*>(group.received_scales +
-                                                   ReceivedScales::offset(shape, source, token));
-          for (uint32_t w = threadIdx.x; w < num_words; w += blockDim.x) {
-            kept[w] = scale_words[w];
-          }
-        } else {
-          for (uint32_t w = threadIdx.x; w < num_words; w += blockDim.x) {
-            message_scales[w] = scale_words[w];
-          }
+        uint32_t* kept = scales_later
+                             ? reinterpret_cast<uint32_t*>(group.received_scales +
+                                                           ReceivedScales::offset(shape, source, token))
+                             : message_scales;
+        for (uint32_t w = threadIdx.x; w < (shape.scale_bytes + 3) / 4; w += blockDim.x) {
+          kept[w] = scale_words[w];
         }
       }
     }
@@ -684,14 +664,15 @@ __device__ inline Vector16 kept_scale_words(const uint32_t* kept, int first, int
   return Vector16{words[0], words[1], words[2], words[3]};
 }
 
-// After the expansion, for layouts that put 128 rows of one scale group side by side (groups_tile_rows):
-// every row's scales, from received_scales by its src_info (zeros for padding rows), stored in whole
-// 512-byte runs. Blocks over (128 rows, a part of their groups; parts enough for every block): each thread
-// looks up the token of one row once, then per 8 groups (a 32-byte sector of the row) loads 4 of them,
-// the next 8's already in flight; the block regroups them in shared memory (`words`, kMaxScaleWords) and
-// 32 threads store each run. Each row storing its own groups where they belong, one sector each, took
-// 37 us of the nvfp4 receive of 4096 tokens (140 us; EP2, H200); with this pass it takes 120 us (fp8:
-// 145 -> 141 us). Rows past the last one are not stored.
+// After the expansion of a receive that scales_laid_out_later (nvfp4: the 128 rows of a tile's scale
+// column lie side by side in 512 bytes; the form is ScaleGroups', any layout of that kind): every row's
+// scales, from received_scales by its src_info (zeros for padding rows), stored in whole 512-byte runs.
+// Blocks over (128 rows, a part of their groups; parts enough for every block): each thread looks up the
+// token of one row once, then per 8 groups (a 32-byte sector of the row) loads 4 of them, the next 8's
+// already in flight; the block regroups them in shared memory (`words`, kMaxScaleWords) and 32 threads store
+// each run. Each row storing its own groups where they belong, one sector each, took 37 us of the nvfp4
+// receive of 4096 tokens (140 us; EP2, H200); with this pass it takes 120 us (fp8: 145 -> 141 us). Rows past
+// the last one are not stored.
 __device__ void lay_out_scales(const GroupView& group, const DispatchRecvArgs& args, uint32_t num_rows,
                                uint32_t* words) {
   const Shape& shape = group.shape;
@@ -759,6 +740,7 @@ __device__ void lay_out_scales(const GroupView& group, const DispatchRecvArgs& a
   }
 }
 
+template <bool kScalesLater>
 __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
                                const RowLayout& layout) {
   const Shape& shape = group.shape;
@@ -771,14 +753,30 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
   if (!lay_out_rows(group, args, layout)) {
     return;
   }
-  // A large receive (ranked by the grid, with a grid barrier already) lays out scales that interleave rows
-  // in a second pass.
-  const bool scales_later = layout.masks == nullptr && groups_tile_rows(shape.format);
-  expand_tokens(group, args, layout, scales_later, scale_words);
-  if (scales_later && grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
-                                   Operation::kDispatchRecv)) {
-    lay_out_scales(group, args, layout.offsets[shape.local_experts], scale_words);
+  expand_tokens(group, args, layout, kScalesLater, scale_words);
+  if constexpr (kScalesLater) {
+    if (grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
+                     Operation::kDispatchRecv)) {
+      lay_out_scales(group, args, layout.offsets[shape.local_experts], scale_words);
+    }
   }
+}
+
+template <bool kScalesLater>
+__device__ void receive_kernel(const GroupView& group, const DispatchRecvArgs& args) {
+  __shared__ RowLayoutMemory memory;
+  receive_tokens<kScalesLater>(group, args, group.block_calls[blockIdx.x].dispatches + 1,
+                               row_layout(&memory, group.shape));
+}
+
+template <bool kScalesLater>
+__device__ void dispatch_kernel(const GroupView& group, const DispatchSendArgs& send_args,
+                                const DispatchRecvArgs& recv_args) {
+  const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
+  __shared__ RowLayoutMemory memory;
+  const RowLayout layout = row_layout(&memory, group.shape);
+  send_tokens(group, send_args);
+  receive_tokens<kScalesLater>(group, recv_args, sequence, layout);
 }
 
 }  // namespace
@@ -790,17 +788,25 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_dispatch_recv(GroupView group, DispatchRecvArgs args) {
-  __shared__ RowLayoutMemory memory;
-  receive_tokens(group, args, group.block_calls[blockIdx.x].dispatches + 1, row_layout(&memory, group.shape));
+  receive_kernel<false>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_dispatch(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
-  const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
-  __shared__ RowLayoutMemory memory;
-  const RowLayout layout = row_layout(&memory, group.shape);
-  send_tokens(group, send_args);
-  receive_tokens(group, recv_args, sequence, layout);
+  dispatch_kernel<false>(group, send_args, recv_args);
+}
+
+// The same for receives that scales_laid_out_later: separate kernels, so that the pass leaves the others'
+// code as it was (as a run-time choice inside them, it cost the mxfp4 receive of 4096 tokens 4 us at EP2
+// and 7 us at EP4, H200).
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_dispatch_recv_nvfp4_tiles(GroupView group, DispatchRecvArgs args) {
+  receive_kernel<true>(group, args);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_dispatch_nvfp4_tiles(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
+  dispatch_kernel<true>(group, send_args, recv_args);
 }
 
 namespace rocep::device {
@@ -808,7 +814,9 @@ namespace rocep::device {
 hipError_t load_dispatch_kernels(int* resident_blocks) {
   return load_kernels(
       {reinterpret_cast<const void*>(&rocep_dispatch_send),
-       reinterpret_cast<const void*>(&rocep_dispatch_recv), reinterpret_cast<const void*>(&rocep_dispatch)},
+       reinterpret_cast<const void*>(&rocep_dispatch_recv), reinterpret_cast<const void*>(&rocep_dispatch),
+       reinterpret_cast<const void*>(&rocep_dispatch_recv_nvfp4_tiles),
+       reinterpret_cast<const void*>(&rocep_dispatch_nvfp4_tiles)},
       resident_blocks);
 }
 
@@ -819,12 +827,20 @@ void launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, 
 
 void launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, int blocks,
                           hipStream_t stream) {
-  rocep_dispatch_recv<<<blocks, kBlockThreads, 0, stream>>>(group, args);
+  if (scales_laid_out_later(group.shape)) {
+    rocep_dispatch_recv_nvfp4_tiles<<<blocks, kBlockThreads, 0, stream>>>(group, args);
+  } else {
+    rocep_dispatch_recv<<<blocks, kBlockThreads, 0, stream>>>(group, args);
+  }
 }
 
 void launch_dispatch(const GroupView& group, const DispatchSendArgs& send_args,
                      const DispatchRecvArgs& recv_args, int blocks, hipStream_t stream) {
-  rocep_dispatch<<<blocks, kBlockThreads, 0, stream>>>(group, send_args, recv_args);
+  if (scales_laid_out_later(group.shape)) {
+    rocep_dispatch_nvfp4_tiles<<<blocks, kBlockThreads, 0, stream>>>(group, send_args, recv_args);
+  } else {
+    rocep_dispatch<<<blocks, kBlockThreads, 0, stream>>>(group, send_args, recv_args);
+  }
 }
 
 }  // namespace rocep::device

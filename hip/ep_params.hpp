@@ -86,8 +86,8 @@ struct DispatchRegion {
 };
 
 // The scales of every token a rank received in its last dispatch, row-major [world][T][row_bytes] (its own
-// device memory, not exported): a large receive into a layout that interleaves rows (groups_tile_rows)
-// keeps each token's scales here once and lays them out for all rows in a pass after the expansion.
+// device memory, not exported), for receives that scales_laid_out_later (ep_kernels.hpp): each token's
+// scales are kept here once and laid out for all rows in a pass after the expansion.
 struct ReceivedScales {
   // A token's scale bytes padded to 16: rows are read in 16-byte vectors.
   ROCEP_HOST_DEVICE static std::size_t row_bytes(const Shape& shape) {

@@ -83,13 +83,6 @@ ROCEP_HOST_DEVICE inline ScaleGroups scale_groups(Format format, std::size_t row
   }
 }
 
-// True for the layouts that put one group of 128 consecutive rows side by side in 512 bytes (fp8
-// block-128's transposed tensor, nvfp4's 128x4 tiles; ScaleGroups::row_offset within the 128 rows spans
-// them), so the groups of one row lie at least 512 bytes apart.
-ROCEP_HOST_DEVICE inline bool groups_tile_rows(Format format) {
-  return format == Format::kFp8Block128 || format == Format::kNvfp4;
-}
-
 // Bytes of the whole scale tensor.
 ROCEP_HOST_DEVICE inline std::size_t scale_tensor_bytes(Format format, std::size_t rows, int columns) {
   if (format == Format::kNvfp4) {

@@ -7,7 +7,6 @@
 
 #include "device.hpp"
 #include "gpu_check.hpp"
-#include "hip/scale_layout.hpp"
 #include "reference.hpp"
 #include "rocep/errors.hpp"
 
@@ -121,7 +120,7 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
   sent_ids_ = DeviceBuffer(slots * sizeof(int32_t));
   sent_masks_ = DeviceBuffer(static_cast<std::size_t>(shape.max_tokens) * sizeof(uint64_t));
   received_scales_ =
-      DeviceBuffer(device::groups_tile_rows(shape.format) ? device::ReceivedScales::bytes(shape) : 0);
+      DeviceBuffer(device::scales_laid_out_later(shape) ? device::ReceivedScales::bytes(shape) : 0);
   ROCEP_GPU_CHECK(hipDeviceSynchronize());
 
   peer_dispatch_regions_ = std::make_unique<PeerBuffers>(*node_, dispatch_region_);

@@ -59,7 +59,7 @@ class GpuEp {
   DeviceBuffer chunk_rows_;
   DeviceBuffer sent_ids_;
   DeviceBuffer sent_masks_;
-  DeviceBuffer received_scales_;  // fp8 block-128 and nvfp4 only (device::ReceivedScales)
+  DeviceBuffer received_scales_;  // device::ReceivedScales, when device::scales_laid_out_later
   std::unique_ptr<PeerBuffers> peer_dispatch_regions_;
   std::unique_ptr<PeerBuffers> peer_combine_regions_;
   std::unique_ptr<PeerBuffers> peer_signals_;

@@ -485,9 +485,11 @@ TEST_F(GpuEp, QuantisedDispatchMatchesReference) {
       {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2048, 128, 48, 0},
       {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 2048, 4, 576, 0},
       {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2048, 128, 576, 0},
-      // Scales laid out after the expansion, in 512-byte runs (21 groups per row: the last 8 are partial).
+      // Ranked by the whole grid; nvfp4's scales then laid out after the expansion, in whole tile runs
+      // (hidden 2880: 45 groups of 4 scales per row, so the last 8 are partial).
       {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 2688, 4, 1088, 0},
       {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 7168, 128, 1088, 0},
+      {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2880, 3, 1088, 0},
       // Several tokens per block, in batches: quantised one after another after one check of their ids.
       {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 7168, 1, 576, 8},
   };
