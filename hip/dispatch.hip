@@ -664,15 +664,15 @@ __device__ inline Vector16 kept_scale_words(const uint32_t* kept, int first, int
   return Vector16{words[0], words[1], words[2], words[3]};
 }
 
-// After the expansion of a receive that scales_laid_out_later (nvfp4: the 128 rows of a tile's scale
-// column lie side by side in 512 bytes; the form is ScaleGroups', any layout of that kind): every row's
-// scales, from received_scales by its src_info (zeros for padding rows), stored in whole 512-byte runs.
+// After the expansion of a receive that scales_laid_out_later: every row's scales, from received_scales by
+// its src_info (zeros for padding rows), stored in whole 512-byte runs, a run being one 4-byte group of
+// 128 consecutive rows (an nvfp4 tile; the code follows ScaleGroups, so any layout of that kind works).
 // Blocks over (128 rows, a part of their groups; parts enough for every block): each thread looks up the
 // token of one row once, then per 8 groups (a 32-byte sector of the row) loads 4 of them, the next 8's
-// already in flight; the block regroups them in shared memory (`words`, kMaxScaleWords) and 32 threads store
-// each run. Each row storing its own groups where they belong, one sector each, took 37 us of the nvfp4
-// receive of 4096 tokens (140 us; EP2, H200); with this pass it takes 120 us (fp8: 145 -> 141 us). Rows past
-// the last one are not stored.
+// already in flight; the block regroups them in shared memory (`words`, kMaxScaleWords) and 32 threads
+// store each run. Each row storing its own groups where they belong, one sector each, took 37 us of the
+// nvfp4 receive of 4096 tokens (140 us; EP2, H200); with this pass it takes 113 us. Rows past the last one
+// are not stored.
 __device__ void lay_out_scales(const GroupView& group, const DispatchRecvArgs& args, uint32_t num_rows,
                                uint32_t* words) {
   const Shape& shape = group.shape;
