@@ -11,9 +11,11 @@
 //                        experts take the prefix over chunks and a grid barrier); every block takes the
 //                        padded prefix over experts (row_offsets); blocks over (source, token) read each
 //                        token from its source's region and copy it into its rows (small receives: other
-//                        ranks' tokens in halves, two blocks each); large fp8 and nvfp4 receives then lay
-//                        out the scales of all rows in 512-byte runs, after a grid barrier
+//                        ranks' tokens in halves, two blocks each)
 //   rocep_dispatch       both halves in one kernel (the fused call)
+//   rocep_dispatch_recv_nvfp4_tiles, rocep_dispatch_nvfp4_tiles
+//                        the same for nvfp4 receives ranked by the grid (scales_laid_out_later): after a
+//                        grid barrier they lay out the scales of all rows in whole 512-byte tile runs
 #include "atomics.hpp"
 #include "bf16.hpp"
 #include "block_scan.hpp"
@@ -694,12 +696,11 @@ __device__ void lay_out_scales(const GroupView& group, const DispatchRecvArgs& a
     const std::size_t run_start = layout.row_offset(first_row);
     const uint32_t row = first_row + threadIdx.x / 2;
     const int half = static_cast<int>(threadIdx.x % 2) * 4;  // the thread's groups [half, half + 4) of 8
+    const int32_t* source = args.src_info + 3 * static_cast<std::size_t>(row);  // rank, token, k
     const uint32_t* kept = nullptr;
-    if (row < num_rows && args.src_info[3 * static_cast<std::size_t>(row)] >= 0) {
-      kept = reinterpret_cast<const uint32_t*>(
-          group.received_scales +
-          ReceivedScales::offset(shape, args.src_info[3 * static_cast<std::size_t>(row)],
-                                 args.src_info[3 * static_cast<std::size_t>(row) + 1]));
+    if (row < num_rows && source[0] >= 0) {
+      kept = reinterpret_cast<const uint32_t*>(group.received_scales +
+                                               ReceivedScales::offset(shape, source[0], source[1]));
     }
     const auto row_word = static_cast<uint32_t>((layout.row_offset(row) - run_start) / 4);
     if (half == 0) {
