@@ -526,60 +526,153 @@ __device__ inline int32_t row_of(const GroupView& group, const RowLayout& layout
   return static_cast<int32_t>(layout.offsets[expert] + earlier_chunks) + in_chunk;
 }
 
+// An item of the expansion: a token of one source, whole (half 0) or its first or second half (1, 2).
+struct ExpansionItem {
+  int token;
+  int source;
+  int half;
+};
+
+// Items: (token, source), or for a small receive (`halves`) (token, this rank) and (token, other rank,
+// half).
+__device__ inline ExpansionItem expansion_item(const Shape& shape, bool halves, int item) {
+  const int items_per_token = halves ? 2 * shape.world - 1 : shape.world;
+  const int token = item / items_per_token;
+  const int slot = item % items_per_token;
+  if (!halves) {
+    return ExpansionItem{token, slot, 0};
+  }
+  if (slot == 0) {
+    return ExpansionItem{token, shape.rank, 0};
+  }
+  const int other = (slot - 1) >> 1;  // two slots per other rank
+  return ExpansionItem{token, other + (other >= shape.rank ? 1 : 0), 1 + ((slot - 1) & 1)};
+}
+
+// A batch of expand_tokens' items: items first_item + j * gridDim.x for j < batch_items, one thread per
+// slot k of item j (thread j * top_k + k).
+struct ExpansionBatch {
+  int first_item;
+  int batch_items;
+  int total;  // items of the receive
+  bool halves;
+  ExpansionItem* items;  // [batch_items], shared: filled by batch_slot_row for the items < total
+};
+
+// Items in one batch at most (with top_k 1, a thread per item would be kBlockThreads).
+inline constexpr int kMaxBatchItems = 64;
+
+// batch_rows entry of a slot that has no token (past the batch, the items or its source's count).
+inline constexpr int32_t kNoSlot = -2;
+
+// The row of this thread's slot of `batch`: -1 if the slot names no local expert, kNoSlot if it has no
+// token.
+__device__ int32_t batch_slot_row(const GroupView& group, const RowLayout& layout,
+                                  const ExpansionBatch& batch) {
+  const Shape& shape = group.shape;
+  const int k = static_cast<int>(threadIdx.x) % shape.top_k;
+  const int item =
+      batch.first_item + static_cast<int>(threadIdx.x) / shape.top_k * static_cast<int>(gridDim.x);
+  if (static_cast<int>(threadIdx.x) >= batch.batch_items * shape.top_k || item >= batch.total) {
+    return kNoSlot;
+  }
+  const ExpansionItem it = expansion_item(shape, batch.halves, item);
+  if (k == 0) {
+    batch.items[threadIdx.x / shape.top_k] = it;
+  }
+  if (it.token >= group.signals->tokens_from[it.source]) {
+    return kNoSlot;
+  }
+  const int32_t id = region_ids(group.dispatch_region, shape, it.source, it.token)[k];
+  return id >= 0 ? row_of(group, layout, it.source, it.token, k, id) : -1;
+}
+
+// The metadata of this thread's slot of `batch` (row: its batch_slot_row), once per token (by the item of
+// its first part): src_info and weight of its row, its token_rows entry.
+__device__ void store_batch_slot(const GroupView& group, const DispatchRecvArgs& args,
+                                 const ExpansionBatch& batch, int32_t row) {
+  const Shape& shape = group.shape;
+  if (row == kNoSlot) {
+    return;
+  }
+  const int k = static_cast<int>(threadIdx.x) % shape.top_k;
+  const int item =
+      batch.first_item + static_cast<int>(threadIdx.x) / shape.top_k * static_cast<int>(gridDim.x);
+  const ExpansionItem it = expansion_item(shape, batch.halves, item);
+  if (it.half == 2) {
+    return;
+  }
+  if (row >= 0) {
+    args.src_info[3 * static_cast<std::size_t>(row) + 0] = it.source;
+    args.src_info[3 * static_cast<std::size_t>(row) + 1] = it.token;
+    args.src_info[3 * static_cast<std::size_t>(row) + 2] = k;
+    args.recv_weights[row] = region_weights(group.dispatch_region, shape, it.source, it.token)[k];
+  }
+  group.token_rows[(static_cast<std::size_t>(it.source) * shape.max_tokens + it.token) * shape.top_k + k] =
+      row;  // the final row, for combine
+}
+
 // Blocks over (source, token), the sources interleaved so that local copies and reads over the links run
 // side by side: each token's payload and scales into its rows, with src_info and weight; then the padding
 // rows. Reading from the sources' regions (a pull), each token crosses the link once per receiving rank
 // and is written into its rows as it arrives, with no second pass over a staging copy here. A receive
 // small enough to leave blocks idle has each token of another rank read by two blocks, half each, so that
-// twice the reads over the link are in flight; this rank's own tokens stay whole. With `scales_later` (a
-// constant in each kernel), each token's scales go to received_scales once instead, for lay_out_scales.
-// `message_scales`: shared memory of kMaxScaleWords words.
+// twice the reads over the link are in flight; this rank's own tokens stay whole. A block works out the
+// rows of a batch of its items at once (a thread per slot of an item), so the loads that rank a slot are
+// waited on once per batch rather than once per token. With `scales_later` (a constant in each kernel),
+// each token's scales go to received_scales once instead, for lay_out_scales. `message_scales`: shared
+// memory of kMaxScaleWords words.
 __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& args, const RowLayout& layout,
                               bool scales_later, uint32_t* message_scales) {
   const Shape& shape = group.shape;
 
-  __shared__ int32_t rows[kMaxTopK];
+  __shared__ int32_t batch_rows[kBlockThreads];  // [item of the batch][k]: batch_slot_row
+  // The sources' regions, loaded with the first batch's rows: each item's payload loads wait on none.
+  __shared__ uint8_t* source_regions[kMaxWorld];
+  for (int source = threadIdx.x; source < shape.world; source += blockDim.x) {
+    source_regions[source] = group.peer_dispatch_regions[source];
+  }
   __shared__ uint8_t* row_starts[kMaxTopK];
   __shared__ int row_count;
-  const std::size_t vectors = shape.payload_bytes / kVectorBytes;
+  const auto vectors = static_cast<uint32_t>(shape.payload_bytes / kVectorBytes);
   const bool scaled = shape.format != Format::kBf16;
   const ScaleGroups scale_layout = scale_groups(shape.format, args.scale_rows, shape.hidden);
-  // Items: (token, source), or for a small receive (token, this rank) and (token, other rank, half).
   const bool halves = (2 * shape.world - 1) * shape.max_tokens <= static_cast<int>(gridDim.x);
-  const int items_per_token = halves ? 2 * shape.world - 1 : shape.world;
-  const int total = items_per_token * shape.max_tokens;
-  for (int item = blockIdx.x; item < total; item += gridDim.x) {
-    const int token = item / items_per_token;
-    const int slot = item % items_per_token;
-    int source = slot;
-    int half = 0;  // 0: the whole token; 1, 2: its first or second half
-    if (halves) {
-      const int other = (slot - 1) >> 1;  // slot 0: this rank; then two slots per other rank
-      source = slot == 0 ? shape.rank : other + (other >= shape.rank ? 1 : 0);
-      half = slot == 0 ? 0 : 1 + ((slot - 1) & 1);
-    }
-    if (token >= group.signals->tokens_from[source]) {
-      continue;  // uniform across the block
-    }
-    const std::size_t first_vector = half == 2 ? vectors / 2 : 0;
-    const std::size_t part_vectors = half == 0 ? vectors : (half == 1 ? vectors / 2 : vectors - vectors / 2);
-    const bool first_part = half != 2;  // stores the token's metadata and scales
-    int32_t* token_rows =
-        group.token_rows + (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k;
-    const uint8_t* message = region_message(group.peer_dispatch_regions[source], shape, token);
-    if (static_cast<int>(threadIdx.x) < shape.top_k) {
-      const int k = threadIdx.x;
-      const int32_t id = region_ids(group.dispatch_region, shape, source, token)[k];
-      rows[k] = id >= 0 ? row_of(group, layout, source, token, k, id) : -1;
+  __shared__ ExpansionItem batch_items[kMaxBatchItems];
+  ExpansionBatch batch{static_cast<int>(blockIdx.x), min(kBlockThreads / shape.top_k, kMaxBatchItems),
+                       (halves ? 2 * shape.world - 1 : shape.world) * shape.max_tokens, halves, batch_items};
+  for (; batch.first_item < batch.total; batch.first_item += batch.batch_items * gridDim.x) {
+    const int32_t slot_row = batch_slot_row(group, layout, batch);
+    batch_rows[threadIdx.x] = slot_row;
+    // A slot's metadata waits on a load (its weight). With several items per block it goes out once the
+    // first payload loads are in flight (bf16 and fp8 prefill receives 2-3 us faster at EP2, H200); in a
+    // small receive, one item per block, before them (its decode receive 0.2-0.5 us faster).
+    bool metadata_pending = true;
+    if (batch.halves) {
+      store_batch_slot(group, args, batch, slot_row);
+      metadata_pending = false;
     }
     __syncthreads();
-    // The payload loads go out first; the row metadata is written while they are in flight.
-    bool wanted = false;
-    for (int k = 0; k < shape.top_k; ++k) {
-      wanted = wanted || rows[k] >= 0;
-    }
-    StagedVectors head{};
-    if (wanted) {
+    for (int j = 0; j < batch.batch_items; ++j) {
+      const int item = batch.first_item + j * static_cast<int>(gridDim.x);
+      if (item >= batch.total) {
+        break;
+      }
+      const int32_t* rows = batch_rows + j * shape.top_k;
+      bool wanted = false;
+      for (int k = 0; k < shape.top_k; ++k) {
+        wanted = wanted || rows[k] >= 0;
+      }
+      if (!wanted) {
+        continue;  // uniform across the block; also a token past its source's count
+      }
+      const ExpansionItem it = batch.items[j];
+      const uint32_t first_vector = it.half == 2 ? vectors / 2 : 0u;
+      const uint32_t part_vectors =
+          it.half == 0 ? vectors : (it.half == 1 ? vectors / 2 : vectors - vectors / 2);
+      const bool first_part = it.half != 2;  // stores the token's scales
+      const uint8_t* message = region_message(source_regions[it.source], shape, it.token);
+      StagedVectors head{};
       head.load(message + first_vector * kVectorBytes, threadIdx.x, part_vectors, blockDim.x);
       if (scaled && first_part) {
         // Whole words: the message is padded to 16 bytes past its scales. Read once with the payload's
@@ -588,42 +681,39 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
         const auto* scale_words = reinterpret_cast<const uint32_t*>(message + shape.payload_bytes);
         uint32_t* kept = scales_later
                              ? reinterpret_cast<uint32_t*>(group.received_scales +
-                                                           ReceivedScales::offset(shape, source, token))
+                                                           ReceivedScales::offset(shape, it.source, it.token))
                              : message_scales;
         for (uint32_t w = threadIdx.x; w < (shape.scale_bytes + 3) / 4; w += blockDim.x) {
           kept[w] = scale_words[w];
         }
       }
-    }
-    if (static_cast<int>(threadIdx.x) < shape.top_k && first_part) {
-      const int k = threadIdx.x;
-      const int32_t row = rows[k];
-      if (row >= 0) {
-        args.src_info[3 * static_cast<std::size_t>(row) + 0] = source;
-        args.src_info[3 * static_cast<std::size_t>(row) + 1] = token;
-        args.src_info[3 * static_cast<std::size_t>(row) + 2] = k;
-        args.recv_weights[row] = region_weights(group.dispatch_region, shape, source, token)[k];
+      if (metadata_pending) {
+        store_batch_slot(group, args, batch, batch_rows[threadIdx.x]);
+        metadata_pending = false;
       }
-      token_rows[k] = row;  // the final row, for combine
-    }
-    if (threadIdx.x == 0) {
-      int count = 0;
-      for (int k = 0; k < shape.top_k; ++k) {
-        if (rows[k] >= 0) {
-          row_starts[count++] = args.recv_tokens + static_cast<std::size_t>(rows[k]) * shape.payload_bytes +
-                                first_vector * kVectorBytes;
+      if (threadIdx.x == 0) {
+        int count = 0;
+        for (int k = 0; k < shape.top_k; ++k) {
+          if (rows[k] >= 0) {
+            row_starts[count++] = args.recv_tokens + static_cast<std::size_t>(rows[k]) * shape.payload_bytes +
+                                  first_vector * kVectorBytes;
+          }
         }
+        row_count = count;
       }
-      row_count = count;
+      __syncthreads();
+      copy_bytes16_to_many(row_starts, row_count, message + first_vector * kVectorBytes,
+                           part_vectors * kVectorBytes, threadIdx.x, blockDim.x, head);
+      if (scaled && first_part && !scales_later) {
+        store_scales_to_rows(reinterpret_cast<const uint8_t*>(message_scales), args.recv_scales, scale_layout,
+                             rows, shape.top_k, threadIdx.x, blockDim.x);
+      }
+      __syncthreads();
     }
-    __syncthreads();
-    copy_bytes16_to_many(row_starts, row_count, message + first_vector * kVectorBytes,
-                         part_vectors * kVectorBytes, threadIdx.x, blockDim.x, head);
-    if (scaled && first_part && !scales_later) {
-      store_scales_to_rows(reinterpret_cast<const uint8_t*>(message_scales), args.recv_scales, scale_layout,
-                           rows, shape.top_k, threadIdx.x, blockDim.x);
+    if (metadata_pending) {
+      store_batch_slot(group, args, batch, batch_rows[threadIdx.x]);
     }
-    __syncthreads();
+    __syncthreads();  // batch_rows is rewritten next
   }
   // Padding rows after each expert's rows: zero payload, no source, weight 0.
   for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
