@@ -674,17 +674,23 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
       const uint8_t* message = region_message(source_regions[it.source], shape, it.token);
       StagedVectors head{};
       head.load(message + first_vector * kVectorBytes, threadIdx.x, part_vectors, blockDim.x);
+      // Whole words: the message is padded to 16 bytes past its scales. Read once with the payload's first
+      // loads: every row of the token stores them, and reading them from the source once per row put a
+      // read over the link behind each row's stores. A thread's first word waits in a register until the
+      // payload has landed, so the block does not wait on it before the copy.
+      const uint32_t scale_words = (shape.scale_bytes + 3) / 4;
+      const auto* message_words = reinterpret_cast<const uint32_t*>(message + shape.payload_bytes);
+      uint32_t* kept = scales_later
+                           ? reinterpret_cast<uint32_t*>(group.received_scales +
+                                                         ReceivedScales::offset(shape, it.source, it.token))
+                           : message_scales;
+      uint32_t first_word = 0;
       if (scaled && first_part) {
-        // Whole words: the message is padded to 16 bytes past its scales. Read once with the payload's
-        // first loads: every row of the token stores them, and reading them from the source once per row
-        // put a read over the link behind each row's stores.
-        const auto* scale_words = reinterpret_cast<const uint32_t*>(message + shape.payload_bytes);
-        uint32_t* kept = scales_later
-                             ? reinterpret_cast<uint32_t*>(group.received_scales +
-                                                           ReceivedScales::offset(shape, it.source, it.token))
-                             : message_scales;
-        for (uint32_t w = threadIdx.x; w < (shape.scale_bytes + 3) / 4; w += blockDim.x) {
-          kept[w] = scale_words[w];
+        if (threadIdx.x < scale_words) {
+          first_word = message_words[threadIdx.x];
+        }
+        for (uint32_t w = threadIdx.x + blockDim.x; w < scale_words; w += blockDim.x) {
+          kept[w] = message_words[w];
         }
       }
       if (metadata_pending) {
@@ -704,9 +710,15 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
       __syncthreads();
       copy_bytes16_to_many(row_starts, row_count, message + first_vector * kVectorBytes,
                            part_vectors * kVectorBytes, threadIdx.x, blockDim.x, head);
-      if (scaled && first_part && !scales_later) {
-        store_scales_to_rows(reinterpret_cast<const uint8_t*>(message_scales), args.recv_scales, scale_layout,
-                             rows, shape.top_k, threadIdx.x, blockDim.x);
+      if (scaled && first_part) {  // uniform across the block
+        if (threadIdx.x < scale_words) {
+          kept[threadIdx.x] = first_word;
+        }
+        if (!scales_later) {
+          __syncthreads();
+          store_scales_to_rows(reinterpret_cast<const uint8_t*>(message_scales), args.recv_scales,
+                               scale_layout, rows, shape.top_k, threadIdx.x, blockDim.x);
+        }
       }
       __syncthreads();
     }
