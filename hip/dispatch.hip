@@ -9,9 +9,10 @@
 //                        over chunks of 64 tokens of one source: small receives in every block on its own,
 //                        large ones by blocks over chunks, a grid barrier, with many chunks blocks over
 //                        experts take the prefix over chunks and a grid barrier); every block takes the
-//                        padded prefix over experts (row_offsets); blocks over (source, token) read each
-//                        token from its source's region and copy it into its rows (small receives: other
-//                        ranks' tokens in halves, two blocks each)
+//                        padded prefix over experts (row_offsets); blocks over (source, token), the rows of
+//                        a batch of their items looked up at once, read each token from its source's region
+//                        and copy it into its rows (small receives: other ranks' tokens in halves, two
+//                        blocks each)
 //   rocep_dispatch       both halves in one kernel (the fused call)
 //   rocep_dispatch_recv_nvfp4_tiles, rocep_dispatch_nvfp4_tiles
 //                        the same for nvfp4 receives ranked by the grid (scales_laid_out_later): after a
