@@ -105,32 +105,44 @@ ROCEP_HOST_DEVICE inline uint8_t encode_fp8(float value, Fp8 encoding) {
   return encoding == Fp8::kE4m3fnuz ? encode_e4m3fnuz(value) : encode_e4m3fn(value);
 }
 
-// e2m1 magnitude code (0..7) of a magnitude m in [0, 6], rounded to nearest even. Adding a power of two
-// P to m rounds m to a multiple of P's float32 step, to nearest even, and leaves the multiple in the low
-// mantissa bits. e2m1's step is half of m's power of two 2^e, or 0.5 below 1 (e = 0 there): P = 2^(e + 22)
-// has that step, an even multiple is an even code, and the code is the multiple plus 2e. So the sum is
-// taken with P plus 2e steps (exact, and even: the rounding is the same), whose low mantissa bits are then
-// the code itself. Integer and one float add, no compare: this gives the reference's boundary rule
+// e2m1 magnitude code (0..7) of a magnitude m >= 0, rounded to nearest even and saturated at 6, as the low
+// bits of the float32 returned (2^23 + code: its other mantissa bits are 0). e2m1's step is 0.5 below 2, 1
+// in [2, 4) and 2 from 4, so the code is rint(2m), rint(m) + 2 or rint(m / 2) + 4 there (rint: to the
+// nearest integer, ties to even; adding the even 2 or 4 keeps ties even), and the three lines meet at
+// m = 2 and m = 4 with the middle one least between: the code is the least of the three and 7. Each is
+// taken as 2^23 + k, where float32 steps are 1, by one fused multiply-add or add (one rounding), so the
+// code is three float mins of exact sums, no integer work: this gives the reference's boundary rule
 // (host/codecs.cpp) for every float32 but NaN (compared over all of them once; the codec tests keep every
 // bf16, random float32 and every boundary).
-ROCEP_HOST_DEVICE inline uint32_t e2m1_magnitude(float magnitude) {
-  const uint32_t exponent_bits = float_bits(magnitude) & kFloatExponentMask;
-  const uint32_t binade = exponent_bits > 0x3f800000u ? exponent_bits : 0x3f800000u;  // 2^e, e in {0, 1, 2}
-  // (binade >> 22) is 254 + 2e.
-  const uint32_t shift_bits = binade + (22u << 23) + (binade >> 22) - 254u;
-  return float_bits(magnitude + bits_float(shift_bits)) & 0x7u;
+ROCEP_HOST_DEVICE inline float e2m1_magnitude_sum(float magnitude) {
+  constexpr float kIntegers = 0x1p23f;  // float32 steps are 1 in [2^23, 2^24)
+  const float half_steps = fused_multiply_add(magnitude, 2.0f, kIntegers);
+  const float unit_steps = magnitude + (kIntegers + 2.0f);
+  const float double_steps = fused_multiply_add(magnitude, 0.5f, kIntegers + 4.0f);
+  return __builtin_fminf(__builtin_fminf(half_steps, unit_steps),
+                         __builtin_fminf(double_steps, kIntegers + 7.0f));
 }
 
-ROCEP_HOST_DEVICE inline float e2m1_saturated_magnitude(float value) {
-  const float magnitude = __builtin_fabsf(value);
-  return magnitude < kE2m1Max ? magnitude : kE2m1Max;
-}
-
-// 4-bit code (sign in bit 3) in bits 0-3 of a 32-bit word, the rest 0; saturates at 6. A word, so that the
-// quantiser can shift it into its nibble without a byte mask first.
+// 4-bit code (sign in bit 3) in bits 0-3 of a 32-bit word, the rest 0; saturates at 6.
 ROCEP_HOST_DEVICE inline uint32_t e2m1_code(float value) {
-  const uint32_t magnitude = e2m1_magnitude(e2m1_saturated_magnitude(value));
+  const uint32_t magnitude = float_bits(e2m1_magnitude_sum(__builtin_fabsf(value))) & 0x7u;
   return magnitude | ((float_bits(value) >> 28) & 0x8u);
+}
+
+// Eight 4-bit codes in one word, element j in bits [4j, 4j + 4), from the elements' e2m1_magnitude_sum bits
+// (2^23 + code) and their float32 bits (the sign in bit 31). Every sum has exponent field 150, so the sum
+// of sums[j] << 4j is the codes in their nibbles (each below 8: no carries) plus a constant, that of j = 0
+// and 1 (0x4b000000 << 4j is 0 modulo 2^32 for j > 1), taken off first. The signs: each element's top
+// four bits shifted in below the others' (one funnel shift each), of which bit 3 of each nibble is kept.
+ROCEP_HOST_DEVICE inline uint32_t e2m1_word(const uint32_t (&sums)[8], const uint32_t (&signs)[8]) {
+  constexpr uint32_t kExponents = 0x4b000000u + (0x4b000000u << 4);
+  uint32_t magnitudes = 0u - kExponents;
+  uint32_t top_bits = 0;
+  for (int j = 0; j < 8; ++j) {
+    magnitudes += sums[j] << (4 * j);
+    top_bits = (top_bits << 4) | (signs[7 - j] >> 28);
+  }
+  return magnitudes | (top_bits & 0x88888888u);
 }
 
 // 4-bit code in the low nibble; saturates at 6.

@@ -104,8 +104,16 @@ __device__ inline QuantizedElements<kCount> quantize_elements(const float (&valu
   }
   if (encode) {
 #pragma unroll
-    for (int i = 0; i < kCount; ++i) {
-      out.codes[i / 8] |= e2m1_code(values[i] * multiplier) << (4 * (i % 8));
+    for (int w = 0; w < kCount / 8; ++w) {
+      uint32_t sums[8];
+      uint32_t signs[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        // |x * multiplier| = |x| * multiplier, and x's sign is the product's: the multiplier is +0 or more.
+        sums[j] = float_bits(e2m1_magnitude_sum(__builtin_fabsf(values[8 * w + j]) * multiplier));
+        signs[j] = float_bits(values[8 * w + j]);
+      }
+      out.codes[w] = e2m1_word(sums, signs);
     }
   }
   return out;

@@ -12,6 +12,17 @@ namespace rocep::device {
 inline constexpr std::size_t kVectorBytes = 16;
 using Vector16 = uint4;
 
+// Asks for the memory at `address` to be brought into L2 without waiting for it or holding a register:
+// a later load of it then waits for L2, not for HBM. NVIDIA only (prefetch.global.L2); on AMD it does
+// nothing (CDNA 3 has no prefetch instruction).
+__device__ inline void prefetch_to_l2(const void* address) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
+#else
+  (void)address;
+#endif
+}
+
 // Each thread loads kStaged vectors into registers before it stores any, so many loads are in flight at once
 // (one load then one store per step leaves a copy waiting on memory latency: measured 3x slower on H200).
 inline constexpr int kStaged = 4;
