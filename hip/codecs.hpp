@@ -123,12 +123,6 @@ ROCEP_HOST_DEVICE inline float e2m1_magnitude_sum(float magnitude) {
                          __builtin_fminf(double_steps, kIntegers + 7.0f));
 }
 
-// 4-bit code (sign in bit 3) in bits 0-3 of a 32-bit word, the rest 0; saturates at 6.
-ROCEP_HOST_DEVICE inline uint32_t e2m1_code(float value) {
-  const uint32_t magnitude = float_bits(e2m1_magnitude_sum(__builtin_fabsf(value))) & 0x7u;
-  return magnitude | ((float_bits(value) >> 28) & 0x8u);
-}
-
 // Eight 4-bit codes in one word, element j in bits [4j, 4j + 4), from the elements' e2m1_magnitude_sum bits
 // (2^23 + code) and their float32 bits (the sign in bit 31). Every sum has exponent field 150, so the sum
 // of sums[j] << 4j is the codes in their nibbles (each below 8: no carries) plus a constant, that of j = 0
@@ -145,9 +139,10 @@ ROCEP_HOST_DEVICE inline uint32_t e2m1_word(const uint32_t (&sums)[8], const uin
   return magnitudes | (top_bits & 0x88888888u);
 }
 
-// 4-bit code in the low nibble; saturates at 6.
+// 4-bit code (sign in bit 3) in the low nibble; saturates at 6.
 ROCEP_HOST_DEVICE inline uint8_t encode_e2m1(float value) {
-  return static_cast<uint8_t>(e2m1_code(value));
+  const uint32_t magnitude = float_bits(e2m1_magnitude_sum(__builtin_fabsf(value))) & 0x7u;
+  return static_cast<uint8_t>(magnitude | ((float_bits(value) >> 28) & 0x8u));
 }
 
 // Decoders: exact, since every code is a float32 value.

@@ -75,6 +75,10 @@ struct ItemCursor {
         input_step(input_offset(step_rows, step_chunks, chunks)),
         output(static_cast<std::size_t>(thread) * kElements),
         output_step(static_cast<std::size_t>(grid_threads) * kElements) {}
+  // Where the item's loads start, or the first item's for an item past the last row (rows > 0 where it
+  // is asked): such an item stores nothing, and its lanes hold whole scale blocks of their own, so its
+  // values reach no active block's amax.
+  __device__ std::size_t input_in_bounds(uint32_t rows) const { return row < rows ? input : 0; }
   __device__ void advance() {
     chunk += step_chunks;
     row += step_rows;
@@ -236,10 +240,8 @@ __device__ void silu_rows(const SiluParams& params) {
       row[k] = cursor.row;
       chunk[k] = cursor.chunk;
       output[k] = cursor.output;
-      // An item past the last row loads the first item instead (rows > 0 here) and stores nothing; its
-      // lanes hold whole scale blocks of their own, so its values reach no active block's amax.
-      loaded[k] = load_gate_up<kElements, kInterleaved>(params.gate_up, cursor.row < rows ? cursor.input : 0,
-                                                        params.n);
+      loaded[k] =
+          load_gate_up<kElements, kInterleaved>(params.gate_up, cursor.input_in_bounds(rows), params.n);
       cursor.advance();
     }
     // Plain e2m1 formats: the next iteration's items into L2 while this one computes. The compiler issues
@@ -249,12 +251,10 @@ __device__ void silu_rows(const SiluParams& params) {
     // for nothing or less than nothing (bf16 plain 101 -> 112 us), and the interleaved layout loads its
     // item at once anyway.
     if constexpr (kPrefetchNext<kFormat, kInterleaved>) {
-#pragma unroll
-      for (int k = 0; k < kInFlight; ++k) {
-        const std::size_t next = cursor.row < rows ? cursor.input : 0;
-        prefetch_to_l2(params.gate_up + next);
-        prefetch_to_l2(params.gate_up + next + params.n);
-      }
+      static_assert(kInFlight == 1, "the cursor's item is the next iteration's only item");
+      const std::size_t next = cursor.input_in_bounds(rows);
+      prefetch_to_l2(params.gate_up + next);
+      prefetch_to_l2(params.gate_up + next + params.n);
     }
 #pragma unroll
     for (int k = 0; k < kInFlight; ++k) {
