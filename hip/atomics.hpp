@@ -43,6 +43,29 @@ __device__ inline void store_release(T* address, T value) {
 #endif
 }
 
+// Atomic add that returns the old value, acquire-release at scope S: every earlier load/store of this thread,
+// and what it has synchronised with (a block barrier's threads), is released before it, and what earlier
+// releases of the word published is acquired. Lighter than the sequentially consistent fences around a
+// plain atomicAdd (__threadfence), which is all the grid barrier and the arrival count need.
+template <Scope S>
+__device__ inline uint32_t fetch_add_acq_rel(uint32_t* address, uint32_t value) {
+#if defined(ROCEP_PLATFORM_AMD)
+  return __hip_atomic_fetch_add(address, value, __ATOMIC_ACQ_REL, kHipScope<S>);
+#else
+  return cuda::atomic_ref<uint32_t, kCudaScope<S> >(*address).fetch_add(value, cuda::memory_order_acq_rel);
+#endif
+}
+
+// Acquire-release fence at system scope: every earlier load/store of this thread (and what it acquired) is
+// ordered before its later ones for every observer, peers included.
+__device__ inline void fence_acq_rel_system() {
+#if defined(ROCEP_PLATFORM_AMD)
+  __builtin_amdgcn_fence(__ATOMIC_ACQ_REL, "");
+#else
+  cuda::atomic_thread_fence(cuda::memory_order_acq_rel, cuda::thread_scope_system);
+#endif
+}
+
 // Atomic add at system scope to a word in global memory (a peer's, too), with no ordering of its own and
 // no result, so the thread does not wait for it to complete (a reduction, not a fetch).
 __device__ inline void add_relaxed_system(uint64_t* address, uint64_t value) {

@@ -35,12 +35,10 @@ using ArrivalWords = uint64_t (Signals::*)[kMaxWorld];
 // the block's earlier stores at device scope into *count and returns true in the grid's last block only,
 // which has then acquired every other block's stores and reset the count for the next use.
 __device__ inline bool arrives_last(uint32_t* count) {
-  __threadfence();
-  if (atomicAdd(count, 1u) != gridDim.x - 1) {
+  if (fetch_add_acq_rel<Scope::kDevice>(count, 1u) != gridDim.x - 1) {
     return false;
   }
-  __threadfence();
-  *count = 0;
+  *count = 0;  // the next use comes after a later release (the barrier's generation) or kernel boundary
   return true;
 }
 
@@ -55,7 +53,7 @@ __device__ inline void signal_grid_done(uint32_t* blocks_done, Signals* const* p
   if (threadIdx.x != 0 || !arrives_last(blocks_done)) {
     return;
   }
-  __threadfence_system();  // every block's stores before the adds, for every peer
+  fence_acq_rel_system();  // every block's stores (acquired by the count) before the adds, for every peer
   for (int peer = 0; peer < world; ++peer) {
     add_relaxed_system(&(peer_signals[peer]->*words)[rank], uint64_t{1});
   }
