@@ -59,24 +59,31 @@ __device__ inline void signal_grid_done(uint32_t* blocks_done, Signals* const* p
   }
 }
 
-// Thread 0 of the calling block waits until every rank r has signalled its `sequence`-th call (words[r] >=
-// sequence); the whole block learns the outcome. On timeout the first missing peer is reported. Call from
-// every thread.
+// The calling block waits until every rank r has signalled its `sequence`-th call (words[r] >= sequence),
+// thread r for rank r, so that the waits overlap (one after another, thread 0 paid a read of the polled
+// words per rank); the whole block learns the outcome. A rank that does not signal in time is reported.
+// Call from every thread.
 __device__ inline bool block_wait_for_peers(const uint64_t* words, uint64_t sequence, int world,
                                             uint64_t timeout_ticks, Status* status, Operation operation) {
-  __shared__ bool arrived;
+  __shared__ int missing;  // ranks not waited for: late, or the group had already timed out
   if (threadIdx.x == 0) {
-    arrived = !timed_out(status);
-    for (int peer = 0; arrived && peer < world; ++peer) {
-      if (!wait_until_at_least(words + peer, sequence, timeout_ticks)) {
+    missing = 0;
+  }
+  __syncthreads();
+  const int peer = static_cast<int>(threadIdx.x);
+  if (peer < world) {
+    const bool waited = !timed_out(status);
+    if (!waited || !wait_until_at_least(words + peer, sequence, timeout_ticks)) {
+      if (waited) {
         report_failure(status, StatusCode::kTimeout, operation, peer, -1, -1, static_cast<int>(sequence));
-        arrived = false;
       }
+      atomicAdd(&missing, 1);
     }
   }
-  // The barrier extends thread 0's acquire to the block: its reads are ordered before the others' reads.
+  // The barrier extends each waiting thread's acquire to the block: its reads are ordered before the
+  // others' reads.
   __syncthreads();
-  return arrived;
+  return missing == 0;
 }
 
 // Returns once every block of the grid has called it, in every thread. All blocks of the grid must be
