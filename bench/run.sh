@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: builds rocep and runs the dispatch/combine benchmark with one MPI rank per GPU. Without a
 # GPU (or with fewer than 2) it runs 2 ranks on the CPU reference backend and says so. With a GPU it then
-# runs the fused SiLU benchmark (rocep_silu_bench) on one GPU.
+# runs the fused SiLU benchmark (rocep_silu_bench) and the HBM floor of the dispatch and combine steps
+# (rocep_memory_bench) on one GPU.
 #   bench/run.sh [rocep_bench flags, e.g. --tokens=128,4096 --iterations=50]
 #   ROCEP_BUILD_DIR, ROCEP_CMAKE_ARGS as for tests/run.sh; ROCEP_RANKS overrides the rank count.
 set -euo pipefail
@@ -30,6 +31,10 @@ if [ "$gpus" -gt 0 ]; then
   cmake --build "$build" -j "$(nproc)" --target rocep_silu_bench
   # shellcheck disable=SC2086 # ROCEP_SILU_BENCH_ARGS holds several arguments
   "$build/bench/rocep_silu_bench" ${ROCEP_SILU_BENCH_ARGS:-}
+  # The HBM floor of the dispatch and combine steps (flags: ROCEP_MEMORY_BENCH_ARGS, e.g. "--tokens=4096").
+  cmake --build "$build" -j "$(nproc)" --target rocep_memory_bench
+  # shellcheck disable=SC2086 # ROCEP_MEMORY_BENCH_ARGS holds several arguments
+  "$build/bench/rocep_memory_bench" ${ROCEP_MEMORY_BENCH_ARGS:-}
 else
-  echo "bench/run.sh: rocep_silu_bench skipped: it times the GPU kernels only, and no GPU was found"
+  echo "bench/run.sh: rocep_silu_bench and rocep_memory_bench skipped: they time the GPU only, and no GPU was found"
 fi

@@ -1,0 +1,241 @@
+// The memory traffic of the dispatch and combine calls of one rank, on one GPU and without the links: what
+// the HBM alone allows for each step, the floor under the EP benchmark's prefill figures. Each step moves
+// the bytes its kernels move, in the same pattern:
+//
+//   dispatch send       stage the rank's bf16 tokens (a device-to-device copy)
+//   dispatch receive    every received token (world x tokens) read once and written into its rows (top_k /
+//                       world per token), bf16 and fp8 payloads, with the dispatch receive's own copy routine
+//   combine send        every received token's rows summed in float32 into one bf16 partial
+//   combine receive     each of the rank's tokens summed from world partials
+//
+// The rows of the received tokens are a random permutation. What the links add (the peers' reads of this
+// rank's staged tokens, the peers' partials landing here), signalling and the ranking are not included, so
+// each figure is a lower bound of its step. Median of --iterations calls (events between calls, after a
+// warm-up), bytes read + written, and the fraction of the HBM copy peak measured in the same run.
+//
+//   rocep_memory_bench [--tokens=4096] [--hidden=7168] [--top_k=8] [--world=2] [--iterations=30]
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench/device_timing.hpp"
+#include "hip/bf16.hpp"
+#include "hip/vector_copy.hpp"
+#include "host/device.hpp"
+#include "rocep/errors.hpp"
+
+namespace {
+
+using rocep::DeviceBuffer;
+using rocep::device::kStaged;
+using rocep::device::kVectorBytes;
+using rocep::device::StagedVectors;
+using rocep::device::Vector16;
+
+constexpr int kThreads = 256;
+constexpr int kMaxFan = 16;
+
+// Blocks over tokens: token t of `tokens` (row_bytes each) written into rows rows[t * fan + f], f < fan.
+__global__ void __launch_bounds__(kThreads)
+    rocep_bench_tokens_into_rows(const uint8_t* tokens, uint8_t* rows, const int32_t* row_of, int num_tokens,
+                                 int fan, int row_bytes) {
+  __shared__ uint8_t* destinations[kMaxFan];
+  const std::size_t vectors = static_cast<std::size_t>(row_bytes) / kVectorBytes;
+  for (int token = blockIdx.x; token < num_tokens; token += gridDim.x) {
+    const uint8_t* source = tokens + static_cast<std::size_t>(token) * row_bytes;
+    StagedVectors head;
+    head.load(source, threadIdx.x, vectors, blockDim.x);
+    if (static_cast<int>(threadIdx.x) < fan) {
+      destinations[threadIdx.x] =
+          rows + static_cast<std::size_t>(row_of[token * fan + threadIdx.x]) * row_bytes;
+    }
+    __syncthreads();
+    rocep::device::copy_bytes16_to_many(destinations, fan, source, row_bytes, threadIdx.x, blockDim.x, head);
+    __syncthreads();  // the destinations are rewritten for the next token
+  }
+}
+
+// Blocks over outputs: out[o] = bf16 of the float32 fma sum of bf16 rows rows[o * fan + f], f < fan.
+__global__ void __launch_bounds__(kThreads)
+    rocep_bench_rows_summed(const uint8_t* rows, uint8_t* out, const int32_t* row_of, int num_outputs,
+                            int fan, int row_bytes) {
+  const int vectors = row_bytes / static_cast<int>(kVectorBytes);
+  for (int output = blockIdx.x; output < num_outputs; output += gridDim.x) {
+    for (int first = threadIdx.x; first < vectors; first += kStaged * kThreads) {
+      float sum[kStaged][8] = {};
+      for (int f = 0; f < fan; ++f) {
+        const auto* row = reinterpret_cast<const Vector16*>(
+            rows + static_cast<std::size_t>(row_of[output * fan + f]) * row_bytes);
+        StagedVectors staged;
+        staged.load(row, first, vectors, kThreads);
+        for (int i = 0; i < kStaged; ++i) {
+          const uint32_t words[4] = {staged.vector[i].x, staged.vector[i].y, staged.vector[i].z,
+                                     staged.vector[i].w};
+          for (int e = 0; e < 8; ++e) {
+            sum[i][e] = fmaf(
+                1.0f, rocep::bf16_to_float(static_cast<uint16_t>(words[e / 2] >> (16 * (e % 2)))), sum[i][e]);
+          }
+        }
+      }
+      auto* destination = reinterpret_cast<Vector16*>(out + static_cast<std::size_t>(output) * row_bytes);
+      for (int i = 0; i < kStaged; ++i) {
+        const int index = first + i * kThreads;
+        if (index < vectors) {
+          destination[index] = Vector16{rocep::float_pair_to_bf16_canonical(sum[i][0], sum[i][1]),
+                                        rocep::float_pair_to_bf16_canonical(sum[i][2], sum[i][3]),
+                                        rocep::float_pair_to_bf16_canonical(sum[i][4], sum[i][5]),
+                                        rocep::float_pair_to_bf16_canonical(sum[i][6], sum[i][7])};
+        }
+      }
+    }
+  }
+}
+
+struct Options {
+  int tokens = 4096;
+  int hidden = 7168;
+  int top_k = 8;
+  int world = 2;
+  int iterations = 30;
+};
+
+Options parse_options(int argc, char** argv) {
+  Options options;
+  const std::pair<const char*, int*> flags[] = {{"tokens", &options.tokens},
+                                                {"hidden", &options.hidden},
+                                                {"top_k", &options.top_k},
+                                                {"world", &options.world},
+                                                {"iterations", &options.iterations}};
+  for (int i = 1; i < argc; ++i) {
+    bool known = false;
+    for (const auto& [name, value] : flags) {
+      const std::string prefix = std::string("--") + name + "=";
+      if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) {
+        char* end = nullptr;
+        const long parsed = std::strtol(argv[i] + prefix.size(), &end, 10);
+        if (*end != '\0' || parsed < 1 || parsed > (1L << 20)) {
+          throw rocep::ConfigError(std::string(argv[i]) + " is invalid: expected a positive integer");
+        }
+        *value = static_cast<int>(parsed);
+        known = true;
+      }
+    }
+    if (!known) {
+      throw rocep::ConfigError(std::string("unknown argument ") + argv[i] +
+                               " (flags: --tokens, --hidden, --top_k, --world, --iterations)");
+    }
+  }
+  if (options.hidden % 128 != 0 || options.top_k % options.world != 0 ||
+      options.top_k / options.world > kMaxFan || options.world > kMaxFan) {
+    throw rocep::ConfigError(
+        "--hidden must be a multiple of 128, --top_k a multiple of --world, and top_k / world "
+        "and world at most " +
+        std::to_string(kMaxFan));
+  }
+  return options;
+}
+
+// `count` row indices in [0, rows): a random permutation of [0, rows) when count == rows, else its prefix.
+rocep::DeviceBuffer random_rows(std::size_t count, std::size_t rows, std::mt19937& random) {
+  std::vector<int32_t> order(rows);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), random);
+  order.resize(count);
+  DeviceBuffer buffer(count * sizeof(int32_t));
+  ROCEP_GPU_CHECK(hipMemcpy(buffer.get(), order.data(), count * sizeof(int32_t), hipMemcpyHostToDevice));
+  return buffer;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options options = parse_options(argc, argv);
+    if (rocep::device_count() == 0) {
+      std::printf("rocep_memory_bench: no GPU visible: nothing to time\n");
+      return 0;
+    }
+    hipDeviceProp_t properties;
+    ROCEP_GPU_CHECK(hipGetDeviceProperties(&properties, rocep::current_device()));
+    const rocep::Stream stream;
+    const double peak = rocep::bench::copy_peak_bytes_per_second(stream.get(), options.iterations);
+    const int fan = options.top_k / options.world;  // rows of a received token on one rank
+    const int received = options.world * options.tokens;
+    const int bf16_bytes = options.hidden * 2;
+    const int fp8_bytes = options.hidden;  // the payload; its scales are 1/32 more
+    const int blocks = 3 * properties.multiProcessorCount;
+    std::printf(
+        "rocep_memory_bench: %s, %d tokens per rank, hidden %d, top_k %d, world %d: %d received tokens, "
+        "%d rows each; median of %d calls\n",
+        properties.name, options.tokens, options.hidden, options.top_k, options.world, received, fan,
+        options.iterations);
+    std::printf(
+        "HBM copy peak in this run: %.1f GB/s (device-to-device copy of 1 GiB, read + written bytes)\n\n",
+        peak / 1e9);
+
+    std::mt19937 random(7);
+    const std::size_t rows = static_cast<std::size_t>(received) * fan;
+    const DeviceBuffer tokens(static_cast<std::size_t>(received) * bf16_bytes);
+    const DeviceBuffer row_data(rows * bf16_bytes);
+    const DeviceBuffer out(static_cast<std::size_t>(options.tokens) * bf16_bytes);
+    const DeviceBuffer token_rows = random_rows(rows, rows, random);
+    const DeviceBuffer partial_rows = random_rows(received, received, random);
+    ROCEP_GPU_CHECK(hipMemset(tokens.get(), 0x3f, tokens.bytes()));
+    ROCEP_GPU_CHECK(hipMemset(row_data.get(), 0x3f, row_data.bytes()));
+    ROCEP_GPU_CHECK(hipMemset(out.get(), 0x3f, out.bytes()));
+    hipStream_t s = stream.get();
+
+    struct Step {
+      const char* name;
+      double bytes;  // read + written
+      double seconds;
+    };
+    std::vector<Step> steps;
+    const auto time_step = [&](const char* name, double bytes, auto call) {
+      steps.push_back({name, bytes, rocep::bench::median_seconds(s, options.iterations, call)});
+      const Step& step = steps.back();
+      std::printf("%-44s %10.1f us %10.1f MB %10.1f GB/s %7.1f%% of the copy peak\n", step.name,
+                  step.seconds * 1e6, step.bytes / 1e6, step.bytes / step.seconds / 1e9,
+                  100.0 * step.bytes / step.seconds / peak);
+    };
+    const double token_bytes = static_cast<double>(options.tokens) * bf16_bytes;
+    time_step("dispatch send: stage bf16 tokens", 2 * token_bytes, [&] {
+      ROCEP_GPU_CHECK(hipMemcpyAsync(tokens.get(), out.get(), static_cast<std::size_t>(token_bytes),
+                                     hipMemcpyDeviceToDevice, s));
+    });
+    for (const int row_bytes : {bf16_bytes, fp8_bytes}) {
+      time_step(row_bytes == bf16_bytes ? "dispatch receive: bf16 tokens into rows"
+                                        : "dispatch receive: fp8 tokens into rows",
+                static_cast<double>(received) * row_bytes * (1 + fan), [&] {
+                  rocep_bench_tokens_into_rows<<<blocks, kThreads, 0, s>>>(
+                      tokens.as<uint8_t>(), row_data.as<uint8_t>(), token_rows.as<int32_t>(), received, fan,
+                      row_bytes);
+                });
+    }
+    time_step("combine send: each token's rows summed",
+              static_cast<double>(received) * bf16_bytes * (fan + 1), [&] {
+                rocep_bench_rows_summed<<<blocks, kThreads, 0, s>>>(
+                    row_data.as<uint8_t>(), tokens.as<uint8_t>(), token_rows.as<int32_t>(), received, fan,
+                    bf16_bytes);
+              });
+    time_step("combine receive: the partials summed", token_bytes * (options.world + 1), [&] {
+      rocep_bench_rows_summed<<<blocks, kThreads, 0, s>>>(tokens.as<uint8_t>(), out.as<uint8_t>(),
+                                                          partial_rows.as<int32_t>(), options.tokens,
+                                                          options.world, bf16_bytes);
+    });
+    ROCEP_GPU_CHECK(hipGetLastError());
+    std::printf("\nfloors of the fused calls (their steps one after the other, without the links):\n");
+    std::printf("  dispatch bf16: %.1f us (staged), %.1f us (from the input buffer)\n",
+                (steps[0].seconds + steps[1].seconds) * 1e6, steps[1].seconds * 1e6);
+    std::printf("  combine: %.1f us\n", (steps[3].seconds + steps[4].seconds) * 1e6);
+    return 0;
+  } catch (const rocep::Error& error) {
+    std::fprintf(stderr, "rocep_memory_bench: %s\n", error.what());
+    return 1;
+  }
+}
