@@ -40,7 +40,7 @@ using rocep::device::Vector16;
 constexpr int kThreads = 256;
 constexpr int kMaxFan = 16;
 
-// Blocks over tokens: token t of `tokens` (row_bytes each) written into rows rows[t * fan + f], f < fan.
+// Blocks over tokens: token t of `tokens` (row_bytes each) written into rows row_of[t * fan + f], f < fan.
 __global__ void __launch_bounds__(kThreads)
     rocep_bench_tokens_into_rows(const uint8_t* tokens, uint8_t* rows, const int32_t* row_of, int num_tokens,
                                  int fan, int row_bytes) {
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Blocks over outputs: out[o] = bf16 of the float32 fma sum of bf16 rows rows[o * fan + f], f < fan.
+// Blocks over outputs: out[o] = bf16 of the float32 fma sum of the bf16 rows row_of[o * fan + f], f < fan.
 __global__ void __launch_bounds__(kThreads)
     rocep_bench_rows_summed(const uint8_t* rows, uint8_t* out, const int32_t* row_of, int num_outputs,
                             int fan, int row_bytes) {
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int f = 0; f < fan; ++f) {
         const auto* row = reinterpret_cast<const Vector16*>(
             rows + static_cast<std::size_t>(row_of[output * fan + f]) * row_bytes);
-        StagedVectors staged;
+        StagedVectors staged;  // lanes past the row are summed but never stored
         staged.load(row, first, vectors, kThreads);
         for (int i = 0; i < kStaged; ++i) {
           const uint32_t words[4] = {staged.vector[i].x, staged.vector[i].y, staged.vector[i].z,
