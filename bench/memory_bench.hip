@@ -15,15 +15,14 @@
 //
 //   rocep_memory_bench [--tokens=4096] [--hidden=7168] [--top_k=8] [--world=2] [--iterations=30]
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "bench/device_timing.hpp"
+#include "bench/flags.hpp"
 #include "hip/bf16.hpp"
 #include "hip/vector_copy.hpp"
 #include "host/device.hpp"
@@ -32,6 +31,7 @@
 namespace {
 
 using rocep::DeviceBuffer;
+using rocep::bench::parse_flag;
 using rocep::device::kStaged;
 using rocep::device::kVectorBytes;
 using rocep::device::StagedVectors;
@@ -105,27 +105,16 @@ struct Options {
 };
 
 Options parse_options(int argc, char** argv) {
+  constexpr long kMaxValue = 1L << 20;
   Options options;
-  const std::pair<const char*, int*> flags[] = {{"tokens", &options.tokens},
-                                                {"hidden", &options.hidden},
-                                                {"top_k", &options.top_k},
-                                                {"world", &options.world},
-                                                {"iterations", &options.iterations}};
   for (int i = 1; i < argc; ++i) {
-    bool known = false;
-    for (const auto& [name, value] : flags) {
-      const std::string prefix = std::string("--") + name + "=";
-      if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) {
-        char* end = nullptr;
-        const long parsed = std::strtol(argv[i] + prefix.size(), &end, 10);
-        if (*end != '\0' || parsed < 1 || parsed > (1L << 20)) {
-          throw rocep::ConfigError(std::string(argv[i]) + " is invalid: expected a positive integer");
-        }
-        *value = static_cast<int>(parsed);
-        known = true;
-      }
-    }
-    if (!known) {
+    const Options before = options;
+    options.tokens = parse_flag(argv[i], "tokens", options.tokens, kMaxValue);
+    options.hidden = parse_flag(argv[i], "hidden", options.hidden, kMaxValue);
+    options.top_k = parse_flag(argv[i], "top_k", options.top_k, kMaxValue);
+    options.world = parse_flag(argv[i], "world", options.world, kMaxValue);
+    options.iterations = parse_flag(argv[i], "iterations", options.iterations, kMaxValue);
+    if (std::memcmp(&before, &options, sizeof options) == 0) {
       throw rocep::ConfigError(std::string("unknown argument ") + argv[i] +
                                " (flags: --tokens, --hidden, --top_k, --world, --iterations)");
     }
@@ -140,14 +129,13 @@ Options parse_options(int argc, char** argv) {
   return options;
 }
 
-// `count` row indices in [0, rows): a random permutation of [0, rows) when count == rows, else its prefix.
-rocep::DeviceBuffer random_rows(std::size_t count, std::size_t rows, std::mt19937& random) {
+// A random permutation of the row indices [0, rows), on the device.
+rocep::DeviceBuffer random_rows(std::size_t rows, std::mt19937& random) {
   std::vector<int32_t> order(rows);
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), random);
-  order.resize(count);
-  DeviceBuffer buffer(count * sizeof(int32_t));
-  ROCEP_GPU_CHECK(hipMemcpy(buffer.get(), order.data(), count * sizeof(int32_t), hipMemcpyHostToDevice));
+  DeviceBuffer buffer(rows * sizeof(int32_t));
+  ROCEP_GPU_CHECK(hipMemcpy(buffer.get(), order.data(), rows * sizeof(int32_t), hipMemcpyHostToDevice));
   return buffer;
 }
 
@@ -183,8 +171,8 @@ int main(int argc, char** argv) {
     const DeviceBuffer tokens(static_cast<std::size_t>(received) * bf16_bytes);
     const DeviceBuffer row_data(rows * bf16_bytes);
     const DeviceBuffer out(static_cast<std::size_t>(options.tokens) * bf16_bytes);
-    const DeviceBuffer token_rows = random_rows(rows, rows, random);
-    const DeviceBuffer partial_rows = random_rows(received, received, random);
+    const DeviceBuffer token_rows = random_rows(rows, random);
+    const DeviceBuffer partial_rows = random_rows(received, random);
     ROCEP_GPU_CHECK(hipMemset(tokens.get(), 0x3f, tokens.bytes()));
     ROCEP_GPU_CHECK(hipMemset(row_data.get(), 0x3f, row_data.bytes()));
     ROCEP_GPU_CHECK(hipMemset(out.get(), 0x3f, out.bytes()));

@@ -10,7 +10,6 @@
 // against the 85% target.
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "bench/device_timing.hpp"
+#include "bench/flags.hpp"
 #include "hip/platform.hpp"
 #include "host/device.hpp"
 #include "host/device_memory.hpp"
@@ -36,6 +36,7 @@ using rocep::TokenFormat;
 using rocep::bench::copy_peak_bytes_per_second;
 using rocep::bench::kWarmUpSeconds;
 using rocep::bench::median_seconds;
+using rocep::bench::parse_flag;
 
 constexpr double kTargetFraction = 0.85;
 constexpr int kGroups = 8;  // the rows are split evenly over this many groups (experts)
@@ -46,19 +47,6 @@ struct Options {
   int iterations = 100;
   int check_rows = 2048;
 };
-
-int parse_flag(const char* argument, const char* name, int value) {
-  const std::string prefix = std::string("--") + name + "=";
-  if (std::strncmp(argument, prefix.c_str(), prefix.size()) != 0) {
-    return value;
-  }
-  char* end = nullptr;
-  const long parsed = std::strtol(argument + prefix.size(), &end, 10);
-  if (*end != '\0' || parsed < 1 || parsed > (1L << 30)) {
-    throw rocep::ConfigError(std::string(argument) + " is invalid: expected a positive integer");
-  }
-  return static_cast<int>(parsed);
-}
 
 Options parse_options(int argc, char** argv) {
   Options options;
