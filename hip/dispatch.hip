@@ -2,21 +2,21 @@
 // rows grouped by local expert, in (source rank, source token, k) order.
 //
 //   rocep_dispatch_send  sending half: store the payload (quantised if asked) into this rank's own region
-//                        (unless the caller wrote the tokens there), validate ids, store ids / weights into
-//                        each peer's region, then the grid's last block adds 1 to the peers'
-//                        dispatch_arrived[rank] words
-//   rocep_dispatch_recv  receiving half: wait for every source; rank the rows per local expert (bit masks
-//                        over chunks of 64 tokens of one source: small receives in every block on its own,
-//                        large ones by blocks over chunks, a grid barrier, with many chunks blocks over
-//                        experts take the prefix over chunks and a grid barrier); every block takes the
+//                        (unless the caller wrote the tokens there), validate ids, store ids / weights and
+//                        the expert masks of each chunk of 64 tokens (a bit per token) into each peer's
+//                        region, then the grid's last block adds 1 to the peers' dispatch_arrived[rank]
+//                        words
+//   rocep_dispatch_recv  receiving half: wait for every source; rank the rows per local expert from the
+//                        senders' masks (small receives in every block on its own; with many chunks blocks
+//                        over experts take the prefix over chunks and a grid barrier); every block takes the
 //                        padded prefix over experts (row_offsets); blocks over (source, token), the rows of
 //                        a batch of their items looked up at once, read each token from its source's region
 //                        and copy it into its rows (small receives: other ranks' tokens in halves, two
 //                        blocks each)
 //   rocep_dispatch       both halves in one kernel (the fused call)
 //   rocep_dispatch_recv_nvfp4_tiles, rocep_dispatch_nvfp4_tiles
-//                        the same for nvfp4 receives ranked by the grid (scales_laid_out_later): after a
-//                        grid barrier they lay out the scales of all rows in whole 512-byte tile runs
+//                        the same for nvfp4 receives too large to rank in each block (scales_laid_out_later):
+//                        after a grid barrier they lay out the scales of all rows in whole 512-byte tile runs
 #include "atomics.hpp"
 #include "bf16.hpp"
 #include "block_scan.hpp"
@@ -34,6 +34,10 @@ __device__ inline int32_t* region_ids(uint8_t* region, const Shape& shape, int s
 }
 __device__ inline float* region_weights(uint8_t* region, const Shape& shape, int source, int token) {
   return reinterpret_cast<float*>(region + DispatchRegion::weights_offset(shape, source, token));
+}
+__device__ inline unsigned long long* region_masks(uint8_t* region, const Shape& shape, int source,
+                                                   int chunk) {
+  return reinterpret_cast<unsigned long long*>(region + DispatchRegion::masks_offset(shape, source, chunk));
 }
 __device__ inline uint8_t* region_message(uint8_t* region, const Shape& shape, int token) {
   return region + DispatchRegion::message_offset(shape, token);
@@ -171,13 +175,20 @@ __device__ inline int32_t checked_id(const int32_t* given, int k, const Shape& s
   return id;
 }
 
-// Tokens one block takes per batch in send_tokens: a slot (token, k) per thread.
+// Tokens of one batch of send_tokens, a slot (token, k) per thread: a whole number of bytes of a chunk's
+// masks (8, 16, 32 or 64 tokens), the fewest that give every block at most one batch where top_k allows.
 __device__ inline int batch_tokens(const Shape& shape) {
-  return static_cast<int>(blockDim.x) / shape.top_k;
+  const int padded_tokens = chunks_per_source(shape) * kChunkTokens;
+  int tokens = 8;
+  while (tokens < kChunkTokens && 2 * tokens * shape.top_k <= static_cast<int>(blockDim.x) &&
+         padded_tokens > tokens * static_cast<int>(gridDim.x)) {
+    tokens *= 2;
+  }
+  return tokens;
 }
 
-// The calling thread's slot of the block's batch of tokens first_token + i * gridDim.x, i in [0, count):
-// token i = threadIdx.x / top_k, k = threadIdx.x % top_k; `active` false for threads past the batch.
+// The calling thread's slot of a batch of tokens first_token + i, i in [0, count): token i = threadIdx.x /
+// top_k, k = threadIdx.x % top_k; `active` false for threads past the batch.
 struct BatchSlot {
   bool active;
   int token;
@@ -186,13 +197,12 @@ struct BatchSlot {
   float weight;
 };
 
-// Loads the slot's id and weight: issued before the batch's tokens are staged, so that their latency
+// Loads the slot's id and weight: issued before the block's tokens are staged, so that their latency
 // overlaps the copies.
 __device__ inline BatchSlot load_batch_slot(const Shape& shape, const DispatchSendArgs& args, int first_token,
                                             int count) {
   const int i = static_cast<int>(threadIdx.x) / shape.top_k;
-  BatchSlot slot{i < count, first_token + i * static_cast<int>(gridDim.x),
-                 static_cast<int>(threadIdx.x) - i * shape.top_k, -1, 0.0f};
+  BatchSlot slot{i < count, first_token + i, static_cast<int>(threadIdx.x) - i * shape.top_k, -1, 0.0f};
   if (slot.active) {
     const std::size_t index = static_cast<std::size_t>(slot.token) * shape.top_k + slot.k;
     slot.id = args.topk_ids[index];
@@ -201,13 +211,37 @@ __device__ inline BatchSlot load_batch_slot(const Shape& shape, const DispatchSe
   return slot;
 }
 
+// Stores the low `tokens` bits of `bits` (8, 16, 32 or 64) at bit `first_bit` (a multiple of `tokens`) of
+// the 64-bit mask at `mask`, with one store of that width: batches of a chunk write their own bytes of it.
+__device__ inline void store_mask_bits(unsigned long long* mask, int first_bit, int tokens,
+                                       unsigned long long bits) {
+  uint8_t* bytes = reinterpret_cast<uint8_t*>(mask) + first_bit / 8;  // little-endian on both targets
+  switch (tokens) {
+    case 8:
+      *bytes = static_cast<uint8_t>(bits);
+      break;
+    case 16:
+      *reinterpret_cast<uint16_t*>(bytes) = static_cast<uint16_t>(bits);
+      break;
+    case 32:
+      *reinterpret_cast<uint32_t*>(bytes) = static_cast<uint32_t>(bits);
+      break;
+    default:
+      *mask = bits;
+  }
+}
+
 // With every thread's slot loaded: checks the batch's ids (an invalid one is reported and not dispatched),
 // stores ids and weights into every peer's region (-1 for an expert the peer does not own, so receivers
-// read every source densely) and this rank's sent_ids, and each token's destination ranks (a bit per rank
-// that owns one of its experts) into sent_masks. All slots at once: the 4096-token send on H200 spent
-// 27 us on the ids alone when a block checked one token after another.
-__device__ void send_batch_ids(const GroupView& group, int first_token, int count, const BatchSlot& slot,
-                               int32_t* given, unsigned long long* destinations) {
+// read every source densely) and this rank's sent_ids, each token's destination ranks (a bit per rank that
+// owns one of its experts) into sent_masks, and the batch's bits of every peer's expert masks
+// (DispatchRegion: `tokens` bits of the chunk's mask per local expert, zero past the count), so that
+// receivers rank their rows without reading the ids. All slots at once: the 4096-token send on H200 spent 27
+// us on the ids alone when a block checked one token after another. `scratch`: shared, kBlockRankingMasks
+// words.
+__device__ void send_batch_ids(const GroupView& group, int first_token, int tokens, int count,
+                               const BatchSlot& slot, int32_t* given, unsigned long long* destinations,
+                               unsigned long long* scratch) {
   const Shape& shape = group.shape;
   const int thread = threadIdx.x;
   if (slot.active) {
@@ -217,9 +251,10 @@ __device__ void send_batch_ids(const GroupView& group, int first_token, int coun
     destinations[thread] = 0;
   }
   __syncthreads();
+  int32_t id = -1;
   if (slot.active) {
     StatusCode code = StatusCode::kOk;
-    const int32_t id = checked_id(given + (thread - slot.k), slot.k, shape, &code);
+    id = checked_id(given + (thread - slot.k), slot.k, shape, &code);
     if (code != StatusCode::kOk) {
       report_failure(group.status, code, Operation::kDispatchSend, -1, slot.token, slot.k, slot.id);
     }
@@ -236,7 +271,30 @@ __device__ void send_batch_ids(const GroupView& group, int first_token, int coun
   }
   __syncthreads();
   if (thread < count) {
-    group.sent_masks[first_token + thread * static_cast<int>(gridDim.x)] = destinations[thread];
+    group.sent_masks[first_token + thread] = destinations[thread];
+  }
+  // The mask bits of as many peers at a time as `scratch` holds (all of them for up to 1024 experts).
+  static_assert(kMaxLocalExperts <= kBlockRankingMasks);
+  const int round_peers = kBlockRankingMasks / shape.local_experts;
+  const int chunk = first_token / kChunkTokens;
+  for (int first_peer = 0; first_peer < shape.world; first_peer += round_peers) {
+    const int first_expert = first_peer * shape.local_experts;
+    const int words = min(round_peers, shape.world - first_peer) * shape.local_experts;
+    for (int word = thread; word < words; word += blockDim.x) {
+      scratch[word] = 0;
+    }
+    __syncthreads();
+    if (id >= first_expert && id < first_expert + words) {
+      atomic_set_bit(&scratch[id - first_expert], thread / shape.top_k);
+    }
+    __syncthreads();
+    for (int word = thread; word < words; word += blockDim.x) {
+      const int peer = first_peer + word / shape.local_experts;
+      store_mask_bits(region_masks(group.peer_dispatch_regions[peer], shape, shape.rank, chunk) +
+                          (word - (peer - first_peer) * shape.local_experts),
+                      first_token % kChunkTokens, tokens, scratch[word]);
+    }
+    __syncthreads();  // the scratch is cleared for the next peers
   }
 }
 
@@ -257,14 +315,16 @@ __device__ void stage_token(const GroupView& group, const DispatchSendArgs& args
               quantize, shape, global_scale, head);
 }
 
-// Blocks over this rank's tokens in batches: each token staged once into this rank's own region (unless
-// the caller wrote them there), whether or not any rank wants it, then the batch's ids (send_batch_ids).
-// Block 0 first tells every peer the token count, and the grid's last block then signals the peers'
-// dispatch_arrived[rank] words.
-__device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args) {
+// Blocks over batches of this rank's tokens (batch_tokens, up to the last chunk's end): each batch's ids
+// (send_batch_ids); and blocks over this rank's tokens, each staged once into this rank's own region (unless
+// the caller wrote them there), whether or not any rank wants it, while a block's first batch of ids is
+// loaded. Block 0 first tells every peer the token count, and the grid's last block then signals the peers'
+// dispatch_arrived[rank] words. `scratch`: shared, kBlockRankingMasks words.
+__device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args,
+                            unsigned long long* scratch) {
   const Shape& shape = group.shape;
   __shared__ int32_t given[kBlockThreads];
-  __shared__ unsigned long long destinations[kBlockThreads];
+  __shared__ unsigned long long destinations[kChunkTokens];
   const int num_tokens = tokens_to_send(shape, args);
   if (blockIdx.x == 0 && threadIdx.x == 0 && num_tokens != requested_tokens(args)) {
     report_failure(group.status, StatusCode::kTokenCountOutOfRange, Operation::kDispatchSend, -1, -1, -1,
@@ -277,138 +337,67 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
     }
   }
   const int stride = static_cast<int>(gridDim.x);
-  for (int first = blockIdx.x; first < num_tokens; first += batch_tokens(shape) * stride) {
-    const int count = min(batch_tokens(shape), (num_tokens - first + stride - 1) / stride);
-    const BatchSlot slot = load_batch_slot(shape, args, first, count);
-    for (int i = 0; i < count && !args.tokens_in_place; ++i) {
-      stage_token(group, args, first + i * stride);
+  const int tokens = batch_tokens(shape);
+  int staged = args.tokens_in_place ? num_tokens : static_cast<int>(blockIdx.x);  // next token to stage
+  for (int first = static_cast<int>(blockIdx.x) * tokens;; first += stride * tokens) {
+    const bool batch = first < chunks_per_source(shape) * kChunkTokens;
+    const int count = max(0, min(tokens, num_tokens - first));
+    const BatchSlot slot = load_batch_slot(shape, args, first, batch ? count : 0);
+    for (; staged < num_tokens; staged += stride) {
+      stage_token(group, args, staged);
     }
-    send_batch_ids(group, first, count, slot, given, destinations);
-    __syncthreads();  // the shared arrays are rewritten for the next batch
+    if (!batch) {
+      break;
+    }
+    send_batch_ids(group, first, tokens, count, slot, given, destinations, scratch);
   }
   signal_grid_done(&group.state->dispatch_blocks_sent, group.peer_signals, shape.world, shape.rank,
                    &Signals::dispatch_arrived);
 }
 
-// The most chunks for which blocks add up the counts of earlier chunks where they need them instead of
+// The most chunks for which blocks add up the rows of earlier chunks where they need them instead of
 // prefix_chunk_rows: that pass and its grid barrier cost ~2.5 us of a 128-token receive on H200.
 inline constexpr int kChunksSummedInPlace = 16;
 
 // The rows of one receive as a block sees them: offsets[e] is the first row of local expert e (padded,
-// every block, shared memory, kMaxLocalExperts + 1 entries); `masks` ([chunk][local_experts], shared) holds
-// the block's own ranking when ranked_in_block, else null: the ranks are then in chunk_rows / token_rows.
+// every block, shared memory, kMaxLocalExperts + 1 entries); masks[chunk][e] (the chunks of all sources in
+// order, chunk s * chunks_per_source + c for chunk c of source s) has bit t % kChunkTokens set when token t
+// of the chunk names local expert e, so a token's place among the chunk's rows of that expert is the
+// popcount of the mask below it: the senders' masks in this rank's region, or for ranked_in_block
+// receives the block's copy of them in shared memory.
 struct RowLayout {
   uint32_t* offsets;
-  unsigned long long* masks;
+  const unsigned long long* masks;
 };
 
-// The shared memory behind a RowLayout, declared by each receiving kernel.
+// The shared memory behind a RowLayout, declared by each receiving kernel; `masks` also serves the send of
+// the fused kernels as scratch.
 struct RowLayoutMemory {
   uint32_t offsets[kMaxLocalExperts + 1];
   unsigned long long masks[kBlockRankingMasks];
 };
 
-__device__ inline RowLayout row_layout(RowLayoutMemory* memory, const Shape& shape) {
-  return RowLayout{memory->offsets, ranked_in_block(shape) ? memory->masks : nullptr};
-}
-
-// Every block, for ranked_in_block receives: bit (t % kChunkTokens) of masks[chunk][e] is set when token t
-// of the chunk names local expert e. A thread per received (source, token) loads its ids (kIdsInFlight at
-// a time) and the source's token count together; tokens past that count hold stale ids and are skipped.
-__device__ void rank_rows_in_block(const GroupView& group, unsigned long long* masks) {
-  const Shape& shape = group.shape;
-  constexpr int kIdsInFlight = 8;
-  for (int i = threadIdx.x; i < dispatch_chunks(shape) * shape.local_experts; i += blockDim.x) {
-    masks[i] = 0;
-  }
-  __syncthreads();
-  const int first_expert = shape.rank * shape.local_experts;
-  for (int pair = threadIdx.x; pair < shape.world * shape.max_tokens; pair += blockDim.x) {
-    const int source = pair / shape.max_tokens;
-    const int token = pair - source * shape.max_tokens;
-    const int32_t* ids = region_ids(group.dispatch_region, shape, source, token);
-    unsigned long long* chunk_masks =
-        masks + (source * chunks_per_source(shape) + token / kChunkTokens) * shape.local_experts;
-    const int bit = token % kChunkTokens;
-    for (int first = 0; first < shape.top_k; first += kIdsInFlight) {
-      int32_t batch[kIdsInFlight];
-#pragma unroll
-      for (int i = 0; i < kIdsInFlight; ++i) {
-        batch[i] = first + i < shape.top_k ? ids[first + i] : -1;
-      }
-      if (token < group.signals->tokens_from[source]) {
-#pragma unroll
-        for (int i = 0; i < kIdsInFlight; ++i) {
-          if (batch[i] >= 0) {
-            atomic_set_bit(&chunk_masks[batch[i] - first_expert], bit);
-          }
-        }
-      }
-    }
-  }
-  __syncthreads();
-}
-
-// Blocks over chunks of kChunkTokens tokens of one source: for each local expert a bit mask of the chunk's
-// tokens that name it (shared memory), so a token's place among the chunk's rows of that expert is the
-// popcount of the mask below it (into token_rows) and the chunk's row count of each expert is the mask's
-// popcount (into chunk_rows). One pass over the ids, no scan: ranking by blocks over experts, each
-// scanning every token, took ~45 us of a 4096-token receive on H200.
-__device__ void rank_chunk_rows(const GroupView& group) {
-  const Shape& shape = group.shape;
-  __shared__ unsigned long long masks[kMaxLocalExperts];
-  const int source_chunks = chunks_per_source(shape);
-  const int first_expert = shape.rank * shape.local_experts;
-  for (int chunk = blockIdx.x; chunk < dispatch_chunks(shape); chunk += gridDim.x) {
-    const int source = chunk / source_chunks;
-    const int first_token = (chunk % source_chunks) * kChunkTokens;
-    const int tokens = min(group.signals->tokens_from[source] - first_token, kChunkTokens);
-    for (int expert = threadIdx.x; expert < shape.local_experts; expert += blockDim.x) {
-      masks[expert] = 0;
-    }
-    __syncthreads();
-    const int slots = max(tokens, 0) * shape.top_k;
-    for (int slot = threadIdx.x; slot < slots; slot += blockDim.x) {
-      const int32_t id = region_ids(group.dispatch_region, shape, source,
-                                    first_token + slot / shape.top_k)[slot % shape.top_k];
-      if (id >= 0) {
-        atomic_set_bit(&masks[id - first_expert], slot / shape.top_k);
-      }
-    }
-    __syncthreads();
-    for (int slot = threadIdx.x; slot < slots; slot += blockDim.x) {
-      const int token = slot / shape.top_k;
-      const int k = slot % shape.top_k;
-      const int32_t id = region_ids(group.dispatch_region, shape, source, first_token + token)[k];
-      if (id >= 0) {
-        group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + first_token + token) *
-                             shape.top_k +
-                         k] = __popcll(masks[id - first_expert] & ((1ull << token) - 1));
-      }
-    }
-    for (int expert = threadIdx.x; expert < shape.local_experts; expert += blockDim.x) {
-      group.chunk_rows[static_cast<std::size_t>(chunk) * shape.local_experts + expert] =
-          static_cast<uint32_t>(__popcll(masks[expert]));
-    }
-    __syncthreads();  // the masks are cleared for the next chunk
-  }
+__device__ inline RowLayout row_layout(RowLayoutMemory* memory, const GroupView& group) {
+  return RowLayout{memory->offsets, ranked_in_block(group.shape)
+                                        ? memory->masks
+                                        : region_masks(group.dispatch_region, group.shape, 0, 0)};
 }
 
 // Blocks over local experts: chunk_rows becomes, per expert, the rows of all earlier chunks (in (source,
-// token) order); expert_rows gets each expert's total.
-__device__ void prefix_chunk_rows(const GroupView& group) {
+// token) order), counted from the senders' masks; expert_rows gets each expert's total.
+__device__ void prefix_chunk_rows(const GroupView& group, const RowLayout& layout) {
   const Shape& shape = group.shape;
   const int chunks = dispatch_chunks(shape);
   for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
     uint32_t rows = 0;
     for (int first = 0; first < chunks; first += kScanBlockThreads) {
       const int chunk = first + threadIdx.x;
-      uint32_t* entry = group.chunk_rows + static_cast<std::size_t>(chunk) * shape.local_experts + expert;
-      const uint32_t count = chunk < chunks ? *entry : 0u;
+      const std::size_t entry = static_cast<std::size_t>(chunk) * shape.local_experts + expert;
+      const auto count = chunk < chunks ? static_cast<uint32_t>(__popcll(layout.masks[entry])) : 0u;
       uint32_t block_rows = 0;
       const uint32_t before = block_exclusive_scan(count, &block_rows);
       if (chunk < chunks) {
-        *entry = rows + before;
+        group.chunk_rows[entry] = rows + before;
       }
       rows += block_rows;
     }
@@ -421,22 +410,15 @@ __device__ void prefix_chunk_rows(const GroupView& group) {
 // Rows of local expert `expert` in the chunks before `chunk` (in all chunks for chunk = dispatch_chunks).
 __device__ inline uint32_t rows_before_chunk(const GroupView& group, const RowLayout& layout, int chunk,
                                              int expert) {
-  if (layout.masks != nullptr) {
-    uint32_t rows = 0;
-    for (int earlier = 0; earlier < chunk; ++earlier) {
-      rows += __popcll(layout.masks[earlier * group.shape.local_experts + expert]);
-    }
-    return rows;
-  }
   const int chunks = dispatch_chunks(group.shape);
-  if (chunks > kChunksSummedInPlace) {
+  if (!ranked_in_block(group.shape) && chunks > kChunksSummedInPlace) {
     return chunk < chunks
                ? group.chunk_rows[static_cast<std::size_t>(chunk) * group.shape.local_experts + expert]
                : group.expert_rows[expert];
   }
   uint32_t rows = 0;
   for (int earlier = 0; earlier < chunk; ++earlier) {
-    rows += group.chunk_rows[earlier * group.shape.local_experts + expert];
+    rows += __popcll(layout.masks[earlier * group.shape.local_experts + expert]);
   }
   return rows;
 }
@@ -479,22 +461,20 @@ __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvAr
   __syncthreads();
 }
 
-// Once every source's ids are here: ranks every received (source, token, k) and leaves each expert's first
-// row in layout.offsets, every block. False if a grid barrier gave up.
-__device__ bool lay_out_rows(const GroupView& group, const DispatchRecvArgs& args, const RowLayout& layout) {
+// Once every source's ids are here: leaves each expert's first row in layout.offsets, every block, from the
+// senders' masks (a ranked_in_block receive first copies them into the block's shared memory; one with many
+// chunks takes their prefix in a pass and a grid barrier). False if the grid barrier gave up.
+__device__ bool lay_out_rows(const GroupView& group, const DispatchRecvArgs& args, RowLayoutMemory* memory,
+                             const RowLayout& layout) {
   const Shape& shape = group.shape;
-  if (layout.masks != nullptr) {
-    rank_rows_in_block(group, layout.masks);
-    compute_row_offsets(group, args, layout);
-    return true;
-  }
-  rank_chunk_rows(group);
-  if (!grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
-                    Operation::kDispatchRecv)) {
-    return false;
-  }
-  if (dispatch_chunks(shape) > kChunksSummedInPlace) {
-    prefix_chunk_rows(group);
+  if (ranked_in_block(shape)) {
+    const unsigned long long* masks = region_masks(group.dispatch_region, shape, 0, 0);
+    for (int i = threadIdx.x; i < dispatch_chunks(shape) * shape.local_experts; i += blockDim.x) {
+      memory->masks[i] = masks[i];
+    }
+    __syncthreads();
+  } else if (dispatch_chunks(shape) > kChunksSummedInPlace) {
+    prefix_chunk_rows(group, layout);
     if (!grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
                       Operation::kDispatchRecv)) {
       return false;
@@ -512,18 +492,16 @@ __device__ inline void count_dispatch(const GroupView& group, uint64_t sequence)
   }
 }
 
-// Row of slot k of `token` from `source` (id: the slot's expert id as the region holds it, >= 0).
+// Row of a slot of `token` from `source` (id: the slot's expert id as the region holds it, >= 0).
 __device__ inline int32_t row_of(const GroupView& group, const RowLayout& layout, int source, int token,
-                                 int k, int32_t id) {
+                                 int32_t id) {
   const Shape& shape = group.shape;
   const int expert = id - shape.rank * shape.local_experts;
   const int chunk = source * chunks_per_source(shape) + token / kChunkTokens;
   const uint32_t earlier_chunks = rows_before_chunk(group, layout, chunk, expert);
   const int32_t in_chunk =
-      layout.masks != nullptr
-          ? __popcll(layout.masks[chunk * shape.local_experts + expert] &
-                     ((1ull << (token % kChunkTokens)) - 1))
-          : group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k + k];
+      __popcll(layout.masks[static_cast<std::size_t>(chunk) * shape.local_experts + expert] &
+               ((1ull << (token % kChunkTokens)) - 1));
   return static_cast<int32_t>(layout.offsets[expert] + earlier_chunks) + in_chunk;
 }
 
@@ -597,7 +575,7 @@ __device__ int32_t batch_slot_row(const GroupView& group, const RowLayout& layou
     return kNoSlot;
   }
   const int32_t id = region_ids(group.dispatch_region, shape, it.source, it.token)[k];
-  return id >= 0 ? row_of(group, layout, it.source, it.token, k, id) : -1;
+  return id >= 0 ? row_of(group, layout, it.source, it.token, id) : -1;
 }
 
 // The metadata of this thread's slot of `batch` (row: its batch_slot_row), once per token (by the item of
@@ -864,15 +842,16 @@ __device__ void lay_out_scales(const GroupView& group, const DispatchRecvArgs& a
 
 template <bool kScalesLater>
 __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
-                               const RowLayout& layout) {
+                               RowLayoutMemory* memory) {
   const Shape& shape = group.shape;
+  const RowLayout layout = row_layout(memory, group);
   __shared__ uint32_t scale_words[kMaxScaleWords];
   if (!block_wait_for_peers(group.signals->dispatch_arrived, sequence, shape.world, group.timeout_ticks,
                             group.status, Operation::kDispatchRecv)) {
     return;
   }
   count_dispatch(group, sequence);
-  if (!lay_out_rows(group, args, layout)) {
+  if (!lay_out_rows(group, args, memory, layout)) {
     return;
   }
   expand_tokens(group, args, layout, kScalesLater, scale_words);
@@ -887,8 +866,7 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
 template <bool kScalesLater>
 __device__ void receive_kernel(const GroupView& group, const DispatchRecvArgs& args) {
   __shared__ RowLayoutMemory memory;
-  receive_tokens<kScalesLater>(group, args, group.block_calls[blockIdx.x].dispatches + 1,
-                               row_layout(&memory, group.shape));
+  receive_tokens<kScalesLater>(group, args, group.block_calls[blockIdx.x].dispatches + 1, &memory);
 }
 
 template <bool kScalesLater>
@@ -896,16 +874,17 @@ __device__ void dispatch_kernel(const GroupView& group, const DispatchSendArgs& 
                                 const DispatchRecvArgs& recv_args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
   __shared__ RowLayoutMemory memory;
-  const RowLayout layout = row_layout(&memory, group.shape);
-  send_tokens(group, send_args);
-  receive_tokens<kScalesLater>(group, recv_args, sequence, layout);
+  send_tokens(group, send_args, memory.masks);
+  __syncthreads();  // the send's scratch is the receive's masks
+  receive_tokens<kScalesLater>(group, recv_args, sequence, &memory);
 }
 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_dispatch_send(GroupView group, DispatchSendArgs args) {
-  send_tokens(group, args);
+  __shared__ unsigned long long scratch[kBlockRankingMasks];
+  send_tokens(group, args, scratch);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)

@@ -15,29 +15,22 @@ inline constexpr int kMaxTopK = 32;
 inline constexpr int kBlockThreads = 256;
 inline constexpr int kMaxLocalExperts =
     1024;  // the receiver keeps one row offset and one token mask per local expert in shared memory
-// Tokens of one source that the receiver ranks together: one bit each in a 64-bit mask per local expert.
-inline constexpr int kChunkTokens = 64;
-
-// Chunks of kChunkTokens that one source's tokens take at most.
-ROCEP_HOST_DEVICE inline int chunks_per_source(const Shape& shape) {
-  return (shape.max_tokens + kChunkTokens - 1) / kChunkTokens;
-}
-
 // Chunks of all sources.
 ROCEP_HOST_DEVICE inline int dispatch_chunks(const Shape& shape) {
   return shape.world * chunks_per_source(shape);
 }
 
-// A receive whose chunk masks (one 64-bit word per chunk and local expert) fit in kBlockRankingMasks is
-// ranked by every block on its own in shared memory: no global counts and no grid barrier, which took
-// ~5 us of a 128-token receive on H200 (ranking 2.4 us, barrier and row offsets 2.7 us).
+// A receive whose chunk masks (DispatchRegion: one 64-bit word per chunk and local expert) fit in
+// kBlockRankingMasks is ranked by every block on its own, from a copy of the masks in its shared memory: no
+// global counts and no grid barrier, which took ~5 us of a 128-token receive on H200 (ranking 2.4 us,
+// barrier and row offsets 2.7 us).
 inline constexpr int kBlockRankingMasks = 1024;  // 8 KB
 
 ROCEP_HOST_DEVICE inline bool ranked_in_block(const Shape& shape) {
   return dispatch_chunks(shape) * shape.local_experts <= kBlockRankingMasks;
 }
 
-// An nvfp4 receive ranked by the grid (a grid barrier is paid already) keeps each token's scales in
+// An nvfp4 receive too large to be ranked in each block keeps each token's scales in
 // ReceivedScales and lays out every row's scales in whole 512-byte tile runs after the expansion: each row
 // storing its 4-byte groups into their tiles, 512 bytes apart, took 37 us of the nvfp4 receive of 4096
 // tokens (EP2, H200). fp8 block-128's transposed scales would allow the same, but it lost 9 us at EP4.
@@ -59,8 +52,8 @@ struct GroupView {
   Status* status;
   int32_t* token_rows;    // [world][T][top_k]: row of each received (source, token, k), -1 if none
   uint32_t* expert_rows;  // [local_experts]: rows each local expert received in the last dispatch
-  // [world * ceil(T / kChunkTokens)][local_experts]: rows of each chunk of a source's tokens per expert,
-  // then the rows of the chunks before it
+  // [world * ceil(T / kChunkTokens)][local_experts]: rows of each expert in the chunks of tokens before
+  // each chunk (in (source, token) order), for receives whose prefix over chunks is taken in a pass
   uint32_t* chunk_rows;
   int32_t* sent_ids;         // [T][top_k]: the validated ids of this rank's last dispatch (-1 = none)
   uint64_t* sent_masks;      // [T]: destination ranks of each token of this rank's last dispatch

@@ -59,9 +59,20 @@ struct Shape {
   Fp8 fp8_encoding;  // resolved (never auto)
 };
 
+// Tokens of one source that are ranked together: one bit each in a 64-bit mask per local expert.
+inline constexpr int kChunkTokens = 64;
+
+// Chunks of kChunkTokens that one source's tokens take at most.
+ROCEP_HOST_DEVICE inline int chunks_per_source(const Shape& shape) {
+  return (shape.max_tokens + kChunkTokens - 1) / kChunkTokens;
+}
+
 // One rank's dispatch region: what every source rank s stores there for its token t.
 //   ids     [world][T][top_k] int32: expert ids that concern this rank, -1 elsewhere
 //   weights [world][T][top_k] float32
+//   masks   [world][chunks_per_source][local_experts] uint64: bit t % kChunkTokens of masks[s][t /
+//           kChunkTokens][e] is set when token t of s names this rank's local expert e (zero for tokens
+//           past s's count): the receiver ranks its rows from them without reading the ids
 //   message [T][message_bytes]: this rank's own tokens, staged there by its send (the payload, then the
 //           scales row-major), or written there by the caller (bf16, EpGroup::dispatch_input_buffer); the
 //           receivers read them from there (pull).
@@ -75,9 +86,14 @@ struct DispatchRegion {
     return ids_offset(shape, shape.world, 0) +
            (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k * sizeof(float);
   }
+  ROCEP_HOST_DEVICE static std::size_t masks_offset(const Shape& shape, int source, int chunk) {
+    return (2 * ids_offset(shape, shape.world, 0) + 7) / 8 * 8 +
+           (static_cast<std::size_t>(source) * chunks_per_source(shape) + chunk) * shape.local_experts *
+               sizeof(uint64_t);
+  }
   // 16-byte aligned: messages are read and written in 16-byte vectors.
   ROCEP_HOST_DEVICE static std::size_t message_offset(const Shape& shape, int token) {
-    return (2 * ids_offset(shape, shape.world, 0) + 15) / 16 * 16 +
+    return (masks_offset(shape, shape.world, 0) + 15) / 16 * 16 +
            static_cast<std::size_t>(token) * shape.message_bytes;
   }
   ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) {
