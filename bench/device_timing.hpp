@@ -2,10 +2,10 @@
 // the HBM copy peak of the device.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <vector>
 
+#include "bench/statistics.hpp"
 #include "hip/platform.hpp"
 #include "host/device_memory.hpp"
 #include "host/gpu_check.hpp"
@@ -15,11 +15,6 @@ namespace rocep::bench {
 // Untimed calls before each timing, for at least this long: the first calls after the host's reference
 // check (or an upload) find the GPU at idle clocks, and a few of them left runs 10% apart.
 inline constexpr double kWarmUpSeconds = 0.05;
-
-inline double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
 
 // Median seconds of `call` over `iterations` calls queued back to back on `stream`, an event between
 // consecutive calls, after kWarmUpSeconds of untimed ones.

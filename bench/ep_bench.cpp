@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/flags.hpp"
+#include "bench/statistics.hpp"
 #include "hip/bf16.hpp"
 #include "host/bootstrap.hpp"
 #include "rocep/rocep.hpp"
@@ -41,6 +43,10 @@
 
 namespace {
 
+using rocep::bench::flag_value;
+using rocep::bench::median;
+using rocep::bench::parse_positive;
+
 struct BenchOptions {
   std::vector<int> tokens{128, 1024};
   std::vector<rocep::TokenFormat> formats{rocep::TokenFormat::kBf16};
@@ -56,26 +62,15 @@ struct BenchOptions {
 
 // Removes --name=value from argv (so Google Benchmark does not see it) and returns the value.
 bool take_flag(int& argc, char** argv, const char* name, std::string& value) {
-  const std::string prefix = std::string("--") + name + "=";
   for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) {
-      value = argv[i] + prefix.size();
+    if (const char* text = flag_value(argv[i], name)) {
+      value = text;
       std::copy(argv + i + 1, argv + argc, argv + i);
       --argc;
       return true;
     }
   }
   return false;
-}
-
-int parse_positive(const std::string& text, const char* name) {
-  char* end = nullptr;
-  const long value = std::strtol(text.c_str(), &end, 10);
-  if (*end != '\0' || value < 1 || value > (1L << 30)) {
-    throw rocep::ConfigError(std::string("--") + name + "=" + text +
-                             " is invalid: expected a positive integer");
-  }
-  return static_cast<int>(value);
 }
 
 rocep::TokenFormat parse_format(const std::string& text) {
@@ -183,11 +178,6 @@ double reduce_over_ranks(double value, MPI_Op operation) {
 
 double max_over_ranks(double value) {
   return reduce_over_ranks(value, MPI_MAX);
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0.0 : values[values.size() / 2];
 }
 
 // A case runs a sequence of calls repeatedly and times each call on its own: kFused runs dispatch then

@@ -14,8 +14,8 @@
 // warm-up), bytes read + written, and the fraction of the HBM copy peak measured in the same run.
 //
 //   rocep_memory_bench [--tokens=4096] [--hidden=7168] [--top_k=8] [--world=2] [--iterations=30]
+#include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -108,13 +108,12 @@ Options parse_options(int argc, char** argv) {
   constexpr long kMaxValue = 1L << 20;
   Options options;
   for (int i = 1; i < argc; ++i) {
-    const Options before = options;
-    options.tokens = parse_flag(argv[i], "tokens", options.tokens, kMaxValue);
-    options.hidden = parse_flag(argv[i], "hidden", options.hidden, kMaxValue);
-    options.top_k = parse_flag(argv[i], "top_k", options.top_k, kMaxValue);
-    options.world = parse_flag(argv[i], "world", options.world, kMaxValue);
-    options.iterations = parse_flag(argv[i], "iterations", options.iterations, kMaxValue);
-    if (std::memcmp(&before, &options, sizeof options) == 0) {
+    const char* argument = argv[i];
+    if (!parse_flag(argument, "tokens", &options.tokens, kMaxValue) &&
+        !parse_flag(argument, "hidden", &options.hidden, kMaxValue) &&
+        !parse_flag(argument, "top_k", &options.top_k, kMaxValue) &&
+        !parse_flag(argument, "world", &options.world, kMaxValue) &&
+        !parse_flag(argument, "iterations", &options.iterations, kMaxValue)) {
       throw rocep::ConfigError(std::string("unknown argument ") + argv[i] +
                                " (flags: --tokens, --hidden, --top_k, --world, --iterations)");
     }

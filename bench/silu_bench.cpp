@@ -10,7 +10,6 @@
 // against the 85% target.
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <string>
 #include <tuple>
@@ -51,12 +50,10 @@ struct Options {
 Options parse_options(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
-    const Options before = options;
-    options.rows = parse_flag(argv[i], "rows", options.rows);
-    options.n = parse_flag(argv[i], "n", options.n);
-    options.iterations = parse_flag(argv[i], "iterations", options.iterations);
-    options.check_rows = parse_flag(argv[i], "check_rows", options.check_rows);
-    if (std::memcmp(&before, &options, sizeof options) == 0) {
+    const char* argument = argv[i];
+    if (!parse_flag(argument, "rows", &options.rows) && !parse_flag(argument, "n", &options.n) &&
+        !parse_flag(argument, "iterations", &options.iterations) &&
+        !parse_flag(argument, "check_rows", &options.check_rows)) {
       throw rocep::ConfigError(std::string("unknown argument ") + argv[i] +
                                " (flags: --rows, --n, --iterations, --check_rows)");
     }
