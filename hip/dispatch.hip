@@ -14,9 +14,11 @@
 //                        and copy it into its rows (small receives: other ranks' tokens in halves, two
 //                        blocks each)
 //   rocep_dispatch       both halves in one kernel (the fused call)
-//   rocep_dispatch_recv_nvfp4_tiles, rocep_dispatch_nvfp4_tiles
-//                        the same for nvfp4 receives too large to rank in each block (scales_laid_out_later):
-//                        after a grid barrier they lay out the scales of all rows in whole 512-byte tile runs
+//   rocep_dispatch_recv_scale_runs, rocep_dispatch_scale_runs
+//                        the same for receives that lay out their scales later (scales_laid_out_later:
+//                        nvfp4, and fp8 block-128 fanned out 4 rows or more per token, when too large to
+//                        rank in each block): after a grid barrier they lay out the scales of all rows in
+//                        whole 512-byte runs of 128 rows
 #include "atomics.hpp"
 #include "bf16.hpp"
 #include "block_scan.hpp"
@@ -767,7 +769,8 @@ __device__ inline Vector16 kept_scale_words(const uint32_t* kept, int first, int
 
 // After the expansion of a receive that scales_laid_out_later: every row's scales, from received_scales by
 // its src_info (zeros for padding rows), stored in whole 512-byte runs, a run being one 4-byte group of
-// 128 consecutive rows (an nvfp4 tile; the code follows ScaleGroups, so any layout of that kind works).
+// 128 consecutive rows (an nvfp4 tile, or 128 rows of one block of fp8's transposed scales; the code
+// follows ScaleGroups, so any layout of that kind works).
 // Blocks over (128 rows, a part of their groups; parts enough for every block): each thread looks up the
 // token of one row once, then per 8 groups (a 32-byte sector of the row) loads 4 of them, the next 8's
 // already in flight; the block regroups them in shared memory (`words`, kMaxScaleWords) and 32 threads
@@ -901,12 +904,12 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 // code as it was (as a run-time choice inside them, it cost the mxfp4 receive of 4096 tokens 4 us at EP2
 // and 7 us at EP4, H200).
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_dispatch_recv_nvfp4_tiles(GroupView group, DispatchRecvArgs args) {
+    rocep_dispatch_recv_scale_runs(GroupView group, DispatchRecvArgs args) {
   receive_kernel<true>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_dispatch_nvfp4_tiles(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
+    rocep_dispatch_scale_runs(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
   dispatch_kernel<true>(group, send_args, recv_args);
 }
 
@@ -916,8 +919,8 @@ hipError_t load_dispatch_kernels(int* resident_blocks) {
   return load_kernels(
       {reinterpret_cast<const void*>(&rocep_dispatch_send),
        reinterpret_cast<const void*>(&rocep_dispatch_recv), reinterpret_cast<const void*>(&rocep_dispatch),
-       reinterpret_cast<const void*>(&rocep_dispatch_recv_nvfp4_tiles),
-       reinterpret_cast<const void*>(&rocep_dispatch_nvfp4_tiles)},
+       reinterpret_cast<const void*>(&rocep_dispatch_recv_scale_runs),
+       reinterpret_cast<const void*>(&rocep_dispatch_scale_runs)},
       resident_blocks);
 }
 
@@ -929,7 +932,7 @@ void launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, 
 void launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, int blocks,
                           hipStream_t stream) {
   if (scales_laid_out_later(group.shape)) {
-    rocep_dispatch_recv_nvfp4_tiles<<<blocks, kBlockThreads, 0, stream>>>(group, args);
+    rocep_dispatch_recv_scale_runs<<<blocks, kBlockThreads, 0, stream>>>(group, args);
   } else {
     rocep_dispatch_recv<<<blocks, kBlockThreads, 0, stream>>>(group, args);
   }
@@ -938,7 +941,7 @@ void launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, 
 void launch_dispatch(const GroupView& group, const DispatchSendArgs& send_args,
                      const DispatchRecvArgs& recv_args, int blocks, hipStream_t stream) {
   if (scales_laid_out_later(group.shape)) {
-    rocep_dispatch_nvfp4_tiles<<<blocks, kBlockThreads, 0, stream>>>(group, send_args, recv_args);
+    rocep_dispatch_scale_runs<<<blocks, kBlockThreads, 0, stream>>>(group, send_args, recv_args);
   } else {
     rocep_dispatch<<<blocks, kBlockThreads, 0, stream>>>(group, send_args, recv_args);
   }
