@@ -123,6 +123,9 @@ BenchOptions parse_options(int& argc, char** argv) {
       options.input_buffer.push_back(item == "input_buffer");
     }
   }
+  if (options.tokens.empty() || options.formats.empty() || options.input_buffer.empty()) {
+    throw rocep::ConfigError("--tokens, --formats and --inputs each need at least one item");
+  }
   return options;
 }
 
