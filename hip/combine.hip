@@ -22,22 +22,31 @@ struct Lanes {
   float value[kLanes];
 };
 
+// A vector's eight bf16 as float32 and back: element 2i in the low half of 32-bit word i, 2i + 1 in its
+// high half (both targets are little-endian). Worked on the words' bits: read through a uint16_t pointer
+// into the vector, hipcc (clang 15) kept every staged vector in scratch memory and waited for each load
+// before issuing the next.
+__device__ inline void unpack_word(uint32_t word, float* pair) {
+  pair[0] = bits_float(word << 16);  // rocep::bf16_to_float of each half
+  pair[1] = bits_float(word & 0xffff0000u);
+}
+
 __device__ inline Lanes unpack(const Vector16& vector) {
-  const auto* halves = reinterpret_cast<const uint16_t*>(&vector);
   Lanes lanes;
-  for (int i = 0; i < kLanes; ++i) {
-    lanes.value[i] = rocep::bf16_to_float(halves[i]);
-  }
+  unpack_word(vector.x, lanes.value);
+  unpack_word(vector.y, lanes.value + 2);
+  unpack_word(vector.z, lanes.value + 4);
+  unpack_word(vector.w, lanes.value + 6);
   return lanes;
 }
 
+__device__ inline uint32_t pack_word(const float* pair) {
+  return rocep::float_to_bf16(pair[0]) | static_cast<uint32_t>(rocep::float_to_bf16(pair[1])) << 16;
+}
+
 __device__ inline Vector16 pack(const Lanes& lanes) {
-  Vector16 vector;
-  auto* halves = reinterpret_cast<uint16_t*>(&vector);
-  for (int i = 0; i < kLanes; ++i) {
-    halves[i] = rocep::float_to_bf16(lanes.value[i]);
-  }
-  return vector;
+  return Vector16{pack_word(lanes.value), pack_word(lanes.value + 2), pack_word(lanes.value + 4),
+                  pack_word(lanes.value + 6)};
 }
 
 // destination = bf16(sum_j weights[j] * rows[j]), accumulated in float32 by fused multiply-add in list
