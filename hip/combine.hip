@@ -98,7 +98,7 @@ __device__ void send_partials(const GroupView& group, const rocep::device::Combi
   // this rank's own), so taking one source after another left each link idle for part of the call
   // (258 -> 188 us for the 4096-token send on H200, EP2). With a grid that is a multiple of the world size
   // this keeps each block on one source; turning the sources from round to round, as the dispatch receive
-  // does (expansion_item), made this send 3-4 us slower there, so it is not done here.
+  // does (batch_slot_expansion_item), made this send 3-4 us slower there, so it is not done here.
   for (int index = blockIdx.x; index < total; index += gridDim.x) {
     const int source = index % shape.world;
     const int token = index / shape.world;

@@ -522,23 +522,28 @@ struct ExpansionBatch {
   int batch_items;
   int total;  // items of the receive
   bool halves;
-  bool sources_turn;     // see expansion_item
+  bool sources_turn;     // see batch_slot_expansion_item
   ExpansionItem* items;  // [batch_items], shared: filled by batch_slot_row for the items < total
 };
 
 // Items in one batch at most (with top_k 1, a thread per item would be kBlockThreads).
 inline constexpr int kMaxBatchItems = 64;
 
-// Item j of `batch`: (token, source), or for a small receive (`halves`) (token, this rank) and (token,
-// other rank, half). With the source item % world, a grid that is a multiple of the world size kept each
-// block on one source: at EP2 half the blocks only copied locally, the other half only read over the link.
+// The item of this thread's slot of `batch` (slot k = thread % top_k of the thread / top_k-th item).
+__device__ inline int batch_slot_item(const Shape& shape, const ExpansionBatch& batch) {
+  return batch.first_item + static_cast<int>(threadIdx.x) / shape.top_k * static_cast<int>(gridDim.x);
+}
+
+// That item as (token, source), or for a small receive (`halves`) (token, this rank) and (token, other
+// rank, half). With the source item % world, a grid that is a multiple of the world size kept each block
+// on one source: at EP2 half the blocks only copied locally, the other half only read over the link.
 // There (sources_turn) the sources of a token turn by one from each round of the block to the next, so that
 // every block takes each source in turn (the receive of 4096 tokens 1-4 us faster in every format at EP2,
 // H200).
-__device__ inline ExpansionItem expansion_item(const Shape& shape, const ExpansionBatch& batch, int j) {
-  const int item = batch.first_item + j * static_cast<int>(gridDim.x);
+__device__ inline ExpansionItem batch_slot_expansion_item(const Shape& shape, const ExpansionBatch& batch) {
+  const int item = batch_slot_item(shape, batch);
   if (!batch.halves) {
-    const int turn = batch.sources_turn ? batch.first_round + j : 0;
+    const int turn = batch.sources_turn ? batch.first_round + static_cast<int>(threadIdx.x) / shape.top_k : 0;
     return ExpansionItem{item / shape.world, (item + turn) % shape.world, 0};
   }
   const int items_per_token = 2 * shape.world - 1;
@@ -549,11 +554,6 @@ __device__ inline ExpansionItem expansion_item(const Shape& shape, const Expansi
   }
   const int other = (slot - 1) >> 1;  // two slots per other rank
   return ExpansionItem{token, other + (other >= shape.rank ? 1 : 0), 1 + ((slot - 1) & 1)};
-}
-
-// The item of this thread's slot of `batch` (slot k = thread % top_k of the thread / top_k-th item).
-__device__ inline int batch_slot_item(const Shape& shape, const ExpansionBatch& batch) {
-  return batch.first_item + static_cast<int>(threadIdx.x) / shape.top_k * static_cast<int>(gridDim.x);
 }
 
 // batch_rows entry of a slot that has no token (past the batch, the items or its source's count).
@@ -569,7 +569,7 @@ __device__ int32_t batch_slot_row(const GroupView& group, const RowLayout& layou
   if (static_cast<int>(threadIdx.x) >= batch.batch_items * shape.top_k || item >= batch.total) {
     return kNoSlot;
   }
-  const ExpansionItem it = expansion_item(shape, batch, static_cast<int>(threadIdx.x) / shape.top_k);
+  const ExpansionItem it = batch_slot_expansion_item(shape, batch);
   if (k == 0) {
     batch.items[threadIdx.x / shape.top_k] = it;
   }
@@ -591,7 +591,7 @@ __device__ void store_batch_slot(const GroupView& group, const DispatchRecvArgs&
   const int k = static_cast<int>(threadIdx.x) % shape.top_k;
   // Worked out again rather than read from batch.items: reading it took rocep_dispatch_recv from 80 to 100
   // registers on sm_90 (two resident blocks per multiprocessor instead of three).
-  const ExpansionItem it = expansion_item(shape, batch, static_cast<int>(threadIdx.x) / shape.top_k);
+  const ExpansionItem it = batch_slot_expansion_item(shape, batch);
   if (it.half == 2) {
     return;
   }
