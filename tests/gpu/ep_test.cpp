@@ -286,11 +286,12 @@ EpConfig make_config(int hidden, int top_k, int experts_per_rank, int max_tokens
 TEST_F(GpuEp, MatchesReferenceAcrossShapesAndRoutings) {
   const int world = world_size();
   // hidden {2048, 2880, 4096, 7168}, top_k {1, 4, 8}, experts {8, 64, 128, 256} (as far as the world size
-  // divides them). The combine sums rows with 1, 2 (2880, 4096) or 3.5 (7168) vectors per thread.
+  // divides them). The combine sums rows with 1, 2 (2880, 4096) or 3.5 (7168) vectors per thread; with 8
+  // blocks, short rows a batch of tokens at a time.
   const std::vector<EpConfig> configs = {
       make_config(7168, 8, 256 / world, 128),
       make_config(4096, 8, 128 / world, 96),
-      make_config(2880, 4, 128 / world, 80),
+      make_config(2880, 4, 128 / world, 80, 1, 8),
       make_config(2048, 8, 64 / world, 64),
       make_config(2048, 4, std::max(8 / world, 1), 32, 4),
       make_config(7168, 1, 64 / world, 48),
