@@ -110,6 +110,33 @@ __device__ inline void reduce_rows(Vector16* destination, const Vector16* const*
   }
 }
 
+// The most tokens any rank sent in the last dispatch (Signals::tokens_from), in every thread of the
+// calling block; call once per kernel, from every thread. The send's pairs go up to it: with fewer tokens
+// sent than allowed, the pairs that hold tokens are still spread over all blocks, and no block claims pairs
+// that hold none.
+__device__ inline int most_tokens_sent(const Signals* signals, int world) {
+  __shared__ int most;
+  if (threadIdx.x == 0) {
+    most = 0;
+  }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < world) {
+    atomicMax(&most, signals->tokens_from[threadIdx.x]);
+  }
+  __syncthreads();
+  return most;
+}
+
+// (source, token) pairs of `total` that each block of a combine send takes first, fixed by its index: about
+// three quarters of them over the blocks, at least one. The blocks then claim the rest one at a time
+// (LocalState::combine_claims), so that every block keeps working to the end: with every block's pairs
+// fixed, the send of 4096 tokens at hidden 7168 took 185.7-187.9 us at EP2 (H200), claiming the last
+// quarter 176.2-177.1 us. Short rows (send_partials_in_batches) keep their fixed pairs: claiming runs of
+// 4 pairs there made the send at hidden 2048 2 us slower and left hidden 4096 as it was.
+__device__ inline int first_share(int total) {
+  return max(1, 3 * total / (4 * static_cast<int>(gridDim.x)));
+}
+
 // A block per (source, token) at a time: long rows (hidden above 4096), whose loads keep the block busy.
 // send_partials_in_batches with a batch of one pair would do the same, but as one function for both the
 // fused kernel spilled registers on sm_90, and its fused combine at hidden 7168 took 20.0-21.0 us (128
@@ -117,7 +144,12 @@ __device__ inline void reduce_rows(Vector16* destination, const Vector16* const*
 __device__ void send_partials_by_token(const GroupView& group, const rocep::device::CombineArgs& args) {
   const Shape& shape = group.shape;
   const int vectors = shape.hidden / kLanes;
-  const int total = shape.world * shape.max_tokens;
+  // With no more pairs allowed than blocks, nothing is claimed: the pairs go up to max_tokens, without the
+  // count's loads and barriers (0.3-0.4 us of the 128-token send at EP2, H200).
+  const int allowed = shape.world * shape.max_tokens;
+  const int total = allowed <= static_cast<int>(gridDim.x)
+                        ? allowed
+                        : shape.world * most_tokens_sent(group.signals, shape.world);
   const bool weighted = args.row_weights != nullptr;
   __shared__ const Vector16* inputs[kMaxTopK];
   __shared__ float weights[kMaxTopK];
@@ -125,24 +157,37 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
   __shared__ int input_count;
   __shared__ int32_t slot_rows[kMaxTopK];
   __shared__ float slot_weights[kMaxTopK];
+  __shared__ int next_index;
   // Token by token, the sources interleaved: each source's partials cross a different link (or none, for
   // this rank's own), so taking one source after another left each link idle for part of the call
   // (258 -> 188 us for the 4096-token send on H200, EP2). With a grid that is a multiple of the world size
-  // this keeps each block on one source; turning the sources from round to round, as the dispatch receive
-  // does (batch_slot_expansion_item), made this send 3-4 us slower there, so it is not done here.
-  for (int index = blockIdx.x; index < total; index += gridDim.x) {
+  // this keeps each block on one source through its first share; turning the sources from round to round,
+  // as the dispatch receive does (batch_slot_expansion_item), made this send 3-4 us slower there, so it is
+  // not done here. The pairs past the first shares are claimed one at a time, each claim issued when the
+  // pair before it starts.
+  const int share = first_share(total);
+  const int shared_items = share * static_cast<int>(gridDim.x);
+  int index = static_cast<int>(blockIdx.x);
+  for (int round = 1; index < total; ++round) {
+    int next = total;
+    if (threadIdx.x == 0) {
+      if (round < share) {
+        next = static_cast<int>(blockIdx.x) + round * static_cast<int>(gridDim.x);
+      } else if (shared_items < total) {
+        next = shared_items + static_cast<int>(atomicAdd(&group.state->combine_claims, 1u));
+      }
+    }
     const int source = index % shape.world;
     const int token = index / shape.world;
-    if (token >= group.signals->tokens_from[source]) {
-      continue;
-    }
-    const int32_t* rows =
-        group.token_rows + (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k;
     auto* region = reinterpret_cast<uint16_t*>(group.peer_combine_regions[source]);
     // The token's rows on this rank in ascending k, with their weights (1 when unweighted): every slot is
     // loaded at once, then thread 0 compacts them from shared memory.
     if (static_cast<int>(threadIdx.x) < shape.top_k) {
-      const int32_t row = rows[threadIdx.x];
+      int32_t row = -1;
+      if (token < group.signals->tokens_from[source]) {
+        row = group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k +
+                               threadIdx.x];
+      }
       slot_rows[threadIdx.x] = row;
       slot_weights[threadIdx.x] = row >= 0 && weighted ? args.row_weights[row] : 1.0f;
     }
@@ -171,7 +216,11 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
         copy_bytes16(destinations[j], inputs[j], CombineRegion::row_bytes(shape), threadIdx.x, blockDim.x);
       }
     }
+    if (threadIdx.x == 0) {
+      next_index = next;
+    }
     __syncthreads();  // the shared lists are rewritten for the next token
+    index = next_index;
   }
 }
 
@@ -258,8 +307,8 @@ __device__ void send_partials(const GroupView& group, const rocep::device::Combi
   } else {
     send_partials_by_token(group, args);
   }
-  signal_grid_done(&group.state->combine_blocks_sent, group.peer_signals, shape.world, shape.rank,
-                   &Signals::combine_arrived);
+  signal_grid_done(&group.state->combine_blocks_sent, &group.state->combine_claims, group.peer_signals,
+                   shape.world, shape.rank, &Signals::combine_arrived);
 }
 
 // The combine receive's tokens per batch: short rows (hidden up to 4096) are summed a batch of tokens at a

@@ -353,7 +353,7 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
     }
     send_batch_ids(group, first, tokens, count, slot, given, destinations, scratch);
   }
-  signal_grid_done(&group.state->dispatch_blocks_sent, group.peer_signals, shape.world, shape.rank,
+  signal_grid_done(&group.state->dispatch_blocks_sent, nullptr, group.peer_signals, shape.world, shape.rank,
                    &Signals::dispatch_arrived);
 }
 

@@ -152,6 +152,9 @@ struct LocalState {
   int32_t sent_tokens;            // tokens of this rank's last dispatch_send
   uint32_t dispatch_blocks_sent;  // blocks of the running dispatch send that are done (then reset to 0)
   uint32_t combine_blocks_sent;   // the same for combine
+  // (source, token) pairs claimed so far by the blocks of a combine send past their first shares
+  // (first_share); set to 0 again by the send's last block.
+  uint32_t combine_claims;
 };
 
 // The receives one block of a group's grids has completed (device memory, one entry per block). Every

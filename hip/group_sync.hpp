@@ -46,12 +46,16 @@ __device__ inline bool arrives_last(uint32_t* count) {
 // issued. The blocks count in through *blocks_done (arrives_last); the grid's last block then, with one
 // system-scope fence for the whole grid, adds 1 to every peer's words[rank]. With a system fence and adds
 // in every block, signalling took 4.0 us of a 128-token dispatch send on H200 (EP2, 396 blocks); this way
-// 2.5 us.
-__device__ inline void signal_grid_done(uint32_t* blocks_done, Signals* const* peer_signals, int world,
-                                        int rank, ArrivalWords words) {
+// 2.5 us. The last block also sets *claims (unless null) to 0: no block of the grid claims work any more,
+// and the next grid to claim from it starts after this one.
+__device__ inline void signal_grid_done(uint32_t* blocks_done, uint32_t* claims, Signals* const* peer_signals,
+                                        int world, int rank, ArrivalWords words) {
   __syncthreads();  // the block's stores are ordered before thread 0's
   if (threadIdx.x != 0 || !arrives_last(blocks_done)) {
     return;
+  }
+  if (claims != nullptr) {
+    *claims = 0;
   }
   fence_acq_rel_system();  // every block's stores (acquired by the count) before the adds, for every peer
   for (int peer = 0; peer < world; ++peer) {
