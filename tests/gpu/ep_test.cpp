@@ -290,6 +290,9 @@ TEST_F(GpuEp, MatchesReferenceAcrossShapesAndRoutings) {
   // blocks, short rows a batch of tokens at a time.
   const std::vector<EpConfig> configs = {
       make_config(7168, 8, 256 / world, 128),
+      // 8 blocks: the combine send's blocks take 3/4 of the (source, token) pairs by their index and claim
+      // the rest.
+      make_config(7168, 8, 256 / world, 128, 1, 8),
       make_config(4096, 8, 128 / world, 96),
       make_config(2880, 4, 128 / world, 80, 1, 8),
       make_config(2048, 8, 64 / world, 64),
