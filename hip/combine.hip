@@ -130,8 +130,8 @@ __device__ inline int most_tokens_sent(const Signals* signals, int world) {
 // (source, token) pairs of `total` that each block of a combine send takes first, fixed by its index: about
 // three quarters of them over the blocks, at least one. The blocks then claim the rest one at a time
 // (LocalState::combine_claims), so that every block keeps working to the end: with every block's pairs
-// fixed, the send of 4096 tokens at hidden 7168 took 185.7-187.9 us at EP2 (H200), claiming the last
-// quarter 176.2-177.1 us (the fused call 225.6-226.3 us; with half of the pairs fixed 224.6-227.2, with
+// fixed, the send of 4096 tokens at hidden 7168 took 186.3-187.9 us at EP2 (H200), claiming the last
+// quarter 176.3-177.1 us (the fused call 225.6-226.3 us; with half of the pairs fixed 224.6-227.2, with
 // seven eighths 231.0-231.4). Short rows (send_partials_in_batches) keep their fixed pairs: claiming runs of
 // 4 pairs there made the send at hidden 2048 2 us slower and left hidden 4096 as it was.
 __device__ inline int first_share(int total) {
