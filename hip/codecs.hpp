@@ -105,22 +105,28 @@ ROCEP_HOST_DEVICE inline uint8_t encode_fp8(float value, Fp8 encoding) {
   return encoding == Fp8::kE4m3fnuz ? encode_e4m3fnuz(value) : encode_e4m3fn(value);
 }
 
-// e2m1 magnitude code (0..7) of a magnitude m >= 0, rounded to nearest even and saturated at 6, as the low
-// bits of the float32 returned (2^23 + code: its other mantissa bits are 0). e2m1's step is 0.5 below 2, 1
-// in [2, 4) and 2 from 4, so the code is rint(2m), rint(m) + 2 or rint(m / 2) + 4 there (rint: to the
-// nearest integer, ties to even; adding the even 2 or 4 keeps ties even), and the three lines meet at
-// m = 2 and m = 4 with the middle one least between: the code is the least of the three and 7. Each is
-// taken as 2^23 + k, where float32 steps are 1, by one fused multiply-add or add (one rounding), so the
-// code is three float mins of exact sums, no integer work: this gives the reference's boundary rule
+inline constexpr float kE2m1Integers = 0x1p23f;  // float32 steps are 1 in [2^23, 2^24)
+
+// e2m1 magnitude code (0..7) of a magnitude 0 <= m < 7, rounded to nearest even, as the low bits of the
+// float32 returned (2^23 + code: its other mantissa bits are 0). e2m1's step is 0.5 below 2, 1 in [2, 4)
+// and 2 from 4, so the code is rint(2m), rint(m) + 2 or rint(m / 2) + 4 there (rint: to the nearest
+// integer, ties to even; adding the even 2 or 4 keeps ties even), and the three lines meet at m = 2 and
+// m = 4 with the middle one least between: the code is the least of the three. Each is taken as 2^23 + k,
+// where float32 steps are 1, by one fused multiply-add or add (one rounding), so the code is two float
+// mins of exact sums, no integer work. Below 7 the third is at most 2^23 + 7, so no saturation is needed:
+// mxfp4's elements are at most 6 after their e8m0 scale (mx_scale_code).
+ROCEP_HOST_DEVICE inline float e2m1_magnitude_sum_below_7(float magnitude) {
+  const float half_steps = fused_multiply_add(magnitude, 2.0f, kE2m1Integers);
+  const float unit_steps = magnitude + (kE2m1Integers + 2.0f);
+  const float double_steps = fused_multiply_add(magnitude, 0.5f, kE2m1Integers + 4.0f);
+  return __builtin_fminf(__builtin_fminf(half_steps, unit_steps), double_steps);
+}
+
+// The same for any magnitude m >= 0, saturated at 6 (code 7): this gives the reference's boundary rule
 // (host/codecs.cpp) for every float32 but NaN (compared over all of them once; the codec tests keep every
 // bf16, random float32 and every boundary).
 ROCEP_HOST_DEVICE inline float e2m1_magnitude_sum(float magnitude) {
-  constexpr float kIntegers = 0x1p23f;  // float32 steps are 1 in [2^23, 2^24)
-  const float half_steps = fused_multiply_add(magnitude, 2.0f, kIntegers);
-  const float unit_steps = magnitude + (kIntegers + 2.0f);
-  const float double_steps = fused_multiply_add(magnitude, 0.5f, kIntegers + 4.0f);
-  return __builtin_fminf(__builtin_fminf(half_steps, unit_steps),
-                         __builtin_fminf(double_steps, kIntegers + 7.0f));
+  return __builtin_fminf(e2m1_magnitude_sum_below_7(magnitude), kE2m1Integers + 7.0f);
 }
 
 // Eight 4-bit codes in one word, element j in bits [4j, 4j + 4), from the elements' e2m1_magnitude_sum bits

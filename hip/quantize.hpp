@@ -110,7 +110,9 @@ __device__ inline QuantizedElements<kCount> quantize_elements(const float (&valu
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         // |x * multiplier| = |x| * multiplier, and x's sign is the product's: the multiplier is +0 or more.
-        sums[j] = float_bits(e2m1_magnitude_sum(__builtin_fabsf(values[8 * w + j]) * multiplier));
+        const float magnitude = __builtin_fabsf(values[8 * w + j]) * multiplier;
+        sums[j] = float_bits(format == Format::kMxfp4 ? e2m1_magnitude_sum_below_7(magnitude)
+                                                      : e2m1_magnitude_sum(magnitude));
         signs[j] = float_bits(values[8 * w + j]);
       }
       out.codes[w] = e2m1_word(sums, signs);
