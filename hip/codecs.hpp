@@ -122,6 +122,18 @@ ROCEP_HOST_DEVICE inline float e2m1_magnitude_sum_below_7(float magnitude) {
   return __builtin_fminf(__builtin_fminf(half_steps, unit_steps), double_steps);
 }
 
+// The same sum for m = |x| * f, from |x| (`magnitude`) and a power of two f (`factor`) with 2f finite:
+// |x| * f is then exact unless it falls below 2^-126, where every candidate is 2^23 + 0 either way, so each
+// candidate's fused multiply-add can take |x| with 2f, f or f / 2 (`twice`, `half`; f / 2 may be
+// subnormal, which is exact too) and round once as before: one multiply per element less.
+ROCEP_HOST_DEVICE inline float e2m1_scaled_sum_below_7(float magnitude, float factor, float twice,
+                                                       float half) {
+  const float half_steps = fused_multiply_add(magnitude, twice, kE2m1Integers);
+  const float unit_steps = fused_multiply_add(magnitude, factor, kE2m1Integers + 2.0f);
+  const float double_steps = fused_multiply_add(magnitude, half, kE2m1Integers + 4.0f);
+  return __builtin_fminf(__builtin_fminf(half_steps, unit_steps), double_steps);
+}
+
 // The same for any magnitude m >= 0, saturated at 6 (code 7): this gives the reference's boundary rule
 // (host/codecs.cpp) for every float32 but NaN (compared over all of them once; the codec tests keep every
 // bf16, random float32 and every boundary).

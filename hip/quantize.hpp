@@ -31,6 +31,23 @@ ROCEP_HOST_DEVICE constexpr int elements_payload_bytes(Format format, int count)
                                  : (format == Format::kMxfp4 || format == Format::kNvfp4 ? count / 2 : count);
 }
 
+// The e2m1 codes of a thread's elements into codes[0, kCount / 8), eight to a word: `sum` maps an element's
+// magnitude |x| to the e2m1_magnitude_sum bits of its scaled magnitude.
+template <int kCount, typename Sum>
+__device__ inline void e2m1_words(const float (&values)[kCount], uint32_t (&codes)[kCount / 4], Sum sum) {
+#pragma unroll
+  for (int w = 0; w < kCount / 8; ++w) {
+    uint32_t sums[8];
+    uint32_t signs[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      sums[j] = float_bits(sum(__builtin_fabsf(values[8 * w + j])));
+      signs[j] = float_bits(values[8 * w + j]);
+    }
+    codes[w] = e2m1_word(sums, signs);
+  }
+}
+
 // Every lane of the wave calls it, lanes without data with zeros; lanes [b * L, (b + 1) * L) hold one
 // scale block, L = block_elements(format) / kCount (a power of two up to 16, so a block never straddles
 // two waves; 1 when the block is the thread's own).
@@ -102,20 +119,22 @@ __device__ inline QuantizedElements<kCount> quantize_elements(const float (&valu
     encode = code != 0x7f;
     multiplier = encode ? nvfp4_element_factor(code, global_scale) : 0.0f;
   }
+  // |x * multiplier| = |x| * multiplier, and x's sign is the product's: the multiplier is +0 or more.
   if (encode) {
-#pragma unroll
-    for (int w = 0; w < kCount / 8; ++w) {
-      uint32_t sums[8];
-      uint32_t signs[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        // |x * multiplier| = |x| * multiplier, and x's sign is the product's: the multiplier is +0 or more.
-        const float magnitude = __builtin_fabsf(values[8 * w + j]) * multiplier;
-        sums[j] = float_bits(format == Format::kMxfp4 ? e2m1_magnitude_sum_below_7(magnitude)
-                                                      : e2m1_magnitude_sum(magnitude));
-        signs[j] = float_bits(values[8 * w + j]);
+    if constexpr (format == Format::kMxfp4) {
+      if (out.scale != 0) {  // the multiplier 2^(127 - code) is below 2^127: twice it is finite
+        const float twice = 2.0f * multiplier;
+        const float half = 0.5f * multiplier;
+        e2m1_words(values, out.codes, [=](float magnitude) {
+          return e2m1_scaled_sum_below_7(magnitude, multiplier, twice, half);
+        });
+      } else {
+        e2m1_words(values, out.codes,
+                   [=](float magnitude) { return e2m1_magnitude_sum_below_7(magnitude * multiplier); });
       }
-      out.codes[w] = e2m1_word(sums, signs);
+    } else {
+      e2m1_words(values, out.codes,
+                 [=](float magnitude) { return e2m1_magnitude_sum(magnitude * multiplier); });
     }
   }
   return out;

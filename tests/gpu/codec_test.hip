@@ -1,6 +1,7 @@
 // The device codecs (hip/codecs.hpp) compiled for the GPU against the CPU reference (host/codecs.hpp), bit
 // for bit: element encoders over every bf16, random float32 patterns and every rounding boundary; every
-// decoder code; rows quantised by the scale helpers composed as a kernel composes them; and the SiLU math
+// decoder code; rows quantised by the scale helpers composed as a kernel composes them, and by the kernels'
+// own quantiser (hip/quantize.hpp) with dispatch's 8 and SiLU's 16 elements per thread; and the SiLU math
 // (hip/silu_math.hpp) with the bf16 pair conversion of its outputs. The same checks pass on the host
 // (tests/cpu/codec_test.cpp, silu_reference_test.cpp), so a difference here is the device compilation's:
 // a contracted multiply-add, a flushed subnormal, a different division.
@@ -15,6 +16,7 @@
 #include "gpu_support.hpp"
 #include "hip/bf16.hpp"
 #include "hip/codecs.hpp"
+#include "hip/quantize.hpp"
 #include "hip/silu_math.hpp"
 #include "host/device_memory.hpp"
 #include "host/gpu_check.hpp"
@@ -60,6 +62,68 @@ __global__ void quantize_rows(device::Format format, device::Fp8 encoding, const
         global_scale, payload + static_cast<std::size_t>(row) * payload_bytes,
         scales + static_cast<std::size_t>(row) * scale_bytes);
   }
+}
+
+// The rows (`count` elements, whole scale blocks) quantised by quantize_elements as the kernels call it:
+// kCount consecutive elements per thread, every lane of a wave calling it (lanes past the end with zeros),
+// the block's first lane storing its scale; payload and scales laid out as reference::quantize_row lays
+// them out.
+template <device::Format kFormat, int kCount>
+__global__ void quantize_elements_of_rows(const float* values, std::size_t count, device::Fp8 encoding,
+                                          float global_scale, uint8_t* payload, uint8_t* scales) {
+  const std::size_t first = (static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kCount;
+  float elements[kCount] = {};
+  for (int i = 0; i < kCount && first < count; ++i) {
+    elements[i] = values[first + i];
+  }
+  const device::QuantizedElements<kCount> q =
+      device::quantize_elements<kFormat, kCount>(elements, encoding, global_scale);
+  if (first >= count) {
+    return;
+  }
+  constexpr int code_bytes = device::elements_payload_bytes(kFormat, kCount);
+  __builtin_memcpy(payload + first / kCount * code_bytes, q.codes, code_bytes);
+  if (first % device::block_elements(kFormat) == 0) {
+    const std::size_t block = first / device::block_elements(kFormat);
+    if constexpr (kFormat == device::Format::kFp8Block128) {
+      __builtin_memcpy(scales + 4 * block, &q.scale, 4);
+    } else {
+      scales[block] = static_cast<uint8_t>(q.scale);
+    }
+  }
+}
+
+template <int kCount>
+QuantizedRows quantize_elements_on_device(const FormatCase& format_case, const RowCase& row_case) {
+  const std::size_t count = row_case.values.size();
+  const std::size_t blocks = count / rocep::format_block_elements(format_case.format);
+  const std::size_t scale_bytes = format_case.format == rocep::TokenFormat::kFp8Block128 ? 4 : 1;
+  const DeviceBuffer values = rocep::testing::upload(row_case.values);
+  DeviceBuffer payload(rocep::format_payload_bytes(format_case.format, static_cast<int>(count)));
+  DeviceBuffer scales(blocks * scale_bytes);
+  const float* in = values.as<float>();
+  const device::Fp8 encoding = rocep::testing::device_fp8(format_case.encoding);
+  const int grid = grid_for(count / kCount);
+  switch (rocep::testing::device_format(format_case.format)) {
+    case device::Format::kFp8Block128:
+      quantize_elements_of_rows<device::Format::kFp8Block128, kCount><<<grid, kThreads>>>(
+          in, count, encoding, row_case.global_scale, payload.as<uint8_t>(), scales.as<uint8_t>());
+      break;
+    case device::Format::kMxfp8:
+      quantize_elements_of_rows<device::Format::kMxfp8, kCount><<<grid, kThreads>>>(
+          in, count, encoding, row_case.global_scale, payload.as<uint8_t>(), scales.as<uint8_t>());
+      break;
+    case device::Format::kMxfp4:
+      quantize_elements_of_rows<device::Format::kMxfp4, kCount><<<grid, kThreads>>>(
+          in, count, encoding, row_case.global_scale, payload.as<uint8_t>(), scales.as<uint8_t>());
+      break;
+    default:
+      quantize_elements_of_rows<device::Format::kNvfp4, kCount><<<grid, kThreads>>>(
+          in, count, encoding, row_case.global_scale, payload.as<uint8_t>(), scales.as<uint8_t>());
+  }
+  ROCEP_GPU_CHECK(hipGetLastError());
+  return {rocep::testing::download<uint8_t>(payload, payload.bytes()),
+          rocep::testing::download<uint8_t>(scales, scales.bytes())};
 }
 
 // silu of every input, and the bf16 pair (input, silu) as the bf16 SiLU output stores it.
@@ -171,6 +235,26 @@ TEST_F(GpuCodecTest, QuantizedRowsMatchReference) {
     for (const RowCase& row_case : rocep::testing::row_cases(format_case, seed)) {
       EXPECT_TRUE(rocep::testing::same_as_reference(format_case, row_case,
                                                     quantize_on_device(format_case, row_case)));
+    }
+  }
+}
+
+// The same rows through the kernels' own quantiser, with dispatch's and SiLU's elements per thread: it
+// takes the scale helpers' results in its own order (mxfp4's factor inside the rounding multiply-adds,
+// but for scale code 0), so it is checked on its own.
+TEST_F(GpuCodecTest, KernelQuantiserMatchesReference) {
+  const uint64_t seed = rocep::testing::fresh_seed();
+  SCOPED_TRACE(rocep::testing::seed_trace(seed));
+  for (const FormatCase& format_case : rocep::testing::kFormatCases) {
+    if (format_case.format == rocep::TokenFormat::kBf16) {
+      continue;
+    }
+    for (const RowCase& row_case : rocep::testing::row_cases(format_case, seed)) {
+      SCOPED_TRACE(rocep::testing::to_string(format_case) + ", " + row_case.name);
+      EXPECT_TRUE(rocep::testing::same_as_reference(format_case, row_case,
+                                                    quantize_elements_on_device<8>(format_case, row_case)));
+      EXPECT_TRUE(rocep::testing::same_as_reference(format_case, row_case,
+                                                    quantize_elements_on_device<16>(format_case, row_case)));
     }
   }
 }
