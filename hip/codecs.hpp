@@ -123,7 +123,7 @@ ROCEP_HOST_DEVICE inline float e2m1_magnitude_sum_below_7(float magnitude) {
 }
 
 // The same sum for m = |x| * f, from |x| (`magnitude`) and a power of two f (`factor`) with 2f finite:
-// |x| * f is then exact unless it falls below 2^-126, where every candidate is 2^23 + 0 either way, so each
+// |x| * f is then exact unless it falls below 2^-126, where the sum is 2^23 (code 0) either way, so each
 // candidate's fused multiply-add can take |x| with 2f, f or f / 2 (`twice`, `half`; f / 2 may be
 // subnormal, which is exact too) and round once as before: one multiply per element less.
 ROCEP_HOST_DEVICE inline float e2m1_scaled_sum_below_7(float magnitude, float factor, float twice,
