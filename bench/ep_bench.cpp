@@ -29,6 +29,8 @@
 #include "bench/statistics.hpp"
 #include "hip/bf16.hpp"
 #include "host/bootstrap.hpp"
+#include "host/node.hpp"
+#include "rocep/mpi.hpp"
 #include "rocep/rocep.hpp"
 
 #include "hip/portable.hpp"
@@ -39,6 +41,7 @@
 #include "host/device_memory.hpp"
 #include "host/gpu_check.hpp"
 #include "host/ipc.hpp"
+#include "host/topology.hpp"
 #endif
 
 namespace {
@@ -228,7 +231,7 @@ double measure_link_peak_gb_per_s() {
   rocep::DeviceBuffer source(bytes);
   rocep::DeviceBuffer target(bytes);
   ROCEP_GPU_CHECK(hipMemset(source.get(), 1, bytes));
-  const rocep::PeerBuffers peers(bootstrap, target);
+  const rocep::PeerBuffers peers(rocep::gather_ipc_handles(bootstrap, target), bootstrap.rank(), target);
   rocep::Stream stream;
   rocep::Event start, stop;
   std::vector<double> seconds;
@@ -486,12 +489,13 @@ int main(int argc, char** argv) {
 
     benchmark::Initialize(&argc, argv);
     double link_peak = 0.0;
+    std::string topology;  // the GPUs of rank 0's node and their links, printed in the header
 #if defined(ROCEP_GPU_BUILD)
     if (rocep::device_count() > 0) {
       rocep::MpiBootstrap world_bootstrap(MPI_COMM_WORLD);
-      const auto node = world_bootstrap.split_node();
-      rocep::set_device(
-          rocep::device_for_local_rank(node->rank(), rocep::device_count(), std::getenv("ROCEP_DEVICE")));
+      rocep::set_device(rocep::device_for_local_rank(rocep::node_layout(world_bootstrap, 0).local_rank,
+                                                     rocep::device_count(), std::getenv("ROCEP_DEVICE")));
+      topology = rocep::gather_node_topology(world_bootstrap).topology.describe();
       link_peak = measure_link_peak_gb_per_s();
     }
 #endif
@@ -520,7 +524,7 @@ int main(int argc, char** argv) {
       }
     }
     if (rank == 0) {
-      std::printf("rocep benchmark: %d rank(s), %s\n", world, config.describe().c_str());
+      std::printf("rocep benchmark: %d rank(s), %s\n%s", world, config.describe().c_str(), topology.c_str());
       benchmark::RunSpecifiedBenchmarks();
       print_summary(link_peak);
     } else {

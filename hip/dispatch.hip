@@ -843,6 +843,14 @@ __device__ void lay_out_scales(const GroupView& group, const DispatchRecvArgs& a
   }
 }
 
+// After a failed wait (a peer late, or the group timed out before) the call's rows are not laid out: an
+// empty layout (every row offset 0) takes the place of whatever an earlier call left there.
+__device__ inline void invalidate_layout(const Shape& shape, const DispatchRecvArgs& args) {
+  for (int expert = threadIdx.x; expert <= shape.local_experts; expert += blockDim.x) {
+    args.row_offsets[expert] = 0;
+  }
+}
+
 template <bool kScalesLater>
 __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
                                RowLayoutMemory* memory) {
@@ -851,10 +859,12 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
   __shared__ uint32_t scale_words[kMaxScaleWords];
   if (!block_wait_for_peers(group.signals->dispatch_arrived, sequence, shape.world, group.timeout_ticks,
                             group.status, Operation::kDispatchRecv)) {
+    invalidate_layout(shape, args);
     return;
   }
   count_dispatch(group, sequence);
   if (!lay_out_rows(group, args, memory, layout)) {
+    invalidate_layout(shape, args);
     return;
   }
   expand_tokens(group, args, layout, kScalesLater, scale_words);

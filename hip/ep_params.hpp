@@ -22,6 +22,7 @@ enum class StatusCode : uint32_t {
   kExpertOutOfRange = 2,
   kExpertRepeated = 3,
   kTokenCountOutOfRange = 4,
+  kCombineWeightingMismatch = 5,  // peer = a rank whose combine differed, value = 1 if it was weighted
 };
 
 enum class Operation : int32_t {
@@ -136,6 +137,7 @@ struct Signals {
   uint64_t dispatch_arrived[kMaxWorld];  // [s]: dispatch sends of source s so far
   uint64_t combine_arrived[kMaxWorld];   // [r]: combine sends of rank r so far
   int32_t tokens_from[kMaxWorld];        // [s]: tokens source s sent in its last dispatch
+  int32_t combine_weighted[kMaxWorld];   // [r]: 1 if rank r's last combine send was weighted, else 0
 };
 
 // A barrier across the blocks of one kernel: blocks count in, the last one resets the count and bumps the

@@ -28,6 +28,10 @@
 #define hipFuncAttributes cudaFuncAttributes
 #define hipGraphExec_t cudaGraphExec_t
 #define hipStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
+#define hipDeviceP2PAttr cudaDeviceP2PAttr
+#define hipDevP2PAttrPerformanceRank cudaDevP2PAttrPerformanceRank
+#define hipDevP2PAttrAccessSupported cudaDevP2PAttrAccessSupported
+#define hipDevP2PAttrNativeAtomicSupported cudaDevP2PAttrNativeAtomicSupported
 
 // Runtime calls.
 #define hipGetErrorName cudaGetErrorName
@@ -37,6 +41,9 @@
 #define hipGetDevice cudaGetDevice
 #define hipSetDevice cudaSetDevice
 #define hipGetDeviceProperties cudaGetDeviceProperties
+#define hipDeviceGetPCIBusId cudaDeviceGetPCIBusId
+#define hipDeviceCanAccessPeer cudaDeviceCanAccessPeer
+#define hipDeviceGetP2PAttribute cudaDeviceGetP2PAttribute
 #define hipDeviceSynchronize cudaDeviceSynchronize
 #define hipMalloc cudaMalloc
 #define hipFree cudaFree

@@ -21,11 +21,15 @@ namespace rocep::device {
 
 // Threads per wave (AMD) / warp (NVIDIA); never assume 32 in device code. Host code asks the device
 // (hipDeviceProp_t::warpSize) instead. rocep's AMD targets are the wave64 CDNA GPUs (MI100 gfx908, MI200
-// gfx90a, MI300 gfx940-942, MI350 gfx950), all of which run waves of 64; a device compile for any other AMD
-// target (RDNA's wave32 among them) stops here, since nothing else was ever built or reasoned about.
-#if defined(__HIP_DEVICE_COMPILE__) && !(defined(__gfx908__) || defined(__gfx90a__) || defined(__gfx940__) || \
-                                         defined(__gfx941__) || defined(__gfx942__) || defined(__gfx950__))
-#error "rocep's AMD device code supports the wave64 CDNA targets gfx908, gfx90a, gfx940, gfx941, gfx942, gfx950"
+// gfx90a, MI300 gfx940-942, MI350 gfx950), all of which run waves of 64; a device compile of rocep's GPU code
+// (ROCEP_PLATFORM_AMD) for any other AMD target (RDNA's wave32 among them) stops here, since nothing else was
+// ever built or reasoned about. (hipcc also compiles plain host files, such as the CPU tests, for a default
+// target; their device side is never used.)
+#if defined(ROCEP_PLATFORM_AMD) && defined(__HIP_DEVICE_COMPILE__) &&                             \
+    !(defined(__gfx908__) || defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || \
+      defined(__gfx942__) || defined(__gfx950__))
+#error \
+    "rocep's AMD device code supports the wave64 CDNA targets gfx908, gfx90a, gfx940, gfx941, gfx942, gfx950"
 #endif
 #if defined(__CUDACC__)
 inline constexpr int kWaveSize = 32;

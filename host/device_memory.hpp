@@ -36,6 +36,12 @@ class DeviceBuffer {
     return static_cast<T*>(pointer_);
   }
   std::size_t bytes() const { return bytes_; }
+  // Gives the memory up without freeing it: for memory a peer may still store into (a group that timed
+  // out), which must not be handed out again by the allocator while this process lives.
+  void leak() {
+    pointer_ = nullptr;
+    bytes_ = 0;
+  }
 
  private:
   void swap(DeviceBuffer& other) noexcept {

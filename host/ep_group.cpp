@@ -3,16 +3,12 @@
 #include <array>
 #include <vector>
 
-#include "bootstrap.hpp"
+#include "backend.hpp"
 #include "codecs.hpp"
+#include "contract.hpp"
+#include "profiler_range.hpp"
 #include "reference.hpp"
 #include "rocep/errors.hpp"
-
-#include "hip/portable.hpp"
-#if defined(ROCEP_GPU_BUILD)
-#include "device.hpp"
-#include "gpu_backend.hpp"
-#endif
 
 namespace rocep {
 
@@ -29,6 +25,8 @@ const char* to_string(Backend backend) {
 }
 
 namespace {
+
+using contract::Call;
 
 // Every field of the config, in a form whose equality is field equality (no padding bytes).
 std::array<double, 12> config_fields(const EpConfig& config) {
@@ -69,8 +67,7 @@ void require_same_config(Bootstrap& bootstrap, const EpConfig& config, Backend b
 
 // The GPU backend when this build has one and every rank sees a GPU (the same answer on every rank).
 Backend resolve_auto(Bootstrap& bootstrap) {
-#if defined(ROCEP_GPU_BUILD)
-  const int mine = device_count() > 0 ? 1 : 0;
+  const int mine = gpu_visible() ? 1 : 0;
   std::vector<int> all(bootstrap.size());
   bootstrap.all_gather(&mine, all.data(), sizeof mine);
   for (const int has_gpu : all) {
@@ -79,71 +76,70 @@ Backend resolve_auto(Bootstrap& bootstrap) {
     }
   }
   return Backend::kGpu;
-#else
-  (void)bootstrap;
-  return Backend::kCpuReference;
-#endif
 }
 
 }  // namespace
 
 struct EpGroup::Impl {
-  Impl(MPI_Comm comm, const EpConfig& group_config, Backend requested)
-      : bootstrap(comm), config(group_config), backend(requested) {
+  Impl(std::shared_ptr<Bootstrap> group_bootstrap, const EpConfig& group_config, Backend requested)
+      : bootstrap(std::move(group_bootstrap)), config(group_config), backend(requested) {
+    if (!bootstrap) {
+      throw ConfigError("EpGroup: bootstrap is null; pass a rocep::Bootstrap (MpiBootstrap, or your own)");
+    }
     // Agree first, validate second: the same config gives the same verdict on every rank, so no rank is
     // left waiting in a collective that a rank with a bad config never joins.
-    require_same_config(bootstrap, config, requested);
-    config.validate(bootstrap.size());
+    require_same_config(*bootstrap, config, requested);
+    config.validate(bootstrap->size());
     if (backend == Backend::kAuto) {
-      backend = resolve_auto(bootstrap);
+      backend = resolve_auto(*bootstrap);
     }
     if (backend == Backend::kCpuReference) {
       config.fp8_encoding = reference::reference_fp8_encoding(config.fp8_encoding);
-      reference = std::make_unique<reference::ReferenceEp>(bootstrap.comm(), config);
-      return;
+      implementation = std::make_unique<reference::ReferenceEp>(*bootstrap, config);
+    } else {
+      implementation = make_gpu_backend(*bootstrap, config);
     }
-#if defined(ROCEP_GPU_BUILD)
-    config.fp8_encoding = resolve_fp8_encoding(config.fp8_encoding, current_device());
-    gpu = std::make_unique<GpuEp>(bootstrap, config);
-#else
-    throw ConfigError("EpGroup: backend gpu is not available: this build of rocep has no GPU platform");
-#endif
   }
 
-  // Runs on_gpu(gpu backend, its stream) when the group runs on the GPU, on_reference(reference) otherwise.
-  template <typename OnGpu, typename OnReference>
-  void run(void* stream, OnGpu on_gpu, OnReference on_reference) {
-#if defined(ROCEP_GPU_BUILD)
-    if (gpu) {
-      on_gpu(*gpu, static_cast<hipStream_t>(stream));
-      return;
+  int rank() const { return bootstrap->rank(); }
+
+  // Checks that the group can take `call` now: not broken, and in order.
+  void require(Call call) const {
+    if (implementation->broken()) {
+      throw Error(std::string("EpGroup::") + contract::to_string(call) + " on rank " +
+                  std::to_string(rank()) +
+                  ": a previous call timed out; this group is unusable and must be destroyed");
     }
-#endif
-    (void)stream;
-    (void)on_gpu;
-    on_reference(*reference);
+    order.require(call, rank());
   }
 
-  MpiBootstrap bootstrap;
+  // Throws InvalidInputError for `error` (not empty) before anything is issued.
+  static void refuse(const std::string& error) {
+    if (!error.empty()) {
+      throw InvalidInputError(error);
+    }
+  }
+
+  std::shared_ptr<Bootstrap> bootstrap;
   EpConfig config;
   Backend backend;
-  std::unique_ptr<reference::ReferenceEp> reference;
-#if defined(ROCEP_GPU_BUILD)
-  std::unique_ptr<GpuEp> gpu;
-#endif
+  std::unique_ptr<EpBackend> implementation;
+  contract::CallOrder order;
 };
 
-EpGroup::EpGroup(MPI_Comm comm, const EpConfig& config, Backend backend)
-    : impl_(std::make_unique<Impl>(comm, config, backend)) {}
+EpGroup::EpGroup(std::shared_ptr<Bootstrap> bootstrap, const EpConfig& config, Backend backend) {
+  const ProfilerRange range("rocep::EpGroup");
+  impl_ = std::make_unique<Impl>(std::move(bootstrap), config, backend);
+}
 EpGroup::~EpGroup() = default;
 EpGroup::EpGroup(EpGroup&&) noexcept = default;
 EpGroup& EpGroup::operator=(EpGroup&&) noexcept = default;
 
 int EpGroup::rank() const {
-  return impl_->bootstrap.rank();
+  return impl_->rank();
 }
 int EpGroup::world_size() const {
-  return impl_->bootstrap.size();
+  return impl_->bootstrap->size();
 }
 const EpConfig& EpGroup::config() const {
   return impl_->config;
@@ -157,70 +153,80 @@ int EpGroup::num_local_experts() const {
 std::size_t EpGroup::max_recv_rows() const {
   return impl_->config.max_recv_rows(world_size());
 }
-
-void* EpGroup::dispatch_input_buffer() {
-#if defined(ROCEP_GPU_BUILD)
-  if (impl_->gpu) {
-    return impl_->gpu->dispatch_input_buffer();
-  }
-#endif
-  return impl_->reference->dispatch_input_buffer();
+std::size_t EpGroup::memory_bytes() const {
+  return impl_->implementation->memory_bytes();
 }
 
-std::size_t EpGroup::memory_bytes() const {
-#if defined(ROCEP_GPU_BUILD)
-  if (impl_->gpu) {
-    return impl_->gpu->memory_bytes();
+void* EpGroup::dispatch_input_buffer() {
+  const std::string error = contract::input_buffer_error(impl_->config);
+  if (!error.empty()) {
+    throw ConfigError(error);
   }
-#endif
-  return 0;  // the reference keeps only transient host vectors
+  return impl_->implementation->dispatch_input_buffer();
 }
 
 void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {
-  impl_->run(
-      stream, [&](auto& gpu, auto gpu_stream) { gpu.dispatch(inputs, outputs, gpu_stream); },
-      [&](auto& reference) {
-        reference.dispatch_send(inputs);
-        reference.dispatch_recv(outputs);
-      });
+  const ProfilerRange range("rocep::dispatch");
+  impl_->require(Call::kDispatch);
+  EpBackend& backend = *impl_->implementation;
+  Impl::refuse(contract::dispatch_outputs_error(impl_->config, rank(), outputs));
+  const std::string error =
+      contract::dispatch_inputs_error(impl_->config, rank(), inputs, backend.dispatch_memory());
+  backend.dispatch(error.empty() ? inputs : contract::zero_tokens(), outputs, stream);
+  impl_->order.advance(Call::kDispatch);
+  Impl::refuse(error);
 }
 
 void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
-  impl_->run(
-      stream, [&](auto& gpu, auto gpu_stream) { gpu.dispatch_send(inputs, gpu_stream); },
-      [&](auto& reference) { reference.dispatch_send(inputs); });
+  const ProfilerRange range("rocep::dispatch_send");
+  impl_->require(Call::kDispatchSend);
+  EpBackend& backend = *impl_->implementation;
+  const std::string error =
+      contract::dispatch_inputs_error(impl_->config, rank(), inputs, backend.dispatch_memory());
+  backend.dispatch_send(error.empty() ? inputs : contract::zero_tokens(), stream);
+  impl_->order.advance(Call::kDispatchSend);
+  Impl::refuse(error);
 }
 
 void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
-  impl_->run(
-      stream, [&](auto& gpu, auto gpu_stream) { gpu.dispatch_recv(outputs, gpu_stream); },
-      [&](auto& reference) { reference.dispatch_recv(outputs); });
+  const ProfilerRange range("rocep::dispatch_recv");
+  impl_->require(Call::kDispatchRecv);
+  Impl::refuse(contract::dispatch_outputs_error(impl_->config, rank(), outputs));
+  impl_->implementation->dispatch_recv(outputs, stream);
+  impl_->order.advance(Call::kDispatchRecv);
 }
 
 void EpGroup::combine(const CombineArgs& args, void* stream) {
-  impl_->run(
-      stream, [&](auto& gpu, auto gpu_stream) { gpu.combine(args, gpu_stream); },
-      [&](auto& reference) {
-        reference.combine_send(args);
-        reference.combine_recv(args);
-      });
+  const ProfilerRange range("rocep::combine");
+  impl_->require(Call::kCombine);
+  Impl::refuse(contract::combine_args_error(rank(), args));
+  impl_->implementation->combine(args, stream);
+  impl_->order.advance(Call::kCombine);
 }
 
 void EpGroup::combine_send(const CombineArgs& args, void* stream) {
-  impl_->run(
-      stream, [&](auto& gpu, auto gpu_stream) { gpu.combine_send(args, gpu_stream); },
-      [&](auto& reference) { reference.combine_send(args); });
+  const ProfilerRange range("rocep::combine_send");
+  impl_->require(Call::kCombineSend);
+  Impl::refuse(contract::combine_args_error(rank(), args));
+  impl_->implementation->combine_send(args, stream);
+  impl_->order.advance(Call::kCombineSend);
 }
 
 void EpGroup::combine_recv(const CombineArgs& args, void* stream) {
-  impl_->run(
-      stream, [&](auto& gpu, auto gpu_stream) { gpu.combine_recv(args, gpu_stream); },
-      [&](auto& reference) { reference.combine_recv(args); });
+  const ProfilerRange range("rocep::combine_recv");
+  impl_->require(Call::kCombineRecv);
+  Impl::refuse(contract::combine_args_error(rank(), args));
+  impl_->implementation->combine_recv(args, stream);
+  impl_->order.advance(Call::kCombineRecv);
 }
 
 void EpGroup::synchronize(void* stream) {
-  impl_->run(
-      stream, [](auto& gpu, auto gpu_stream) { gpu.synchronize(gpu_stream); }, [](auto&) {});
+  const ProfilerRange range("rocep::synchronize");
+  impl_->implementation->synchronize(stream).raise();
+}
+
+RecordedError EpGroup::poll_error() {
+  return impl_->implementation->poll_error();
 }
 
 }  // namespace rocep

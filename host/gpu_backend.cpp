@@ -1,37 +1,20 @@
 #include "gpu_backend.hpp"
 
 #include <algorithm>
-#include <cstdio>
+#include <array>
 #include <string>
 #include <vector>
 
+#include "agreement.hpp"
 #include "device.hpp"
 #include "gpu_check.hpp"
-#include "reference.hpp"
+#include "node.hpp"
 #include "rocep/errors.hpp"
+#include "topology.hpp"
 
 namespace rocep {
 
 namespace {
-
-using device::Operation;
-using device::StatusCode;
-
-const char* operation_name(int32_t operation) {
-  switch (static_cast<Operation>(operation)) {
-    case Operation::kDispatchSend:
-      return "dispatch_send";
-    case Operation::kDispatchRecv:
-      return "dispatch_recv";
-    case Operation::kCombineSend:
-      return "combine_send";
-    case Operation::kCombineRecv:
-      return "combine_recv";
-    case Operation::kNone:
-      break;
-  }
-  return "unknown operation";
-}
 
 DeviceBuffer zeroed(std::size_t bytes, DeviceMemoryKind kind = DeviceMemoryKind::kDefault) {
   DeviceBuffer buffer(bytes, kind);
@@ -43,12 +26,14 @@ DeviceBuffer zeroed(std::size_t bytes, DeviceMemoryKind kind = DeviceMemoryKind:
 
 }  // namespace
 
-GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
-    : config_(config), rank_(world.rank()), node_(world.split_node()) {
-  if (node_->size() != world.size()) {
+GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(world.rank()), world_(world) {
+  // Every check before the first agreement sees the same values on every rank (the config is agreed, the
+  // node layout is gathered), so every rank throws alike.
+  const NodeLayout layout = node_layout(world, config.gpus_per_node);
+  if (layout.num_nodes != 1) {
     throw ConfigError("EpGroup: backend gpu needs every rank on one node (this node has " +
-                      std::to_string(node_->size()) + " of " + std::to_string(world.size()) +
-                      " ranks); multi-node groups are not supported yet");
+                      std::to_string(layout.local_ranks.size()) + " of " + std::to_string(world.size()) +
+                      " ranks); groups over several nodes are not supported yet");
   }
   if (world.size() > device::kMaxWorld) {
     throw ConfigError("EpGroup: world size " + std::to_string(world.size()) +
@@ -66,30 +51,38 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
                       " experts per rank, invalid for backend gpu: allowed range is [1, " +
                       std::to_string(device::kMaxLocalExperts) + "] per rank");
   }
-  int resident_per_multiprocessor = 1 << 30;
-  ROCEP_GPU_CHECK(device::load_dispatch_kernels(&resident_per_multiprocessor));
-  ROCEP_GPU_CHECK(device::load_combine_kernels(&resident_per_multiprocessor));
-  const int device = current_device();
-  hipDeviceProp_t properties;
-  ROCEP_GPU_CHECK(hipGetDeviceProperties(&properties, device));
-  const int resident_blocks = resident_per_multiprocessor * properties.multiProcessorCount;
-  if (config.num_blocks > resident_blocks) {
-    throw ConfigError("EpConfig.num_blocks = " + std::to_string(config.num_blocks) +
-                      " is invalid on this device: allowed range is [1, " + std::to_string(resident_blocks) +
-                      "] (the blocks of one kernel must all be resident at once)");
-  }
-  // Ranks of this node that run on this same GPU (several ranks per GPU under MPS) share its
-  // multiprocessors: each one's grid must fit its share, or ranks spinning on each other deadlock.
-  const int gpu_id[3] = {properties.pciDomainID, properties.pciBusID, properties.pciDeviceID};
-  std::vector<int> gpu_ids(3 * static_cast<std::size_t>(node_->size()));
-  node_->all_gather(gpu_id, gpu_ids.data(), sizeof gpu_id);
-  int ranks_on_this_gpu = 0;
-  for (int peer = 0; peer < node_->size(); ++peer) {
-    ranks_on_this_gpu += std::equal(gpu_id, gpu_id + 3, gpu_ids.begin() + 3 * peer) ? 1 : 0;
-  }
-  // Every block that fits: the copies are bound by memory latency, so more blocks in flight move more bytes
-  // (on H200, 3 blocks per multiprocessor instead of 1 took prefill dispatch from 452 to 385 us).
-  blocks_ = config.num_blocks > 0 ? config.num_blocks : std::max(1, resident_blocks / ranks_on_this_gpu);
+  // Refused here, on every rank, rather than hanging in the first call: the node's ranks must reach each
+  // other's GPUs peer-to-peer.
+  const NodeGroupTopology node_gpus = gather_node_topology(world);
+  run_agreed(world, "the peer-to-peer check", [&] {
+    const std::string error = peer_to_peer_error(node_gpus.topology, node_gpus.rank_gpus);
+    if (!error.empty()) {
+      throw ConfigError(error);
+    }
+  });
+  int device = 0;
+  run_agreed(world, "loading the kernels", [&] {
+    int resident_per_multiprocessor = 1 << 30;
+    ROCEP_GPU_CHECK(device::load_dispatch_kernels(&resident_per_multiprocessor));
+    ROCEP_GPU_CHECK(device::load_combine_kernels(&resident_per_multiprocessor));
+    device = current_device();
+    hipDeviceProp_t properties;
+    ROCEP_GPU_CHECK(hipGetDeviceProperties(&properties, device));
+    const int resident_blocks = resident_per_multiprocessor * properties.multiProcessorCount;
+    if (config.num_blocks > resident_blocks) {
+      throw ConfigError("EpConfig.num_blocks = " + std::to_string(config.num_blocks) +
+                        " is invalid on this device: allowed range is [1, " +
+                        std::to_string(resident_blocks) +
+                        "] (the blocks of one kernel must all be resident at once)");
+    }
+    // Ranks of this node that run on this same GPU (several ranks per GPU under MPS) share its
+    // multiprocessors: each one's grid must fit its share, or ranks spinning on each other deadlock.
+    const int ranks_on_this_gpu = static_cast<int>(
+        std::count(node_gpus.rank_gpus.begin(), node_gpus.rank_gpus.end(), node_gpus.rank_gpus[rank_]));
+    // Every block that fits: the copies are bound by memory latency, so more blocks in flight move more
+    // bytes.
+    blocks_ = config.num_blocks > 0 ? config.num_blocks : std::max(1, resident_blocks / ranks_on_this_gpu);
+  });
 
   device::Shape& shape = view_.shape;
   shape.hidden = config.hidden;
@@ -106,34 +99,52 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
   shape.format = static_cast<device::Format>(config.dispatch_format);
   shape.fp8_encoding = static_cast<device::Fp8>(config.fp8_encoding);  // resolved by EpGroup
 
-  const std::size_t slots = static_cast<std::size_t>(shape.max_tokens) * shape.top_k;
-  dispatch_region_ = DeviceBuffer(ipc_allocation_bytes(device::DispatchRegion::bytes(shape)));
-  combine_region_ = DeviceBuffer(ipc_allocation_bytes(device::CombineRegion::bytes(shape)));
-  signals_ = zeroed(ipc_allocation_bytes(sizeof(device::Signals)), DeviceMemoryKind::kPolledFlags);
-  state_ = zeroed(sizeof(device::LocalState));
-  block_calls_ = zeroed(static_cast<std::size_t>(blocks_) * sizeof(device::BlockCalls));
-  status_ = zeroed(sizeof(device::Status));
-  token_rows_ = DeviceBuffer(slots * shape.world * sizeof(int32_t));
-  expert_rows_ = DeviceBuffer(shape.local_experts * sizeof(uint32_t));
-  const std::size_t chunks = static_cast<std::size_t>(shape.world) * device::chunks_per_source(shape);
-  chunk_rows_ = DeviceBuffer(chunks * shape.local_experts * sizeof(uint32_t));
-  sent_ids_ = DeviceBuffer(slots * sizeof(int32_t));
-  sent_masks_ = DeviceBuffer(static_cast<std::size_t>(shape.max_tokens) * sizeof(uint64_t));
-  received_scales_ =
-      DeviceBuffer(device::scales_laid_out_later(shape) ? device::ReceivedScales::bytes(shape) : 0);
-  ROCEP_GPU_CHECK(hipDeviceSynchronize());
+  run_agreed(world, "allocating the group's memory", [&] {
+    const std::size_t slots = static_cast<std::size_t>(shape.max_tokens) * shape.top_k;
+    dispatch_region_ = DeviceBuffer(ipc_allocation_bytes(device::DispatchRegion::bytes(shape)));
+    combine_region_ = DeviceBuffer(ipc_allocation_bytes(device::CombineRegion::bytes(shape)));
+    signals_ = zeroed(ipc_allocation_bytes(sizeof(device::Signals)), DeviceMemoryKind::kPolledFlags);
+    state_ = zeroed(sizeof(device::LocalState));
+    block_calls_ = zeroed(static_cast<std::size_t>(blocks_) * sizeof(device::BlockCalls));
+    status_ = zeroed(sizeof(device::Status));
+    token_rows_ = DeviceBuffer(slots * shape.world * sizeof(int32_t));
+    expert_rows_ = DeviceBuffer(shape.local_experts * sizeof(uint32_t));
+    const std::size_t chunks = static_cast<std::size_t>(shape.world) * device::chunks_per_source(shape);
+    chunk_rows_ = DeviceBuffer(chunks * shape.local_experts * sizeof(uint32_t));
+    sent_ids_ = DeviceBuffer(slots * sizeof(int32_t));
+    sent_masks_ = DeviceBuffer(static_cast<std::size_t>(shape.max_tokens) * sizeof(uint64_t));
+    received_scales_ =
+        DeviceBuffer(device::scales_laid_out_later(shape) ? device::ReceivedScales::bytes(shape) : 0);
+    status_mirror_ = PinnedHostBuffer(sizeof(device::Status));
+    poll_stream_ = Stream();
+    ROCEP_GPU_CHECK(hipDeviceSynchronize());
+  });
 
-  peer_dispatch_regions_ = std::make_unique<PeerBuffers>(*node_, dispatch_region_);
-  peer_combine_regions_ = std::make_unique<PeerBuffers>(*node_, combine_region_);
-  peer_signals_ = std::make_unique<PeerBuffers>(*node_, signals_);
-  std::vector<void*> tables;
-  for (const PeerBuffers* peers :
-       {peer_dispatch_regions_.get(), peer_combine_regions_.get(), peer_signals_.get()}) {
-    tables.insert(tables.end(), peers->pointers().begin(), peers->pointers().end());
-  }
-  peer_tables_ = DeviceBuffer(tables.size() * sizeof(void*));
-  ROCEP_GPU_CHECK(hipMemcpy(peer_tables_.get(), tables.data(), peer_tables_.bytes(), hipMemcpyHostToDevice));
-  status_mirror_ = PinnedHostBuffer(sizeof(device::Status));
+  // IPC: every rank exports its three regions, the handles are gathered, every rank maps its peers'.
+  constexpr int kRegions = 3;  // dispatch regions, combine regions, signals
+  std::array<IpcBufferHandle, kRegions> mine{};
+  run_agreed(world, "exporting the group's memory over IPC", [&] {
+    mine = {export_ipc(dispatch_region_), export_ipc(combine_region_), export_ipc(signals_)};
+  });
+  std::vector<std::array<IpcBufferHandle, kRegions>> gathered(world.size());
+  world.all_gather(&mine, gathered.data(), sizeof mine);
+  run_agreed(world, "mapping the peers' memory over IPC", [&] {
+    std::array<std::unique_ptr<PeerBuffers>*, kRegions> peers = {&peer_dispatch_regions_,
+                                                                 &peer_combine_regions_, &peer_signals_};
+    std::array<const DeviceBuffer*, kRegions> locals = {&dispatch_region_, &combine_region_, &signals_};
+    std::vector<void*> tables;
+    for (int region = 0; region < kRegions; ++region) {
+      std::vector<IpcBufferHandle> handles;
+      for (const auto& rank_handles : gathered) {
+        handles.push_back(rank_handles[region]);
+      }
+      *peers[region] = std::make_unique<PeerBuffers>(handles, rank_, *locals[region]);
+      tables.insert(tables.end(), (*peers[region])->pointers().begin(), (*peers[region])->pointers().end());
+    }
+    peer_tables_ = DeviceBuffer(tables.size() * sizeof(void*));
+    ROCEP_GPU_CHECK(
+        hipMemcpy(peer_tables_.get(), tables.data(), peer_tables_.bytes(), hipMemcpyHostToDevice));
+  });
 
   auto* table = peer_tables_.as<void*>();
   view_.peer_dispatch_regions = reinterpret_cast<uint8_t* const*>(table);
@@ -159,60 +170,46 @@ GpuEp::GpuEp(MpiBootstrap& world, const EpConfig& config)
         &expert_rows_, &chunk_rows_, &sent_ids_, &sent_masks_, &received_scales_, &peer_tables_}) {
     memory_bytes_ += buffer->bytes();
   }
-  node_->barrier();  // every peer has mapped everything before anyone may signal
+  world.barrier();  // every peer has mapped everything before anyone may signal
 }
 
 GpuEp::~GpuEp() {
-  // Peers may still store into this rank's regions until they are done with the last call: wait for them,
-  // but never longer than the timeout (a peer may be gone), and not at all once this group has failed.
+  // Close the mappings of the peers' memory first, then wait for the peers to close theirs (a peer may
+  // still store into this rank's memory until its last call ends), then free this rank's memory. After a
+  // timeout nobody is waited for, and the exported memory is given up without being freed.
+  (void)hipDeviceSynchronize();
+  peer_dispatch_regions_.reset();
+  peer_combine_regions_.reset();
+  peer_signals_.reset();
+  bool peers_done = false;
   if (!broken_) {
     try {
-      (void)hipDeviceSynchronize();
-      (void)node_->barrier_within(config_.timeout_seconds);
-    } catch (const Error&) {
-      // Destruction goes on regardless: the mappings and buffers are released below.
+      peers_done = world_.barrier_within(config_.timeout_seconds);
+    } catch (const std::exception&) {
+      peers_done = false;  // destruction goes on regardless
     }
   }
-}
-
-void GpuEp::require_usable() const {
-  if (broken_) {
-    throw Error("EpGroup: a previous call timed out; this group is unusable and must be destroyed");
+  if (!peers_done) {
+    dispatch_region_.leak();
+    combine_region_.leak();
+    signals_.leak();
   }
 }
 
-void* GpuEp::dispatch_input_buffer() const {
-  const std::string error = reference::input_buffer_format_error(config_);
-  if (!error.empty()) {
-    throw ConfigError(error);
-  }
+void* GpuEp::dispatch_input_buffer() {
   return dispatch_region_.as<uint8_t>() + device::DispatchRegion::message_offset(view_.shape, 0);
 }
 
+contract::DispatchMemory GpuEp::dispatch_memory() const {
+  const void* input_buffer =
+      config_.dispatch_format == TokenFormat::kBf16
+          ? dispatch_region_.as<uint8_t>() + device::DispatchRegion::message_offset(view_.shape, 0)
+          : nullptr;
+  return {dispatch_region_.get(), dispatch_region_.bytes(), input_buffer};
+}
+
 device::DispatchSendArgs GpuEp::dispatch_send_args(const DispatchInputs& inputs) const {
-  require_usable();
-  if (inputs.num_tokens_on_device == nullptr &&
-      (inputs.num_tokens < 0 || inputs.num_tokens > config_.max_tokens_per_rank)) {
-    throw InvalidInputError("dispatch: rank " + std::to_string(rank_) +
-                            " passed num_tokens = " + std::to_string(inputs.num_tokens) +
-                            ", allowed range is [0, " + std::to_string(config_.max_tokens_per_rank) + "]");
-  }
-  if (inputs.tokens == nullptr || inputs.topk_ids == nullptr || inputs.topk_weights == nullptr) {
-    throw InvalidInputError("dispatch: rank " + std::to_string(rank_) +
-                            " passed a null tokens/topk_ids/topk_weights pointer");
-  }
-  const std::string format_error = reference::dispatch_format_input_error(config_, rank_, inputs);
-  if (!format_error.empty()) {
-    throw InvalidInputError(format_error);
-  }
-  // Tokens in this rank's own dispatch region are valid only at the input buffer (bf16): anywhere else the
-  // staging copy would overwrite tokens it has yet to read.
-  const void* buffer = config_.dispatch_format == TokenFormat::kBf16 ? dispatch_input_buffer() : nullptr;
-  const std::string misplaced = reference::misplaced_tokens_error(
-      rank_, inputs.tokens, dispatch_region_.get(), dispatch_region_.bytes(), buffer);
-  if (!misplaced.empty()) {
-    throw InvalidInputError(misplaced);
-  }
+  const void* buffer = dispatch_memory().input_buffer;
   return {static_cast<const uint8_t*>(inputs.tokens),
           static_cast<const uint8_t*>(inputs.token_scales),
           inputs.global_scale,
@@ -224,15 +221,6 @@ device::DispatchSendArgs GpuEp::dispatch_send_args(const DispatchInputs& inputs)
 }
 
 device::DispatchRecvArgs GpuEp::dispatch_recv_args(const DispatchOutputs& outputs) const {
-  require_usable();
-  if (outputs.recv_tokens == nullptr || outputs.row_offsets == nullptr || outputs.expert_ids == nullptr ||
-      outputs.src_info == nullptr || outputs.recv_weights == nullptr) {
-    throw InvalidInputError("dispatch_recv: rank " + std::to_string(rank_) + " passed a null output pointer");
-  }
-  const std::string format_error = reference::dispatch_format_output_error(config_, rank_, outputs);
-  if (!format_error.empty()) {
-    throw InvalidInputError(format_error);
-  }
   static_assert(sizeof(SrcInfo) == 3 * sizeof(int32_t), "src_info rows are three int32");
   return {static_cast<uint8_t*>(outputs.recv_tokens),
           static_cast<uint8_t*>(outputs.recv_scales),
@@ -244,78 +232,72 @@ device::DispatchRecvArgs GpuEp::dispatch_recv_args(const DispatchOutputs& output
           outputs.expert_token_counts};
 }
 
-void GpuEp::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, hipStream_t stream) {
-  device::launch_dispatch(view_, dispatch_send_args(inputs), dispatch_recv_args(outputs), blocks_, stream);
+void GpuEp::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {
+  device::launch_dispatch(view_, dispatch_send_args(inputs), dispatch_recv_args(outputs), blocks_,
+                          static_cast<hipStream_t>(stream));
   ROCEP_GPU_CHECK(hipGetLastError());
 }
 
-void GpuEp::dispatch_send(const DispatchInputs& inputs, hipStream_t stream) {
-  device::launch_dispatch_send(view_, dispatch_send_args(inputs), blocks_, stream);
+void GpuEp::dispatch_send(const DispatchInputs& inputs, void* stream) {
+  device::launch_dispatch_send(view_, dispatch_send_args(inputs), blocks_, static_cast<hipStream_t>(stream));
   ROCEP_GPU_CHECK(hipGetLastError());
 }
 
-void GpuEp::dispatch_recv(const DispatchOutputs& outputs, hipStream_t stream) {
-  device::launch_dispatch_recv(view_, dispatch_recv_args(outputs), blocks_, stream);
+void GpuEp::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
+  device::launch_dispatch_recv(view_, dispatch_recv_args(outputs), blocks_, static_cast<hipStream_t>(stream));
   ROCEP_GPU_CHECK(hipGetLastError());
 }
 
 device::CombineArgs GpuEp::combine_kernel_args(const CombineArgs& args) const {
-  require_usable();
-  if (args.expert_outputs == nullptr || args.out == nullptr) {
-    throw InvalidInputError("combine: rank " + std::to_string(rank_) +
-                            " passed a null expert_outputs/out pointer");
-  }
   return {static_cast<const uint16_t*>(args.expert_outputs), args.row_weights,
           static_cast<const uint16_t*>(args.shared_expert_output), static_cast<uint16_t*>(args.out)};
 }
 
-void GpuEp::combine(const CombineArgs& args, hipStream_t stream) {
-  device::launch_combine(view_, combine_kernel_args(args), blocks_, stream);
+void GpuEp::combine(const CombineArgs& args, void* stream) {
+  device::launch_combine(view_, combine_kernel_args(args), blocks_, static_cast<hipStream_t>(stream));
   ROCEP_GPU_CHECK(hipGetLastError());
 }
 
-void GpuEp::combine_send(const CombineArgs& args, hipStream_t stream) {
-  device::launch_combine_send(view_, combine_kernel_args(args), blocks_, stream);
+void GpuEp::combine_send(const CombineArgs& args, void* stream) {
+  device::launch_combine_send(view_, combine_kernel_args(args), blocks_, static_cast<hipStream_t>(stream));
   ROCEP_GPU_CHECK(hipGetLastError());
 }
 
-void GpuEp::combine_recv(const CombineArgs& args, hipStream_t stream) {
-  device::launch_combine_recv(view_, combine_kernel_args(args), blocks_, stream);
+void GpuEp::combine_recv(const CombineArgs& args, void* stream) {
+  device::launch_combine_recv(view_, combine_kernel_args(args), blocks_, static_cast<hipStream_t>(stream));
   ROCEP_GPU_CHECK(hipGetLastError());
 }
 
-void GpuEp::synchronize(hipStream_t stream) {
+device::Status GpuEp::read_status(hipStream_t stream) {
   auto* status = status_mirror_.as<device::Status>();
   ROCEP_GPU_CHECK(hipMemcpyAsync(status, status_.get(), sizeof *status, hipMemcpyDeviceToHost, stream));
   ROCEP_GPU_CHECK(hipStreamSynchronize(stream));
-  const auto code = static_cast<StatusCode>(status->code);
-  if (code == StatusCode::kOk) {
-    return;
-  }
-  const std::string where =
-      std::string(operation_name(status->operation)) + " on rank " + std::to_string(rank_);
-  if (code == StatusCode::kTimeout) {
+  return *status;
+}
+
+RecordedError GpuEp::poll_error() {
+  return contract::recorded_error(read_status(poll_stream_.get()), config_, rank_);
+}
+
+RecordedError GpuEp::synchronize(void* stream) {
+  const auto hip_stream = static_cast<hipStream_t>(stream);
+  const RecordedError error = contract::recorded_error(read_status(hip_stream), config_, rank_);
+  if (error.kind == RecordedError::Kind::kTimeout) {
     broken_ = true;  // sequence numbers no longer agree across ranks
-    char seconds[32];
-    std::snprintf(seconds, sizeof seconds, "%g", config_.timeout_seconds);
-    throw TimeoutError(where + ": timed out after " + seconds + " s waiting for rank " +
-                       std::to_string(status->peer) + " to signal call " + std::to_string(status->value));
+  } else if (error) {
+    ROCEP_GPU_CHECK(hipMemsetAsync(status_.get(), 0, sizeof(device::Status), hip_stream));
+    ROCEP_GPU_CHECK(hipStreamSynchronize(hip_stream));
   }
-  ROCEP_GPU_CHECK(hipMemsetAsync(status_.get(), 0, sizeof *status, stream));
-  ROCEP_GPU_CHECK(hipStreamSynchronize(stream));
-  std::string message = where;
-  if (code == StatusCode::kTokenCountOutOfRange) {
-    message += ": num_tokens = " + std::to_string(status->value) + " (device), allowed range is [0, " +
-               std::to_string(config_.max_tokens_per_rank) + "]; no token was sent";
-  } else {
-    message += ", token " + std::to_string(status->token) + ", slot " + std::to_string(status->slot) +
-               ": expert id " + std::to_string(status->value) +
-               (code == StatusCode::kExpertRepeated
-                    ? " is named twice by this token"
-                    : " is outside [-1, " + std::to_string(config_.num_experts) + ")") +
-               "; that slot was not dispatched";
-  }
-  throw InvalidInputError(message);
+  return error;
+}
+
+bool gpu_visible() {
+  return device_count() > 0;
+}
+
+std::unique_ptr<EpBackend> make_gpu_backend(Bootstrap& bootstrap, EpConfig& config) {
+  config.fp8_encoding = resolve_fp8_encoding(config.fp8_encoding, current_device());
+  return std::make_unique<GpuEp>(bootstrap, config);
 }
 
 }  // namespace rocep

@@ -4,50 +4,58 @@
 
 #include <memory>
 
-#include "bootstrap.hpp"
+#include "backend.hpp"
 #include "device_memory.hpp"
 #include "hip/ep_kernels.hpp"
 #include "ipc.hpp"
+#include "rocep/bootstrap.hpp"
 #include "rocep/config.hpp"
 #include "rocep/types.hpp"
 
 namespace rocep {
 
-class GpuEp {
+class GpuEp final : public EpBackend {
  public:
-  // Collective over `world`. Uses the calling thread's current device. Throws ConfigError if the ranks
-  // are not all on one node or the shape exceeds what the kernels support.
-  GpuEp(MpiBootstrap& world, const EpConfig& config);
-  ~GpuEp();
+  // Collective over `world`, failure-atomic (every step agreed: the ranks throw together). Uses the calling
+  // thread's current device. Throws ConfigError if the ranks are not all on one node, two of the node's GPUs
+  // cannot reach each other peer-to-peer, or the shape exceeds what the kernels support.
+  GpuEp(Bootstrap& world, const EpConfig& config);
+  // Waits for this device, closes the mappings of the peers' memory, then waits (bounded by the timeout) for
+  // every peer to have closed theirs before this rank's memory is freed. After a timeout nobody is waited
+  // for, and this rank's exported memory is deliberately not freed (a peer may still store into it): the
+  // process keeps it until it exits.
+  ~GpuEp() override;
   GpuEp(const GpuEp&) = delete;
   GpuEp& operator=(const GpuEp&) = delete;
 
-  std::size_t memory_bytes() const { return memory_bytes_; }
+  std::size_t memory_bytes() const override { return memory_bytes_; }
   // bf16 dispatch: the message area of this rank's dispatch region, [T][hidden] bf16 (see EpGroup).
-  void* dispatch_input_buffer() const;
+  void* dispatch_input_buffer() override;
+  contract::DispatchMemory dispatch_memory() const override;
 
   // The fused calls run one kernel each; the halves one each.
-  void dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, hipStream_t stream);
-  void combine(const CombineArgs& args, hipStream_t stream);
-  void dispatch_send(const DispatchInputs& inputs, hipStream_t stream);
-  void dispatch_recv(const DispatchOutputs& outputs, hipStream_t stream);
-  void combine_send(const CombineArgs& args, hipStream_t stream);
-  void combine_recv(const CombineArgs& args, hipStream_t stream);
-  // Waits for `stream`, then throws what the kernels recorded (TimeoutError, InvalidInputError) and clears
-  // it. After a timeout the group is unusable: every later call throws.
-  void synchronize(hipStream_t stream);
+  void dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) override;
+  void combine(const CombineArgs& args, void* stream) override;
+  void dispatch_send(const DispatchInputs& inputs, void* stream) override;
+  void dispatch_recv(const DispatchOutputs& outputs, void* stream) override;
+  void combine_send(const CombineArgs& args, void* stream) override;
+  void combine_recv(const CombineArgs& args, void* stream) override;
+  // Reads the status record on a stream of its own, so it never waits for the group's stream.
+  RecordedError poll_error() override;
+  RecordedError synchronize(void* stream) override;
+  bool broken() const override { return broken_; }
 
  private:
-  void require_usable() const;
-  // Check the arguments of each half (throw InvalidInputError) and convert them.
+  // The kernels' arguments (checked by the contract before they get here).
   device::DispatchSendArgs dispatch_send_args(const DispatchInputs& inputs) const;
   device::DispatchRecvArgs dispatch_recv_args(const DispatchOutputs& outputs) const;
-  // The same for the arguments both halves of combine take.
   device::CombineArgs combine_kernel_args(const CombineArgs& args) const;
+  // The status record as the kernels left it, copied on `stream` and waited for.
+  device::Status read_status(hipStream_t stream);
 
   EpConfig config_;
   int rank_;
-  std::unique_ptr<MpiBootstrap> node_;
+  Bootstrap& world_;
   DeviceBuffer dispatch_region_;
   DeviceBuffer combine_region_;
   DeviceBuffer signals_;
@@ -65,6 +73,7 @@ class GpuEp {
   std::unique_ptr<PeerBuffers> peer_signals_;
   DeviceBuffer peer_tables_;  // [3][world] pointers: dispatch regions, combine regions, signals
   PinnedHostBuffer status_mirror_;
+  Stream poll_stream_;
   device::GroupView view_{};
   int blocks_ = 0;
   std::size_t memory_bytes_ = 0;

@@ -28,14 +28,19 @@ IpcMapping::~IpcMapping() {
   }
 }
 
-PeerBuffers::PeerBuffers(Bootstrap& node, const DeviceBuffer& local) {
+std::vector<IpcBufferHandle> gather_ipc_handles(Bootstrap& bootstrap, const DeviceBuffer& local) {
   const IpcBufferHandle mine = export_ipc(local);
-  std::vector<IpcBufferHandle> handles(node.size());
-  node.all_gather(&mine, handles.data(), sizeof mine);
-  mappings_.resize(node.size());
-  pointers_.resize(node.size());
-  for (int peer = 0; peer < node.size(); ++peer) {
-    if (peer == node.rank()) {
+  std::vector<IpcBufferHandle> handles(bootstrap.size());
+  bootstrap.all_gather(&mine, handles.data(), sizeof mine);
+  return handles;
+}
+
+PeerBuffers::PeerBuffers(const std::vector<IpcBufferHandle>& handles, int rank, const DeviceBuffer& local) {
+  const int world = static_cast<int>(handles.size());
+  mappings_.resize(world);
+  pointers_.resize(world);
+  for (int peer = 0; peer < world; ++peer) {
+    if (peer == rank) {
       pointers_[peer] = local.get();
     } else {
       mappings_[peer] = IpcMapping(handles[peer]);

@@ -6,9 +6,9 @@
 #include <utility>
 #include <vector>
 
-#include "bootstrap.hpp"
 #include "device_memory.hpp"
 #include "hip/platform.hpp"
+#include "rocep/bootstrap.hpp"
 
 namespace rocep {
 
@@ -55,11 +55,16 @@ class IpcMapping {
   std::size_t bytes_ = 0;
 };
 
-// Collective over `node`: every rank exports `local` and maps every other rank's. Entry i of the result
-// is rank i's buffer as seen from this process; this rank's own entry is `local` itself (no mapping).
+// Collective over `bootstrap`: exports `local` and returns every rank's handle (entry r: rank r's). Not
+// failure-atomic (a rank whose export fails throws alone): for tools and tests; EpGroup agrees on each step.
+std::vector<IpcBufferHandle> gather_ipc_handles(Bootstrap& bootstrap, const DeviceBuffer& local);
+
+// Every peer's buffer mapped into this process: entry i is rank i's buffer as seen from here; this rank's
+// own entry is `local` itself (no mapping). The mappings are closed when this is destroyed.
 class PeerBuffers {
  public:
-  PeerBuffers(Bootstrap& node, const DeviceBuffer& local);
+  // handles[r]: rank r's exported buffer (gathered from every rank).
+  PeerBuffers(const std::vector<IpcBufferHandle>& handles, int rank, const DeviceBuffer& local);
   const std::vector<void*>& pointers() const { return pointers_; }
   void* operator[](int rank) const { return pointers_[rank]; }
 

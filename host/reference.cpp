@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 
 #include "codecs.hpp"
 #include "hip/bf16.hpp"
@@ -55,34 +54,39 @@ class MessageReader {
   std::size_t offset_ = 0;
 };
 
-// Sends messages[r] to rank r and returns what every rank sent to this one.
-std::vector<ByteVector> exchange(MPI_Comm comm, const std::vector<ByteVector>& messages) {
+// Sends messages[r] to rank r and returns what every rank sent to this one, through two all-gathers: the
+// sizes of every rank's messages, then every rank's messages back to back, padded to the largest total.
+std::vector<ByteVector> exchange_messages(Bootstrap& bootstrap, const std::vector<ByteVector>& messages) {
   const int world = static_cast<int>(messages.size());
-  std::vector<int> send_counts(world), send_offsets(world), receive_counts(world), receive_offsets(world);
+  const int rank = bootstrap.rank();
+  std::vector<uint64_t> sizes(world);
   ByteVector sent;
-  for (int rank = 0; rank < world; ++rank) {
-    if (messages[rank].size() > static_cast<std::size_t>(std::numeric_limits<int>::max()) - sent.size()) {
-      throw InvalidInputError("reference exchange: more than 2 GiB for one rank");
+  for (int destination = 0; destination < world; ++destination) {
+    sizes[destination] = messages[destination].size();
+    sent.insert(sent.end(), messages[destination].begin(), messages[destination].end());
+  }
+  std::vector<uint64_t> all_sizes(static_cast<std::size_t>(world) * world);  // [source][destination]
+  bootstrap.all_gather(sizes.data(), all_sizes.data(), world * sizeof(uint64_t));
+  uint64_t largest = 0;
+  for (int source = 0; source < world; ++source) {
+    uint64_t total = 0;
+    for (int destination = 0; destination < world; ++destination) {
+      total += all_sizes[static_cast<std::size_t>(source) * world + destination];
     }
-    send_offsets[rank] = static_cast<int>(sent.size());
-    send_counts[rank] = static_cast<int>(messages[rank].size());
-    sent.insert(sent.end(), messages[rank].begin(), messages[rank].end());
+    largest = std::max(largest, total);
   }
-  check_mpi(MPI_Alltoall(send_counts.data(), 1, MPI_INT, receive_counts.data(), 1, MPI_INT, comm),
-            "MPI_Alltoall (message sizes)");
-  std::size_t total = 0;
-  for (int rank = 0; rank < world; ++rank) {
-    receive_offsets[rank] = static_cast<int>(total);
-    total += receive_counts[rank];
-  }
-  ByteVector received(total);
-  check_mpi(MPI_Alltoallv(sent.data(), send_counts.data(), send_offsets.data(), MPI_BYTE, received.data(),
-                          receive_counts.data(), receive_offsets.data(), MPI_BYTE, comm),
-            "MPI_Alltoallv");
+  sent.resize(largest);
+  ByteVector received(largest * world);
+  bootstrap.all_gather(sent.data(), received.data(), largest);
   std::vector<ByteVector> result(world);
-  for (int rank = 0; rank < world; ++rank) {
-    result[rank].assign(received.begin() + receive_offsets[rank],
-                        received.begin() + receive_offsets[rank] + receive_counts[rank]);
+  for (int source = 0; source < world; ++source) {
+    const uint64_t* from_source = all_sizes.data() + static_cast<std::size_t>(source) * world;
+    uint64_t offset = 0;
+    for (int destination = 0; destination < rank; ++destination) {
+      offset += from_source[destination];
+    }
+    const auto first = received.begin() + static_cast<std::ptrdiff_t>(largest * source + offset);
+    result[source].assign(first, first + static_cast<std::ptrdiff_t>(from_source[rank]));
   }
   return result;
 }
@@ -96,116 +100,68 @@ void fma_row(float weight, const bf16_bits* row, int hidden, float* accumulator)
 
 }  // namespace
 
-void agree_on_input_errors(MPI_Comm comm, const std::string& local_error, const char* operation) {
-  int rank = 0;
-  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
-  // The lowest failing rank, or INT_MAX if none failed.
-  const int mine = local_error.empty() ? std::numeric_limits<int>::max() : rank;
-  int first_failing = 0;
-  check_mpi(MPI_Allreduce(&mine, &first_failing, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
-  if (!local_error.empty()) {
-    throw InvalidInputError(local_error);
-  }
-  if (first_failing != std::numeric_limits<int>::max()) {
-    throw InvalidInputError(std::string(operation) + ": rank " + std::to_string(first_failing) +
-                            " passed invalid input; no data was exchanged");
-  }
-}
-
-std::string dispatch_format_input_error(const EpConfig& config, int rank, const DispatchInputs& inputs) {
-  const std::string where = "dispatch: rank " + std::to_string(rank);
-  if (config.dispatch_format == TokenFormat::kBf16 && inputs.token_scales != nullptr) {
-    return where + " passed token_scales, but dispatch_format bf16 has no scales";
-  }
-  if (config.dispatch_format == TokenFormat::kNvfp4 && inputs.token_scales == nullptr &&
-      inputs.global_scale == nullptr) {
-    return where + " passed a null global_scale: nvfp4 tokens quantised in dispatch need one";
-  }
-  return {};
-}
-
-std::string dispatch_format_output_error(const EpConfig& config, int rank, const DispatchOutputs& outputs) {
-  if (config.dispatch_format != TokenFormat::kBf16 && outputs.recv_scales == nullptr) {
-    return "dispatch_recv: rank " + std::to_string(rank) +
-           " passed a null recv_scales, but dispatch_format " + to_string(config.dispatch_format) +
-           " has scales";
-  }
-  return {};
-}
-
-std::string input_buffer_format_error(const EpConfig& config) {
-  if (config.dispatch_format == TokenFormat::kBf16) {
-    return {};
-  }
-  return std::string("EpGroup::dispatch_input_buffer: dispatch_format is ") +
-         to_string(config.dispatch_format) + "; the input buffer holds bf16 tokens only";
-}
-
-std::string misplaced_tokens_error(int rank, const void* tokens, const void* memory, std::size_t bytes,
-                                   const void* buffer) {
-  const auto address = reinterpret_cast<std::uintptr_t>(tokens);
-  const auto first = reinterpret_cast<std::uintptr_t>(memory);
-  if (tokens == buffer || address < first || address - first >= bytes) {
-    return {};
-  }
-  return "dispatch: rank " + std::to_string(rank) +
-         " passed tokens inside the group's own dispatch memory but not at dispatch_input_buffer()";
-}
-
-ReferenceEp::ReferenceEp(MPI_Comm comm, const EpConfig& config) : bootstrap_(comm), config_(config) {
+ReferenceEp::ReferenceEp(Bootstrap& bootstrap, const EpConfig& config)
+    : bootstrap_(bootstrap), config_(config) {
   config_.validate(bootstrap_.size());
   config_.fp8_encoding = reference_fp8_encoding(config_.fp8_encoding);
   local_experts_ = config_.num_local_experts(bootstrap_.size());
 }
 
-void* ReferenceEp::dispatch_input_buffer() {
-  const std::string error = input_buffer_format_error(config_);
-  if (!error.empty()) {
-    throw ConfigError(error);
+void ReferenceEp::record(device::StatusCode code, device::Operation operation, int peer, int token, int slot,
+                         int value) {
+  if (status_.code == static_cast<uint32_t>(device::StatusCode::kOk)) {
+    status_ = {static_cast<uint32_t>(code), static_cast<int32_t>(operation), peer, token, slot, value};
   }
+}
+
+void* ReferenceEp::dispatch_input_buffer() {
   input_buffer_.resize(static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.hidden);
   return input_buffer_.data();
 }
 
-void ReferenceEp::dispatch_send(const DispatchInputs& inputs) {
+contract::DispatchMemory ReferenceEp::dispatch_memory() const {
+  return {input_buffer_.data(), input_buffer_.size() * sizeof(bf16_bits), input_buffer_.data()};
+}
+
+RecordedError ReferenceEp::poll_error() {
+  return contract::recorded_error(status_, config_, rank());
+}
+
+RecordedError ReferenceEp::synchronize(void* /*stream*/) {
+  const RecordedError error = poll_error();
+  status_ = {};
+  return error;
+}
+
+void ReferenceEp::dispatch_send(const DispatchInputs& inputs, void* /*stream*/) {
   const int world = world_size();
   const int top_k = config_.top_k;
   const int num_tokens =
       inputs.num_tokens_on_device != nullptr ? *inputs.num_tokens_on_device : inputs.num_tokens;
-
-  // Validate everything before anything moves; every rank learns whether any rank failed.
-  std::string error;
-  if (dispatch_sent_) {
-    error = "dispatch_send called twice without dispatch_recv";
-  } else if (num_tokens < 0 || num_tokens > config_.max_tokens_per_rank) {
-    error = "dispatch: rank " + std::to_string(rank()) +
-            " passed num_tokens = " + std::to_string(num_tokens) + ", allowed range is [0, " +
-            std::to_string(config_.max_tokens_per_rank) + "]";
-  } else if (num_tokens > 0 &&
-             (inputs.tokens == nullptr || inputs.topk_ids == nullptr || inputs.topk_weights == nullptr)) {
-    error =
-        "dispatch: rank " + std::to_string(rank()) + " passed a null tokens/topk_ids/topk_weights pointer";
-  } else {
-    error = misplaced_tokens_error(rank(), inputs.tokens, input_buffer_.data(),
-                                   input_buffer_.size() * sizeof(bf16_bits), input_buffer_.data());
-    if (error.empty()) {
-      error = dispatch_format_input_error(config_, rank(), inputs);
-    }
+  if (num_tokens < 0 || num_tokens > config_.max_tokens_per_rank) {
+    // A count only known while the call runs: no token is sent, the peers complete.
+    record(device::StatusCode::kTokenCountOutOfRange, device::Operation::kDispatchSend, -1, -1, -1,
+           num_tokens);
+    dispatch_send(contract::zero_tokens(), nullptr);
+    return;
   }
-  for (int token = 0; error.empty() && token < num_tokens; ++token) {
-    const int32_t* ids = inputs.topk_ids + static_cast<std::size_t>(token) * top_k;
-    for (int k = 0; error.empty() && k < top_k; ++k) {
-      const std::string where = "dispatch: rank " + std::to_string(rank()) + " token " +
-                                std::to_string(token) + " slot " + std::to_string(k);
-      if (ids[k] < -1 || ids[k] >= config_.num_experts) {
-        error = where + ": expert id " + std::to_string(ids[k]) + " is outside [-1, " +
-                std::to_string(config_.num_experts) + ")";
-      } else if (ids[k] >= 0 && std::find(ids, ids + k, ids[k]) != ids + k) {
-        error = where + ": expert id " + std::to_string(ids[k]) + " is named twice by this token";
+  // The ids as dispatched: an id out of range, or named a second time by its token, becomes -1.
+  std::vector<int32_t> checked_ids(inputs.topk_ids,
+                                   inputs.topk_ids + static_cast<std::size_t>(num_tokens) * top_k);
+  for (int token = 0; token < num_tokens; ++token) {
+    int32_t* ids = checked_ids.data() + static_cast<std::size_t>(token) * top_k;
+    const int32_t* given = inputs.topk_ids + static_cast<std::size_t>(token) * top_k;
+    for (int k = 0; k < top_k; ++k) {
+      if (given[k] < -1 || given[k] >= config_.num_experts) {
+        record(device::StatusCode::kExpertOutOfRange, device::Operation::kDispatchSend, -1, token, k,
+               given[k]);
+        ids[k] = -1;
+      } else if (given[k] >= 0 && std::find(given, given + k, given[k]) != given + k) {
+        record(device::StatusCode::kExpertRepeated, device::Operation::kDispatchSend, -1, token, k, given[k]);
+        ids[k] = -1;
       }
     }
   }
-  agree_on_input_errors(bootstrap_.comm(), error, "dispatch");
 
   // One message per (token, destination rank) that owns any of its experts: the token index, the ids that
   // concern that rank (-1 elsewhere), all weights, then the payload and the scales.
@@ -214,7 +170,8 @@ void ReferenceEp::dispatch_send(const DispatchInputs& inputs) {
   const std::size_t payload_bytes = format_payload_bytes(format, hidden);
   const std::size_t scale_bytes = format_scale_bytes(format, hidden);
   const bool quantize = format != TokenFormat::kBf16 && inputs.token_scales == nullptr;
-  const float global_scale = quantize && format == TokenFormat::kNvfp4 ? *inputs.global_scale : 1.0f;
+  const float global_scale =
+      quantize && num_tokens > 0 && format == TokenFormat::kNvfp4 ? *inputs.global_scale : 1.0f;
   std::vector<ByteVector> messages(world);
   std::vector<int32_t> ids_for_rank(top_k);
   ByteVector body(payload_bytes + scale_bytes);
@@ -234,7 +191,7 @@ void ReferenceEp::dispatch_send(const DispatchInputs& inputs) {
                     static_cast<const uint8_t*>(inputs.token_scales) + token * scale_bytes, scale_bytes);
       }
     }
-    const int32_t* ids = inputs.topk_ids + static_cast<std::size_t>(token) * top_k;
+    const int32_t* ids = checked_ids.data() + static_cast<std::size_t>(token) * top_k;
     for (int destination = 0; destination < world; ++destination) {
       bool any = false;
       for (int k = 0; k < top_k; ++k) {
@@ -252,31 +209,14 @@ void ReferenceEp::dispatch_send(const DispatchInputs& inputs) {
       append(message, body.data(), body.size());
     }
   }
-  dispatched_ = false;  // until dispatch_recv lays this dispatch out, there is nothing to combine
   sent_tokens_ = num_tokens;
-  sent_topk_ids_.assign(inputs.topk_ids, inputs.topk_ids + static_cast<std::size_t>(num_tokens) * top_k);
-  received_messages_ = exchange(bootstrap_.comm(), messages);
-  dispatch_sent_ = true;
+  sent_topk_ids_ = std::move(checked_ids);
+  received_messages_ = exchange_messages(bootstrap_, messages);
 }
 
-void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs) {
+void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs, void* /*stream*/) {
   const int world = world_size();
   const int top_k = config_.top_k;
-  std::string error;
-  // A failed dispatch_recv still ends the dispatch in flight, so the group stays usable.
-  const bool was_sent = dispatch_sent_;
-  dispatch_sent_ = false;
-  if (!was_sent) {
-    error = "dispatch_recv called without dispatch_send";
-  } else if (outputs.recv_tokens == nullptr || outputs.row_offsets == nullptr ||
-             outputs.expert_ids == nullptr || outputs.src_info == nullptr ||
-             outputs.recv_weights == nullptr) {
-    error = "dispatch_recv: rank " + std::to_string(rank()) + " passed a null output pointer";
-  } else {
-    error = dispatch_format_output_error(config_, rank(), outputs);
-  }
-  agree_on_input_errors(bootstrap_.comm(), error, "dispatch_recv");
-
   // Decode the messages: per source rank, in the order sent (ascending token).
   struct Arrival {
     int32_t token;
@@ -362,37 +302,21 @@ void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs) {
   }
   outputs.row_offsets[local_experts_] = row;
   received_messages_.clear();
-  dispatched_ = true;
 }
 
-void ReferenceEp::combine_send(const CombineArgs& args) {
+void ReferenceEp::combine_send(const CombineArgs& args, void* /*stream*/) {
   const int world = world_size();
   const int top_k = config_.top_k;
   const int hidden = config_.hidden;
-  std::string error;
-  if (!dispatched_) {
-    error = "combine_send called without a dispatch before it";
-  } else if (combine_sent_) {
-    error = "combine_send called twice without combine_recv";
-  } else if (args.expert_outputs == nullptr || args.out == nullptr) {
-    error = "combine: rank " + std::to_string(rank()) + " passed a null expert_outputs/out pointer";
-  }
-  // Weighted and unweighted combines lay their messages out differently: every rank must do the same.
-  const int weighted = args.row_weights != nullptr ? 1 : 0;
-  int weighted_ranks = 0;
-  check_mpi(MPI_Allreduce(&weighted, &weighted_ranks, 1, MPI_INT, MPI_SUM, bootstrap_.comm()),
-            "MPI_Allreduce");
-  if (error.empty() && weighted_ranks != 0 && weighted_ranks != world) {
-    error = "combine: rank " + std::to_string(rank()) + " passed row_weights " + (weighted ? "set" : "null") +
-            " but " + std::to_string(weighted ? world - weighted_ranks : weighted_ranks) +
-            " other rank(s) did not: weighted or not must agree on every rank";
-  }
-  agree_on_input_errors(bootstrap_.comm(), error, "combine");
-
-  // Weighted: one partial row per received token, reduced here in ascending k. Unweighted: one row per
-  // (token, k), prefixed by k.
+  // Every message starts with whether this rank's combine is weighted, so that the receivers can check that
+  // every rank agrees. Weighted: one partial row per received token, reduced here in ascending k.
+  // Unweighted: one row per (token, k), prefixed by k.
   const auto* expert_outputs = static_cast<const bf16_bits*>(args.expert_outputs);
+  const int32_t weighted = args.row_weights != nullptr ? 1 : 0;
   std::vector<ByteVector> messages(world);
+  for (ByteVector& message : messages) {
+    append(message, &weighted, 1);
+  }
   std::vector<float> accumulator(hidden);
   std::vector<bf16_bits> partial(hidden);
   for (int source = 0; source < world; ++source) {
@@ -420,20 +344,26 @@ void ReferenceEp::combine_send(const CombineArgs& args) {
       }
     }
   }
-  combine_messages_ = exchange(bootstrap_.comm(), messages);
-  combine_sent_ = true;
+  combine_messages_ = exchange_messages(bootstrap_, messages);
 }
 
-void ReferenceEp::combine_recv(const CombineArgs& args) {
+void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
   const int world = world_size();
   const int top_k = config_.top_k;
   const int hidden = config_.hidden;
-  std::string error;
-  if (!combine_sent_) {
-    error = "combine_recv called without combine_send";
+  std::vector<MessageReader> readers;
+  const int32_t weighted = args.row_weights != nullptr ? 1 : 0;
+  for (int source = 0; source < world; ++source) {
+    readers.emplace_back(combine_messages_[source]);
+    const auto source_weighted = readers.back().read_one<int32_t>();
+    if (source_weighted != weighted) {
+      // The messages cannot be read as this rank's combine would: out is left as it was.
+      record(device::StatusCode::kCombineWeightingMismatch, device::Operation::kCombineRecv, source, -1, -1,
+             source_weighted);
+      combine_messages_.clear();
+      return;
+    }
   }
-  agree_on_input_errors(bootstrap_.comm(), error, "combine_recv");
-  combine_sent_ = false;
 
   // Which ranks got each token, from the ids this rank dispatched.
   auto rank_has_token = [&](int token, int destination) {
@@ -443,10 +373,6 @@ void ReferenceEp::combine_recv(const CombineArgs& args) {
   };
   auto* out = static_cast<bf16_bits*>(args.out);
   const auto* shared = static_cast<const bf16_bits*>(args.shared_expert_output);
-  std::vector<MessageReader> readers;
-  for (int source = 0; source < world; ++source) {
-    readers.emplace_back(combine_messages_[source]);
-  }
 
   if (args.row_weights != nullptr) {
     std::vector<float> accumulator(hidden);

@@ -1,51 +1,45 @@
 // The CPU reference implementation of dispatch and combine: the definition every GPU kernel is tested
-// against bit for bit, and the backend of EpGroup on machines without a GPU. Data moves between ranks with
-// MPI_Alltoallv; every pointer is host memory.
+// against bit for bit, and the backend of EpGroup on machines without a GPU. Data moves between ranks
+// through the group's Bootstrap (an all-gather of the messages); every pointer is host memory.
 #pragma once
-
-#include <mpi.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "bootstrap.hpp"
+#include "backend.hpp"
+#include "hip/ep_params.hpp"
+#include "rocep/bootstrap.hpp"
 #include "rocep/config.hpp"
 #include "rocep/types.hpp"
 
 namespace rocep::reference {
 
-// Collective over `comm`: if any rank passes a non-empty `local_error`, every rank throws
-// InvalidInputError (the failing rank with its own message, the others naming the first failing rank), so
-// no rank is left waiting in the exchange that would have followed.
-void agree_on_input_errors(MPI_Comm comm, const std::string& local_error, const char* operation);
-
-// Empty when the format-dependent fields of `inputs` / `outputs` suit config.dispatch_format, else a message
-// naming the rank and the field (both backends check with these).
-std::string dispatch_format_input_error(const EpConfig& config, int rank, const DispatchInputs& inputs);
-std::string dispatch_format_output_error(const EpConfig& config, int rank, const DispatchOutputs& outputs);
-// EpGroup::dispatch_input_buffer: empty when config.dispatch_format has one (bf16), else the ConfigError's
-// message; and empty unless `tokens` lies in [memory, memory + bytes), the group's own dispatch memory,
-// anywhere but at `buffer`, the input buffer inside it.
-std::string input_buffer_format_error(const EpConfig& config);
-std::string misplaced_tokens_error(int rank, const void* tokens, const void* memory, std::size_t bytes,
-                                   const void* buffer);
-
-class ReferenceEp {
+// An expert id outside [-1, num_experts) or named twice by one token: that slot is not dispatched, and the
+// first such slot (in token, then slot order) is recorded, as the GPU kernels do. Mixed weighted and
+// unweighted combines are recorded by every rank that receives from a rank that differs; its out is then
+// not written.
+class ReferenceEp final : public EpBackend {
  public:
-  // Collective. Throws ConfigError if config.validate(world size) fails. fp8_encoding kAuto means e4m3fn.
-  ReferenceEp(MPI_Comm comm, const EpConfig& config);
+  // Collective over `bootstrap`, which must outlive the backend. Throws ConfigError if
+  // config.validate(world size) fails. fp8_encoding kAuto means e4m3fn.
+  ReferenceEp(Bootstrap& bootstrap, const EpConfig& config);
 
   int rank() const { return bootstrap_.rank(); }
   int world_size() const { return bootstrap_.size(); }
 
-  // See EpGroup for the contracts: host memory here, allocated on the first call.
-  void* dispatch_input_buffer();
-  // Collective; see EpGroup for the contracts.
-  void dispatch_send(const DispatchInputs& inputs);
-  void dispatch_recv(const DispatchOutputs& outputs);
-  void combine_send(const CombineArgs& args);
-  void combine_recv(const CombineArgs& args);
+  std::size_t memory_bytes() const override { return 0; }  // only transient host vectors
+  // Host memory here, allocated on the first call.
+  void* dispatch_input_buffer() override;
+  contract::DispatchMemory dispatch_memory() const override;
+  // Collective; see EpGroup for the contracts. `stream` is ignored.
+  void dispatch_send(const DispatchInputs& inputs, void* stream) override;
+  void dispatch_recv(const DispatchOutputs& outputs, void* stream) override;
+  void combine_send(const CombineArgs& args, void* stream) override;
+  void combine_recv(const CombineArgs& args, void* stream) override;
+  RecordedError poll_error() override;
+  RecordedError synchronize(void* stream) override;
+  bool broken() const override { return false; }  // nothing here waits, so nothing times out
 
  private:
   // One token as it reached this rank, and the rows dispatch_recv expanded it into.
@@ -54,22 +48,23 @@ class ReferenceEp {
     std::vector<int32_t> rows;  // [top_k]: row of slot k on this rank, -1 if slot k is elsewhere
   };
 
-  MpiBootstrap bootstrap_;
+  // Records a failure unless one is recorded already (the first is the cause).
+  void record(device::StatusCode code, device::Operation operation, int peer, int token, int slot, int value);
+
+  Bootstrap& bootstrap_;
   EpConfig config_;
   int local_experts_ = 0;
+  device::Status status_{};
 
   std::vector<bf16_bits> input_buffer_;  // [max_tokens_per_rank][hidden] once asked for
   // dispatch_send -> dispatch_recv
   std::vector<std::vector<uint8_t>> received_messages_;
-  bool dispatch_sent_ = false;
   // dispatch -> combine
   int sent_tokens_ = 0;
   std::vector<int32_t> sent_topk_ids_;                       // [sent_tokens_, top_k]
   std::vector<std::vector<ReceivedToken>> received_tokens_;  // per source rank, in arrival order
-  bool dispatched_ = false;
   // combine_send -> combine_recv
   std::vector<std::vector<uint8_t>> combine_messages_;
-  bool combine_sent_ = false;
 };
 
 }  // namespace rocep::reference

@@ -14,6 +14,7 @@
 #include "hip/scale_layout.hpp"
 #include "hip/silu_math.hpp"
 #include "host/codecs.hpp"
+#include "host/profiler_range.hpp"
 #include "rocep/errors.hpp"
 
 #if defined(ROCEP_GPU_BUILD)
@@ -98,6 +99,7 @@ void validate(const SiluArgs& args, const char* call) {
 }  // namespace
 
 void silu_and_quantize_reference(const SiluArgs& args) {
+  const ProfilerRange range("rocep::silu_and_quantize_reference");
   validate(args, "silu_and_quantize_reference");
   const int n = args.n;
   const auto format = static_cast<device::Format>(args.format);
@@ -172,6 +174,7 @@ SiluDevice silu_device(int device) {
 }  // namespace
 
 void silu_and_quantize(const SiluArgs& args, void* stream) {
+  const ProfilerRange range("rocep::silu_and_quantize");
   validate(args, "silu_and_quantize");
   const SiluDevice gpu = silu_device(current_device());
   const Fp8Encoding encoding =

@@ -3,14 +3,32 @@
 //
 // Streams: `stream` is a hipStream_t (AMD) or cudaStream_t (NVIDIA); both convert to void* implicitly, and
 // nullptr is the default stream. The CPU reference backend ignores it and works on host memory.
+//
+// Errors, the same on both backends (each call below says which apply):
+// - CallOrderError: a call out of the order dispatch -> combine -> dispatch ... (each fused or as its two
+//   halves). Refused before anything is issued; the group's state is unchanged.
+// - InvalidInputError from dispatch / dispatch_send for bad inputs (num_tokens out of range, a null pointer,
+//   tokens misplaced in the group's memory, a format field that does not fit): this rank still takes part as
+//   a rank with zero tokens, so its peers complete with correct results; only this rank throws, after its
+//   part is issued, and the group goes on. Its next call is dispatch_recv (or, after a fused dispatch,
+//   combine), as after any dispatch.
+// - InvalidInputError from dispatch_recv / combine / combine_send / combine_recv for bad arguments (a null
+//   pointer): that call is refused on this rank before anything is issued and may be repeated with valid
+//   arguments; until then the peers' waits on this rank run against config().timeout_seconds.
+// - Recorded, never thrown from a call: what only the data shows while the call runs (an expert id outside
+//   [-1, num_experts) or named twice: that slot is not dispatched; a device-side token count out of range:
+//   no token is sent; weighted and unweighted combines mixed across ranks: out is invalid; a peer that never
+//   signals: TimeoutError). poll_error() reads it without waiting; synchronize() throws it.
+// - After a TimeoutError the group is unusable: every call throws Error; it can still be destroyed.
 #pragma once
-
-#include <mpi.h>
 
 #include <cstddef>
 #include <memory>
+#include <type_traits>
 
+#include "bootstrap.hpp"
 #include "config.hpp"
+#include "errors.hpp"
 #include "types.hpp"
 
 namespace rocep {
@@ -18,22 +36,29 @@ namespace rocep {
 enum class Backend {
   kAuto,          // the GPU when this build has GPU kernels and a GPU is visible, else the CPU reference
   kGpu,           // kernels on the GPU; every pointer is device memory
-  kCpuReference,  // the CPU reference implementation over MPI; every pointer is host memory
+  kCpuReference,  // the CPU reference implementation; every pointer is host memory
 };
 
 const char* to_string(Backend backend);
 
 class EpGroup {
  public:
-  // Collective over `comm`: every rank of `comm` must call it with an equal `config` and `backend`.
-  // Allocates: yes (receive buffers, counters, peer tables; see memory_bytes()). Not graph-safe.
-  // The GPU backend uses the calling thread's current device (set it first; one GPU per rank) and needs
-  // every rank on one node.
-  // Errors: ConfigError if config.validate(size of comm) fails, if the configs of the ranks differ, or if
-  // kGpu is asked for and this build or machine has no GPU; GpuRuntimeError / BootstrapError if allocation
-  // or the IPC exchange fails.
-  // `comm` is duplicated; the caller may free its own handle afterwards.
-  EpGroup(MPI_Comm comm, const EpConfig& config, Backend backend = Backend::kAuto);
+  // Collective over `bootstrap`: every rank must call it with an equal `config` and `backend`. The group
+  // keeps the bootstrap for its lifetime (its destructor uses it) and uses it only at creation and
+  // destruction, never in dispatch or combine. Allocates: yes (receive buffers, counters, peer tables; see
+  // memory_bytes()). Not graph-safe. The GPU backend uses the calling thread's current device (set it first;
+  // one GPU per rank) and needs every rank on one node (config.gpus_per_node, or the host identity every
+  // rank reports) whose GPUs reach each other peer to peer.
+  // Failure-atomic: either every rank returns, or every rank throws, naming the first rank that failed and
+  // the step: ConfigError if config.validate(bootstrap size) fails, if the configs of the ranks differ, if
+  // kGpu is asked for and this build or machine has no GPU, or if two GPUs of the node cannot reach each
+  // other; GpuRuntimeError / BootstrapError if allocation, the IPC exchange or a bootstrap collective fails.
+  EpGroup(std::shared_ptr<Bootstrap> bootstrap, const EpConfig& config, Backend backend = Backend::kAuto);
+  // The same over an MPI communicator (duplicated; the caller may free its handle afterwards). Defined in
+  // <rocep/mpi.hpp>, which a caller of this constructor includes.
+  template <typename MpiComm,
+            typename = std::enable_if_t<!std::is_convertible_v<MpiComm, std::shared_ptr<Bootstrap>>>>
+  EpGroup(MpiComm comm, const EpConfig& config, Backend backend = Backend::kAuto);
   // Collective (barrier with the peers, who may still be storing into this rank's buffers) unless the
   // group timed out, in which case it releases everything without waiting for anyone.
   ~EpGroup();
@@ -63,42 +88,47 @@ class EpGroup {
   // dispatch = dispatch_send + dispatch_recv.
   // Collective: every rank calls it, in the same order relative to combine, with its own inputs (0 tokens
   // is allowed). Allocates: no. Graph-safe: yes on the GPU backend (no host synchronisation).
-  // Errors: InvalidInputError before any work if num_tokens is outside [0, max_tokens_per_rank], a pointer
-  // is null, or the tokens lie in the group's own dispatch memory anywhere but at dispatch_input_buffer()
-  // (the peers then time out waiting for this rank); InvalidInputError naming rank, token and slot
-  // for an expert id outside [-1, num_experts) or an expert named twice by one token (nothing is stored
-  // for it); TimeoutError naming the peer if a peer does not send within config().timeout_seconds. On the
-  // GPU backend the last two come from synchronize().
-  // All calls of a group go on one stream, and every dispatch is followed by a combine before the next
-  // dispatch (the combine is what tells a rank that its peers are done reading its dispatch buffers).
+  // Errors (see the top of this file): CallOrderError unless the group's last call ended a combine (or
+  // none came yet); InvalidInputError for bad inputs, after this rank took part with zero tokens; recorded:
+  // an invalid expert id (rank, token, slot), a device-side count out of range, TimeoutError naming the peer.
+  // Streams: every call of a group goes on one stream (or on streams the caller orders, event by event, in
+  // the same call order); two groups may run on two streams at once. Every dispatch is followed by a combine
+  // before the next dispatch: the combine is what tells a rank that its peers are done reading its dispatch
+  // memory. Under graph capture the calls are checked in capture order, which is their replay order: capture
+  // whole dispatch + combine steps.
   void dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream = nullptr);
   // Sends every peer the ids and weights that concern it, and stages this rank's tokens (quantised if
   // asked) where the peers read them: each token crosses to each destination rank once, in that rank's
   // dispatch_recv. Returns once this is issued; the inputs must stay valid until dispatch_recv has returned.
   void dispatch_send(const DispatchInputs& inputs, void* stream = nullptr);
   // Waits until every peer has sent its ids and staged its tokens, reads the tokens and lays them out
-  // expert by expert into `outputs`.
+  // expert by expert into `outputs`. After a recorded failure that stops the call (a timeout), it writes
+  // row_offsets as all zeros, so no stale rows from an earlier call look valid.
   void dispatch_recv(const DispatchOutputs& outputs, void* stream = nullptr);
 
   // combine = combine_send + combine_recv. Combines the rows of the latest dispatch of this group.
   // Collective, allocates nothing, graph-safe on the GPU backend. Weighted (row_weights set): the rows of
   // one token that sit on one rank are reduced there (float32 fused multiply-add in ascending k, rounded
   // to bf16) and only that partial crosses the link; the source sums the partials in float32 in ascending
-  // rank order, adds the shared-expert row and rounds to bf16 once. Errors: InvalidInputError for a null
-  // pointer or a combine without a dispatch before it; TimeoutError naming the peer.
+  // rank order, adds the shared-expert row and rounds to bf16 once. Errors: CallOrderError without a
+  // dispatch before it; InvalidInputError for a null pointer (refused, may be repeated); recorded: weighted
+  // and unweighted mixed across ranks, TimeoutError naming the peer.
   void combine(const CombineArgs& args, void* stream = nullptr);
   // Sends the expert outputs (reduced per token when weighted) back to the ranks the tokens came from.
   void combine_send(const CombineArgs& args, void* stream = nullptr);
   // Waits for every peer's rows and writes args.out.
   void combine_recv(const CombineArgs& args, void* stream = nullptr);
 
-  // Waits for `stream` and throws what the kernels recorded since the last synchronize: InvalidInputError
-  // for an expert id out of range or named twice (rank, token, slot; that slot was not dispatched, the rest
-  // of the call completed), TimeoutError naming the operation and the peer that never signalled. After a
-  // TimeoutError the group is unusable (every call throws) but can still be destroyed. On the GPU backend
-  // device-side failures surface only here, since the calls themselves never wait for the device; the CPU
-  // reference backend throws from the calls directly and synchronize() does nothing.
+  // Waits for `stream` and throws what was recorded since the last synchronize (and clears it):
+  // InvalidInputError for an expert id out of range or named twice (rank, token, slot; that slot was not
+  // dispatched, the rest of the call completed), a device-side token count out of range, or mixed weighted
+  // and unweighted combines; TimeoutError naming the operation and the peer that never signalled. After a
+  // TimeoutError the group is unusable (every call throws) but can still be destroyed. Both backends record
+  // these the same way; the CPU reference has nothing to wait for.
   void synchronize(void* stream = nullptr);
+  // What was recorded so far, without waiting for any stream and without clearing it (Kind::kNone: nothing).
+  // Not collective; safe while kernels run. A kernel's failure may take until that kernel ends to appear.
+  RecordedError poll_error();
 
  private:
   struct Impl;

@@ -40,10 +40,36 @@ class InvalidInputError : public Error {
   explicit InvalidInputError(const std::string& message) : Error(message) {}
 };
 
-// The MPI bootstrap (communicator split, handle exchange) failed.
+// A call came out of the order dispatch (or dispatch_send, dispatch_recv), combine (or combine_send,
+// combine_recv), dispatch, ... on this rank. Nothing was issued; the group's state is unchanged.
+class CallOrderError : public Error {
+ public:
+  explicit CallOrderError(const std::string& message) : Error(message) {}
+};
+
+// A bootstrap collective (all-gather, barrier) or a step of group creation failed. At group creation
+// every rank throws it, naming the rank and the step that failed first.
 class BootstrapError : public Error {
  public:
   explicit BootstrapError(const std::string& message) : Error(message) {}
+};
+
+// What the kernels (or the CPU reference) recorded while calls ran, as EpGroup::poll_error() returns it.
+struct RecordedError {
+  enum class Kind { kNone, kInvalidInput, kTimeout };
+  Kind kind = Kind::kNone;
+  std::string message;  // names the operation, the rank and what went wrong
+
+  explicit operator bool() const { return kind != Kind::kNone; }
+  // Throws the typed exception: InvalidInputError or TimeoutError. Does nothing for kNone.
+  void raise() const {
+    if (kind == Kind::kInvalidInput) {
+      throw InvalidInputError(message);
+    }
+    if (kind == Kind::kTimeout) {
+      throw TimeoutError(message);
+    }
+  }
 };
 
 }  // namespace rocep

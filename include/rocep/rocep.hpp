@@ -1,8 +1,9 @@
-// The whole public API of rocep.
+// The whole public API of rocep, without MPI (<rocep/mpi.hpp> adds the MPI bootstrap).
 #pragma once
 
-#include "config.hpp"    // IWYU pragma: export
-#include "ep_group.hpp"  // IWYU pragma: export
-#include "errors.hpp"    // IWYU pragma: export
-#include "silu.hpp"      // IWYU pragma: export
-#include "types.hpp"     // IWYU pragma: export
+#include "bootstrap.hpp"  // IWYU pragma: export
+#include "config.hpp"     // IWYU pragma: export
+#include "ep_group.hpp"   // IWYU pragma: export
+#include "errors.hpp"     // IWYU pragma: export
+#include "silu.hpp"       // IWYU pragma: export
+#include "types.hpp"      // IWYU pragma: export

@@ -1,6 +1,7 @@
 // Dispatches one token per rank to every rank's first expert and combines it back with weight 1 on the
 // CPU reference backend; the combined token must equal the original. Exits non-zero on any mismatch.
 #include <mpi.h>
+#include <rocep/mpi.hpp>
 #include <rocep/rocep.hpp>
 
 #include <cstdio>

@@ -1,8 +1,7 @@
-// The MPI bootstrap (all-gather, barrier, node split) on MPI_COMM_WORLD at any rank count, the
-// single-process bootstrap, the device choice for a local rank, and the collective agreement on input
-// errors that keeps every rank out of an exchange once one rank has failed.
-#include "host/bootstrap.hpp"
-
+// The MPI bootstrap (all-gather, barrier, bounded barrier) on MPI_COMM_WORLD at any rank count, the
+// single-process bootstrap, the node layout from host identities or a given ranks-per-node, the device
+// choice for a local rank, and the failure-atomic steps of group creation (every rank throws, naming the
+// lowest failing rank and the step).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -13,9 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "host/reference.hpp"
+#include "host/agreement.hpp"
+#include "host/bootstrap.hpp"
+#include "host/node.hpp"
 #include "mpi_support.hpp"
 #include "rocep/errors.hpp"
+#include "rocep/mpi.hpp"
 
 namespace {
 
@@ -97,19 +99,48 @@ TEST(MpiBootstrapTest, BarrierRepeatedly) {
   }
 }
 
-TEST(MpiBootstrapTest, SplitNodeKeepsTheWholeWorldOnOneMachine) {
+TEST(MpiBootstrapTest, BoundedBarrierPassesWhenEveryRankArrives) {
   rocep::MpiBootstrap bootstrap(MPI_COMM_WORLD);
-  const std::unique_ptr<rocep::MpiBootstrap> node = bootstrap.split_node();
-  EXPECT_LE(node->size(), bootstrap.size());
-  // The tests start every rank on one machine, so the node is the world, ordered by world rank.
-  EXPECT_EQ(node->size(), bootstrap.size());
-  EXPECT_EQ(node->rank(), bootstrap.rank());
+  EXPECT_TRUE(bootstrap.barrier_within(30.0));
   const int mine = bootstrap.rank();
-  std::vector<int> world_ranks(node->size(), -1);
-  node->all_gather(&mine, world_ranks.data(), sizeof mine);
-  for (int rank = 0; rank < node->size(); ++rank) {
-    EXPECT_EQ(world_ranks[rank], rank);
+  std::vector<int> ranks(bootstrap.size(), -1);
+  bootstrap.all_gather(&mine, ranks.data(), sizeof mine);
+  EXPECT_EQ(ranks.back(), bootstrap.size() - 1);
+}
+
+TEST(NodeLayoutTest, EveryRankOfThisMachineSharesOneNode) {
+  rocep::MpiBootstrap bootstrap(MPI_COMM_WORLD);
+  const rocep::NodeLayout layout = rocep::node_layout(bootstrap, 0);
+  // The tests start every rank on one machine: the node is the world, ordered by rank.
+  EXPECT_EQ(layout.num_nodes, 1);
+  EXPECT_EQ(layout.node, 0);
+  EXPECT_EQ(layout.local_rank, bootstrap.rank());
+  ASSERT_EQ(static_cast<int>(layout.local_ranks.size()), bootstrap.size());
+  for (int rank = 0; rank < bootstrap.size(); ++rank) {
+    EXPECT_EQ(layout.local_ranks[rank], rank);
+    EXPECT_TRUE(layout.on_this_node(rank));
   }
+  EXPECT_FALSE(rocep::host_identity().empty());
+}
+
+TEST(NodeLayoutTest, RanksPerNodeDeclaresNodes) {
+  rocep::MpiBootstrap bootstrap(MPI_COMM_WORLD);
+  const rocep::NodeLayout layout = rocep::node_layout(bootstrap, 1);  // every rank a node of its own
+  EXPECT_EQ(layout.num_nodes, bootstrap.size());
+  EXPECT_EQ(layout.node, bootstrap.rank());
+  EXPECT_EQ(layout.local_ranks, std::vector<int>{bootstrap.rank()});
+  EXPECT_EQ(layout.local_rank, 0);
+}
+
+TEST(NodeLayoutTest, IdentitiesGroupRanksInOrderOfTheirLowestRank) {
+  const std::vector<std::string> identities = {"b", "a", "b", "c", "a"};
+  const rocep::NodeLayout layout = rocep::node_layout_of(identities, 4);
+  EXPECT_EQ(layout.node_of_rank, (std::vector<int>{0, 1, 0, 2, 1}));
+  EXPECT_EQ(layout.num_nodes, 3);
+  EXPECT_EQ(layout.node, 1);
+  EXPECT_EQ(layout.local_ranks, (std::vector<int>{1, 4}));
+  EXPECT_EQ(layout.local_rank, 1);
+  EXPECT_FALSE(layout.on_this_node(0));
 }
 
 TEST(SingleProcessBootstrapTest, IsRankZeroOfOne) {
@@ -162,46 +193,36 @@ TEST(DeviceForLocalRankTest, NoDeviceThrows) {
   EXPECT_THROW(rocep::device_for_local_rank(0, 0, "0"), rocep::ConfigError);
 }
 
-// The message of the InvalidInputError agree_on_input_errors threw on this rank, or "" if it threw none.
-std::string agreement_error(const std::string& local_error) {
+// The exception run_agreed threw on this rank (type name and message), or "" if it threw none.
+std::string agreed_failure(bool fail_here, const char* what) {
+  rocep::MpiBootstrap bootstrap(MPI_COMM_WORLD);
   try {
-    rocep::reference::agree_on_input_errors(MPI_COMM_WORLD, local_error, "dispatch");
-  } catch (const rocep::InvalidInputError& error) {
-    return error.what();
+    rocep::run_agreed(bootstrap, "test step", [&] {
+      if (fail_here) {
+        throw rocep::ConfigError(what);
+      }
+    });
+  } catch (const rocep::ConfigError& error) {
+    return std::string("ConfigError: ") + error.what();
+  } catch (const std::exception& error) {
+    return std::string("other: ") + error.what();
   }
   return "";
 }
 
-TEST(AgreeOnInputErrorsTest, NoErrorThrowsNothing) {
-  EXPECT_EQ(agreement_error(""), "");
-  EXPECT_EQ(agreement_error(""), "");
+TEST(RunAgreedTest, NoFailureThrowsNowhere) {
+  EXPECT_EQ(agreed_failure(false, ""), "");
 }
 
-TEST(AgreeOnInputErrorsTest, ErrorOnLastRankThrowsEverywhere) {
-  const int last = world_size() - 1;
-  const std::string own_error = "dispatch: rank " + std::to_string(last) + " token 3 slot 1: bad id";
-  const std::string message = agreement_error(world_rank() == last ? own_error : "");
-  if (world_rank() == last) {
-    EXPECT_EQ(message, own_error);
-  } else {
-    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "rank " + std::to_string(last), message);
-    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "dispatch", message);
-  }
-  // The agreement leaves nothing pending: a call without errors right after throws nowhere.
-  EXPECT_EQ(agreement_error(""), "");
-}
-
-TEST(AgreeOnInputErrorsTest, OthersNameTheLowestFailingRank) {
+TEST(RunAgreedTest, EveryRankThrowsTheLowestFailingRanksError) {
   // The upper half of the ranks fails (rank 0 alone at one rank).
   const int lowest_failing = world_size() / 2;
-  const bool failing = world_rank() >= lowest_failing;
-  const std::string own_error = "rank " + std::to_string(world_rank()) + " failed";
-  const std::string message = agreement_error(failing ? own_error : "");
-  if (failing) {
-    EXPECT_EQ(message, own_error);
-  } else {
-    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "rank " + std::to_string(lowest_failing) + " ", message);
-  }
+  const std::string own = "rank " + std::to_string(world_rank()) + " cannot";
+  const std::string message = agreed_failure(world_rank() >= lowest_failing, own.c_str());
+  EXPECT_EQ(message, "ConfigError: EpGroup: rank " + std::to_string(lowest_failing) +
+                         " failed at test step: rank " + std::to_string(lowest_failing) + " cannot");
+  // Nothing is left pending: a step that succeeds everywhere right after throws nowhere.
+  EXPECT_EQ(agreed_failure(false, ""), "");
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include "rocep/config.hpp"
 #include "rocep/ep_group.hpp"
 #include "rocep/errors.hpp"
+#include "rocep/mpi.hpp"
 #include "rocep/types.hpp"
 
 namespace {
@@ -43,6 +44,12 @@ using rocep::bf16_bits;
 using rocep::EpConfig;
 using rocep::SrcInfo;
 using rocep::reference::ReferenceEp;
+
+// The bootstrap of every ReferenceEp here: MPI_COMM_WORLD's, made once after MPI_Init.
+rocep::Bootstrap& world_bootstrap() {
+  static rocep::MpiBootstrap bootstrap(MPI_COMM_WORLD);
+  return bootstrap;
+}
 
 constexpr uint8_t kPoison = 0xA5;
 constexpr bf16_bits kBf16NaN = 0x7FC0;
@@ -384,8 +391,8 @@ void expect_dispatch_matches(const DispatchBuffers& actual, const Problem& probl
 
 DispatchBuffers dispatch(ReferenceEp& ep, const Problem& problem) {
   DispatchBuffers buffers(problem);
-  ep.dispatch_send(problem.mine().view());
-  ep.dispatch_recv(buffers.view());
+  ep.dispatch_send(problem.mine().view(), nullptr);
+  ep.dispatch_recv(buffers.view(), nullptr);
   return buffers;
 }
 
@@ -485,8 +492,8 @@ std::vector<bf16_bits> combine(ReferenceEp& ep, const Problem& problem, const Di
   args.row_weights = kind == Combine::kUnweighted ? nullptr : dispatched.recv_weights.data();
   args.shared_expert_output = kind == Combine::kWeightedWithSharedExpert ? shared.data() : nullptr;
   args.out = out.data();
-  ep.combine_send(args);
-  ep.combine_recv(args);
+  ep.combine_send(args, nullptr);
+  ep.combine_recv(args, nullptr);
   return out;
 }
 
@@ -510,7 +517,7 @@ class ReferenceEpRoutingTest : public ::testing::TestWithParam<std::tuple<Routin
   ReferenceEpRoutingTest()
       : problem_(std::get<1>(GetParam()), std::get<0>(GetParam())),
         trace_(__FILE__, __LINE__, problem_.trace()),
-        ep_(MPI_COMM_WORLD, problem_.config) {}
+        ep_(world_bootstrap(), problem_.config) {}
 
   Problem problem_;
   ::testing::ScopedTrace trace_;
@@ -563,15 +570,15 @@ constexpr Shape kSmallShape = {64, 4, 4, 16, 4};
 TEST(ReferenceEpTest, ExpertTokenCountsAccumulateOverCalls) {
   const Problem problem(kSmallShape, Routing::kMasked);
   SCOPED_TRACE(problem.trace());
-  ReferenceEp ep(MPI_COMM_WORLD, problem.config);
+  ReferenceEp ep(world_bootstrap(), problem.config);
   const std::vector<int64_t> expected = naive_dispatch(problem).token_counts;
   std::vector<int64_t> counts(problem.local_experts(), 0);
   for (int64_t calls = 1; calls <= 2; ++calls) {
     DispatchBuffers buffers(problem);
     rocep::DispatchOutputs outputs = buffers.view();
     outputs.expert_token_counts = counts.data();
-    ep.dispatch_send(problem.mine().view());
-    ep.dispatch_recv(outputs);
+    ep.dispatch_send(problem.mine().view(), nullptr);
+    ep.dispatch_recv(outputs, nullptr);
     expect_dispatch_matches(buffers, problem);
     for (int expert = 0; expert < problem.local_experts(); ++expert) {
       EXPECT_EQ(counts[expert], calls * expected[expert]) << "local expert " << expert << " after " << calls;
@@ -584,7 +591,7 @@ TEST(ReferenceEpTest, WeightedCombineSumsSlotsAndRanksInAscendingOrder) {
   const std::vector<float> slot_values = {256.0f, -256.0f, std::ldexp(1.0f, -20)};
   Problem problem({8, 3, 4, 1, 1}, Routing::kUniform);  // one token per rank
   SCOPED_TRACE(problem.trace());
-  ReferenceEp ep(MPI_COMM_WORLD, problem.config);
+  ReferenceEp ep(world_bootstrap(), problem.config);
   const int hidden = problem.config.hidden;
   const int local_experts = problem.local_experts();
   std::vector<std::vector<int32_t>> layouts = {{0, 1, 2}};  // every slot on rank 0: the order of k
@@ -610,8 +617,8 @@ TEST(ReferenceEpTest, WeightedCombineSumsSlotsAndRanksInAscendingOrder) {
     args.expert_outputs = y.data();
     args.row_weights = dispatched.recv_weights.data();
     args.out = out.data();
-    ep.combine_send(args);
-    ep.combine_recv(args);
+    ep.combine_send(args, nullptr);
+    ep.combine_recv(args, nullptr);
     EXPECT_EQ(out, std::vector<bf16_bits>(hidden, rocep::float_to_bf16(slot_values[2])));
   }
 }
@@ -619,7 +626,7 @@ TEST(ReferenceEpTest, WeightedCombineSumsSlotsAndRanksInAscendingOrder) {
 TEST(ReferenceEpTest, SplitCallsEqualEpGroupAndRepeatBitIdentically) {
   const Problem problem({256, 8, 16, 32, 4}, Routing::kMasked);
   SCOPED_TRACE(problem.trace());
-  ReferenceEp ep(MPI_COMM_WORLD, problem.config);
+  ReferenceEp ep(world_bootstrap(), problem.config);
   rocep::EpGroup group(MPI_COMM_WORLD, problem.config, rocep::Backend::kCpuReference);
   EXPECT_EQ(group.backend(), rocep::Backend::kCpuReference);
   EXPECT_EQ(group.max_recv_rows(), problem.max_recv_rows());
@@ -648,11 +655,11 @@ TEST(ReferenceEpTest, SplitCallsEqualEpGroupAndRepeatBitIdentically) {
 }
 
 // Tokens written into the group's input buffer dispatch exactly like a copy of them elsewhere; a pointer
-// into the buffer anywhere but at its start is rejected on every rank, and a scaled format has no buffer.
+// into the buffer anywhere but at its start is rejected on its rank only, and a scaled format has no buffer.
 TEST(ReferenceEpTest, TokensInTheInputBufferDispatchLikeAnyOther) {
   const Problem problem({256, 8, 16, 32, 4}, Routing::kMasked);
   SCOPED_TRACE(problem.trace());
-  ReferenceEp ep(MPI_COMM_WORLD, problem.config);
+  ReferenceEp ep(world_bootstrap(), problem.config);
   const DispatchBuffers expected = dispatch(ep, problem);
   rocep::EpGroup group(MPI_COMM_WORLD, problem.config, rocep::Backend::kCpuReference);
   auto* buffer = static_cast<bf16_bits*>(group.dispatch_input_buffer());
@@ -666,18 +673,24 @@ TEST(ReferenceEpTest, TokensInTheInputBufferDispatchLikeAnyOther) {
   group.dispatch(inputs, in_place.view());
   EXPECT_TRUE(in_place.same_bytes_as(expected));
 
+  std::vector<bf16_bits> y = expert_outputs(problem, in_place);
+  std::vector<bf16_bits> out(std::size_t{1} * problem.config.max_tokens_per_rank * problem.config.hidden);
+  group.combine({y.data(), in_place.recv_weights.data(), nullptr, out.data()});
+
+  // Misplaced on the last rank only: it takes part with zero tokens and alone throws.
   const bool last = problem.rank == problem.world - 1;
   if (last)
     inputs.tokens = buffer + problem.config.hidden;  // one row in
   try {
     group.dispatch(inputs, in_place.view());
-    ADD_FAILURE() << "no InvalidInputError on this rank";
+    EXPECT_FALSE(last) << "no InvalidInputError on the last rank";
   } catch (const rocep::InvalidInputError& error) {
+    EXPECT_TRUE(last) << error.what();
     EXPECT_TRUE(names(error.what(), "rank", problem.world - 1)) << error.what();
-    if (last) {
-      EXPECT_PRED_FORMAT2(::testing::IsSubstring, "dispatch_input_buffer()", error.what());
-    }
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "dispatch_input_buffer()", error.what());
   }
+  y = expert_outputs(problem, in_place);
+  group.combine({y.data(), in_place.recv_weights.data(), nullptr, out.data()});
 
   rocep::EpConfig fp8 = problem.config;
   fp8.dispatch_format = rocep::TokenFormat::kFp8Block128;
@@ -730,7 +743,7 @@ TEST(ReferenceEpFormats, RowsAreTheSourceTokensQuantisedInTheFormatLayout) {
       }
     };
 
-    ReferenceEp ep(MPI_COMM_WORLD, problem.config);
+    ReferenceEp ep(world_bootstrap(), problem.config);
     std::vector<std::vector<uint8_t>> recv_tokens(2), recv_scales(2);
     for (const bool pass_through : {false, true}) {
       std::vector<uint8_t> my_payloads, my_scales;
@@ -748,8 +761,8 @@ TEST(ReferenceEpFormats, RowsAreTheSourceTokensQuantisedInTheFormatLayout) {
       rocep::DispatchOutputs outputs = buffers.view();
       outputs.recv_tokens = payload_out.data();
       outputs.recv_scales = scales_out.data();
-      ep.dispatch_send(inputs);
-      ep.dispatch_recv(outputs);
+      ep.dispatch_send(inputs, nullptr);
+      ep.dispatch_recv(outputs, nullptr);
     }
     EXPECT_TRUE(same_bytes(recv_tokens[0], recv_tokens[1]) && same_bytes(recv_scales[0], recv_scales[1]))
         << "tokens passed in quantised arrive differently from tokens quantised by dispatch";
@@ -797,144 +810,194 @@ TEST(ReferenceEpFormats, MissingScaleBuffersAndGlobalScaleAreRejected) {
   Problem problem(kSmallShape, Routing::kUniform);
   problem.config.dispatch_format = rocep::TokenFormat::kNvfp4;  // hidden 64: one swizzled scale tile wide
   SCOPED_TRACE(problem.trace());
-  ReferenceEp ep(MPI_COMM_WORLD, problem.config);
+  rocep::EpGroup group(MPI_COMM_WORLD, problem.config, rocep::Backend::kCpuReference);
   rocep::DispatchInputs inputs = problem.mine().view();
-  EXPECT_THROW(ep.dispatch_send(inputs), rocep::InvalidInputError)
+  // Every rank passes the same bad inputs: each takes part with zero tokens and throws.
+  EXPECT_THROW(group.dispatch_send(inputs), rocep::InvalidInputError)
       << "nvfp4 from bf16 without a global scale";
-  const float global_scale = 1.0f;
-  inputs.global_scale = &global_scale;
-  ep.dispatch_send(inputs);
   DispatchBuffers buffers(problem);
-  EXPECT_THROW(ep.dispatch_recv(buffers.view()), rocep::InvalidInputError) << "no recv_scales";
+  EXPECT_THROW(group.dispatch_recv(buffers.view()), rocep::InvalidInputError) << "no recv_scales";
 }
 
-// --- invalid input --------------------------------------------------------------------------------------
+// --- invalid input: the contract of EpGroup, on the CPU reference ----------------------------------------
 
-// Every rank calls dispatch; the last rank passes `last_rank_inputs` instead of its own. Returns the
-// message of the InvalidInputError this rank got, or "" if it got none.
-std::string failed_dispatch_error(ReferenceEp& ep, const Problem& problem,
-                                  const RankInputs& last_rank_inputs) {
-  const bool last = problem.rank == problem.world - 1;
-  DispatchBuffers buffers(problem);
-  try {
-    ep.dispatch_send(last ? last_rank_inputs.view() : problem.mine().view());
-    ep.dispatch_recv(buffers.view());
-  } catch (const rocep::InvalidInputError& error) {
-    return error.what();
-  }
-  return "";
+// The problem as dispatch sees it once the last rank's slot (token, slot) is dropped.
+Problem without_slot(Problem problem, int rank, int token, int slot) {
+  problem.inputs[rank].topk_ids[token * problem.config.top_k + slot] = -1;
+  return problem;
 }
 
-class ReferenceEpInvalidInputTest : public ::testing::Test {
+// The problem as dispatch sees it once the last rank takes part with zero tokens.
+Problem without_tokens(Problem problem, int rank) {
+  problem.inputs[rank] = RankInputs{};
+  return problem;
+}
+
+class EpGroupInvalidInputTest : public ::testing::Test {
  protected:
-  ReferenceEpInvalidInputTest()
+  EpGroupInvalidInputTest()
       : problem_(kSmallShape, Routing::kUniform),
         trace_(__FILE__, __LINE__, problem_.trace()),
-        ep_(MPI_COMM_WORLD, problem_.config),
+        group_(MPI_COMM_WORLD, problem_.config, rocep::Backend::kCpuReference),
         last_rank_(problem_.world - 1),
-        bad_inputs_(problem_.inputs[last_rank_]),
-        bad_token_(bad_inputs_.num_tokens / 2) {}
+        last_(problem_.rank == last_rank_),
+        bad_token_(problem_.inputs[last_rank_].num_tokens / 2) {}
 
-  // Every rank threw; the last rank's message names it, the token and the slot, the others name the last
-  // rank. Then a valid dispatch on the same object gives the naive layout.
-  void expect_rejected_then_usable(const std::string& message, int slot) {
-    EXPECT_FALSE(message.empty()) << "no InvalidInputError on this rank";
-    EXPECT_TRUE(names(message, "rank", last_rank_));
-    if (problem_.rank == last_rank_) {
-      EXPECT_TRUE(names(message, "token", bad_token_));
-      EXPECT_TRUE(names(message, "slot", slot));
+  // A dispatch in which the last rank passes `last_rank_inputs`; the message of the InvalidInputError this
+  // rank got from the call ("" if none); then the layout against `expected`, and a combine.
+  std::string dispatch_then_check(const RankInputs& last_rank_inputs, const Problem& expected) {
+    DispatchBuffers buffers(problem_);
+    std::string message;
+    try {
+      group_.dispatch(last_ ? last_rank_inputs.view() : problem_.mine().view(), buffers.view());
+    } catch (const rocep::InvalidInputError& error) {
+      message = error.what();
     }
-    expect_dispatch_matches(dispatch(ep_, problem_), problem_);
+    expect_dispatch_matches(buffers, expected);
+    combine_and_check(buffers, expected);
+    return message;
+  }
+
+  // A weighted combine of `dispatched` equals the naive one of `expected` on this rank.
+  void combine_and_check(const DispatchBuffers& dispatched, const Problem& expected) {
+    const std::vector<bf16_bits> y = expert_outputs(expected, dispatched);
+    std::vector<bf16_bits> out =
+        poisoned<bf16_bits>(std::size_t{1} * problem_.config.max_tokens_per_rank * problem_.config.hidden);
+    group_.combine({y.data(), dispatched.recv_weights.data(), nullptr, out.data()});
+    expect_combine_matches(out, naive_weighted_combine(expected, false), problem_.config.hidden);
+  }
+
+  // The next whole step on the group is correct on every rank.
+  void expect_usable() {
+    SCOPED_TRACE("the step after");
+    EXPECT_EQ(dispatch_then_check(problem_.mine(), problem_), "");
+    EXPECT_FALSE(group_.poll_error()) << group_.poll_error().message;
   }
 
   Problem problem_;
   ::testing::ScopedTrace trace_;
-  ReferenceEp ep_;
+  rocep::EpGroup group_;
   int last_rank_;
-  RankInputs bad_inputs_;  // the last rank's inputs, to be broken by a test
+  bool last_;
   int bad_token_;
 };
 
-TEST_F(ReferenceEpInvalidInputTest, ExpertIdOutOfRangeThrowsOnEveryRank) {
+TEST_F(EpGroupInvalidInputTest, ExpertIdOutOfRangeIsRecordedOnItsRankAndItsSlotDropped) {
   const int slot = problem_.config.top_k - 1;
   for (int32_t bad_id : {problem_.config.num_experts, -2}) {
     SCOPED_TRACE("expert id " + std::to_string(bad_id));
-    RankInputs inputs = bad_inputs_;
+    RankInputs inputs = problem_.inputs[last_rank_];
     inputs.topk_ids[bad_token_ * problem_.config.top_k + slot] = bad_id;
-    expect_rejected_then_usable(failed_dispatch_error(ep_, problem_, inputs), slot);
+    EXPECT_EQ(dispatch_then_check(inputs, without_slot(problem_, last_rank_, bad_token_, slot)), "");
+    const rocep::RecordedError recorded = group_.poll_error();
+    EXPECT_EQ(static_cast<bool>(recorded), last_);
+    if (last_) {
+      EXPECT_TRUE(names(recorded.message, "rank", last_rank_)) << recorded.message;
+      EXPECT_TRUE(names(recorded.message, "token", bad_token_)) << recorded.message;
+      EXPECT_TRUE(names(recorded.message, "slot", slot)) << recorded.message;
+      EXPECT_THROW(group_.synchronize(), rocep::InvalidInputError);
+    }
+    EXPECT_NO_THROW(group_.synchronize()) << "synchronize() clears what it threw";
+    expect_usable();
   }
 }
 
-TEST_F(ReferenceEpInvalidInputTest, ExpertNamedTwiceByOneTokenThrowsOnEveryRank) {
+TEST_F(EpGroupInvalidInputTest, ExpertNamedTwiceByOneTokenIsRecordedOnItsRank) {
   const int slot = problem_.config.top_k - 1;
   const int top_k = problem_.config.top_k;
-  bad_inputs_.topk_ids[bad_token_ * top_k + slot] = bad_inputs_.topk_ids[bad_token_ * top_k];
-  expect_rejected_then_usable(failed_dispatch_error(ep_, problem_, bad_inputs_), slot);
+  RankInputs inputs = problem_.inputs[last_rank_];
+  inputs.topk_ids[bad_token_ * top_k + slot] = inputs.topk_ids[bad_token_ * top_k];
+  EXPECT_EQ(dispatch_then_check(inputs, without_slot(problem_, last_rank_, bad_token_, slot)), "");
+  if (last_) {
+    const std::string message = group_.poll_error().message;
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "named twice", message);
+    EXPECT_TRUE(names(message, "slot", slot)) << message;
+  }
+  EXPECT_EQ(static_cast<bool>(group_.poll_error()), last_);
+  (void)group_.poll_error();
+  if (last_) {
+    EXPECT_THROW(group_.synchronize(), rocep::InvalidInputError);
+  }
+  expect_usable();
 }
 
-TEST_F(ReferenceEpInvalidInputTest, TokenCountOutsideTheMaximumThrowsOnEveryRank) {
-  const int top_k = problem_.config.top_k;
-  const int hidden = problem_.config.hidden;
-  // One token more than allowed, with valid data behind it.
-  bad_inputs_.num_tokens = problem_.config.max_tokens_per_rank + 1;
-  bad_inputs_.tokens.assign(std::size_t{1} * bad_inputs_.num_tokens * hidden, bf16_bits{0x3f80});
-  bad_inputs_.topk_ids.assign(std::size_t{1} * bad_inputs_.num_tokens * top_k, -1);
-  bad_inputs_.topk_weights.assign(std::size_t{1} * bad_inputs_.num_tokens * top_k, 1.0f);
-  for (int num_tokens : {bad_inputs_.num_tokens, -1}) {
-    SCOPED_TRACE("num_tokens " + std::to_string(num_tokens));
-    bad_inputs_.num_tokens = num_tokens;
-    const std::string message = failed_dispatch_error(ep_, problem_, bad_inputs_);
-    EXPECT_FALSE(message.empty()) << "no InvalidInputError on this rank";
-    EXPECT_TRUE(names(message, "rank", last_rank_));
-    if (problem_.rank == last_rank_) {
-      EXPECT_PRED_FORMAT2(::testing::IsSubstring, "num_tokens = " + std::to_string(num_tokens), message);
+TEST_F(EpGroupInvalidInputTest, BadTokenCountOrNullPointerStaysOnItsRank) {
+  const int max_tokens = problem_.config.max_tokens_per_rank;
+  for (int variant = 0; variant < 3; ++variant) {
+    RankInputs inputs = problem_.inputs[last_rank_];
+    std::string expected_words;
+    if (variant < 2) {
+      inputs.num_tokens = variant == 0 ? max_tokens + 1 : -1;
+      expected_words = "num_tokens = " + std::to_string(inputs.num_tokens);
+    } else {
+      inputs.topk_weights.clear();
+      inputs.topk_weights.shrink_to_fit();  // data() null
+      expected_words = "null";
     }
-    expect_dispatch_matches(dispatch(ep_, problem_), problem_);
+    SCOPED_TRACE(expected_words);
+    const std::string message = dispatch_then_check(inputs, without_tokens(problem_, last_rank_));
+    EXPECT_EQ(message.empty(), !last_) << message;
+    if (last_) {
+      EXPECT_TRUE(names(message, "rank", last_rank_)) << message;
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring, expected_words, message);
+    }
+    expect_usable();
   }
 }
 
-TEST_F(ReferenceEpInvalidInputTest, NullOutputOnOneRankThrowsEverywhereAndLeavesTheObjectUsable) {
-  const bool last = problem_.rank == last_rank_;
+TEST_F(EpGroupInvalidInputTest, NullOutputIsRefusedOnItsRankAndMayBeRepeated) {
   DispatchBuffers buffers(problem_);
   rocep::DispatchOutputs outputs = buffers.view();
-  if (last)
+  if (last_) {
     outputs.recv_weights = nullptr;
-  ep_.dispatch_send(problem_.mine().view());
-  try {
-    ep_.dispatch_recv(outputs);
-    ADD_FAILURE() << "no InvalidInputError on this rank";
-  } catch (const rocep::InvalidInputError& error) {
-    EXPECT_TRUE(names(error.what(), "rank", last_rank_)) << error.what();
   }
-  expect_dispatch_matches(dispatch(ep_, problem_), problem_);
+  group_.dispatch_send(problem_.mine().view());
+  if (last_) {
+    try {
+      group_.dispatch_recv(outputs);
+      ADD_FAILURE() << "no InvalidInputError on this rank";
+    } catch (const rocep::InvalidInputError& error) {
+      EXPECT_TRUE(names(error.what(), "rank", last_rank_)) << error.what();
+    }
+  }
+  group_.dispatch_recv(buffers.view());  // the valid repetition (the first call on the other ranks)
+  expect_dispatch_matches(buffers, problem_);
+  combine_and_check(buffers, problem_);
+  expect_usable();
 }
 
-TEST_F(ReferenceEpInvalidInputTest, CombineBetweenDispatchSendAndRecvIsRejected) {
-  expect_dispatch_matches(dispatch(ep_, problem_), problem_);
-  ep_.dispatch_send(problem_.mine().view());
+TEST_F(EpGroupInvalidInputTest, CombineBetweenDispatchSendAndRecvIsOutOfOrder) {
+  group_.dispatch_send(problem_.mine().view());
   std::vector<bf16_bits> expert_outputs(problem_.max_recv_rows() * problem_.config.hidden, bf16_bits{0x3f80});
   std::vector<bf16_bits> out(std::max(problem_.mine().num_tokens, 1) * problem_.config.hidden);
   rocep::CombineArgs args;
   args.expert_outputs = expert_outputs.data();
   args.out = out.data();
-  EXPECT_THROW(ep_.combine_send(args), rocep::InvalidInputError);
+  EXPECT_THROW(group_.combine_send(args), rocep::CallOrderError);
   DispatchBuffers buffers(problem_);
-  ep_.dispatch_recv(buffers.view());
+  group_.dispatch_recv(buffers.view());
   expect_dispatch_matches(buffers, problem_);
+  combine_and_check(buffers, problem_);
 }
 
-TEST_F(ReferenceEpInvalidInputTest, WeightedOnSomeRanksOnlyIsRejected) {
+TEST_F(EpGroupInvalidInputTest, WeightedOnSomeRanksOnlyIsRecordedOnEveryRank) {
   if (problem_.world < 2)
     GTEST_SKIP() << "needs 2 ranks to disagree";
-  DispatchBuffers buffers = dispatch(ep_, problem_);
+  DispatchBuffers buffers(problem_);
+  group_.dispatch(problem_.mine().view(), buffers.view());
   std::vector<bf16_bits> expert_outputs(problem_.max_recv_rows() * problem_.config.hidden, bf16_bits{0x3f80});
   std::vector<bf16_bits> out(std::max(problem_.mine().num_tokens, 1) * problem_.config.top_k *
                              problem_.config.hidden);
   rocep::CombineArgs args;
   args.expert_outputs = expert_outputs.data();
-  args.row_weights = problem_.rank == last_rank_ ? nullptr : buffers.recv_weights.data();
+  args.row_weights = last_ ? nullptr : buffers.recv_weights.data();
   args.out = out.data();
-  EXPECT_THROW(ep_.combine_send(args), rocep::InvalidInputError);
+  group_.combine(args);
+  const rocep::RecordedError recorded = group_.poll_error();
+  ASSERT_TRUE(recorded);
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "row_weights", recorded.message);
+  EXPECT_THROW(group_.synchronize(), rocep::InvalidInputError);
+  expect_usable();
 }
 
 TEST(EpGroupConstruction, ConfigInvalidOnOneRankThrowsOnEveryRank) {

@@ -18,6 +18,7 @@
 #include "host/gpu_check.hpp"
 #include "host/reference.hpp"
 #include "mpi_support.hpp"
+#include "rocep/mpi.hpp"
 #include "rocep/rocep.hpp"
 
 namespace {
@@ -175,7 +176,7 @@ class GpuEp : public ::testing::Test {
     // Room for one element at least, so no pointer is null on a rank with no tokens.
     const std::size_t out_tokens = std::max(inputs.num_tokens, 1);
     {
-      rocep::reference::ReferenceEp reference(MPI_COMM_WORLD, config);
+      rocep::EpGroup reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
       expected.recv_tokens.resize(rows * hidden);
       expected.row_offsets.resize(local_experts + 1);
       expected.expert_ids.resize(local_experts);
@@ -323,8 +324,8 @@ TEST_F(GpuEp, TokensInTheInputBufferMatchReference) {
       check_against_reference(config, routing, /*in_input_buffer=*/true);
     }
   }
-  // A pointer into the buffer anywhere but at its start is refused before anything is launched (here on
-  // every rank at once, so that no rank waits for another).
+  // A pointer into the buffer anywhere but at its start is refused: the rank takes part with zero tokens
+  // and throws (here every rank at once).
   const EpConfig config = make_config(2048, 4, 8, 32);
   rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
   const Inputs inputs = make_inputs(config, Routing::kFull, shared_seed());
@@ -397,7 +398,7 @@ void check_format_against_reference(const EpConfig& config, Routing routing, boo
   host_inputs.token_scales = pass_through ? token_scales.data() : nullptr;
   host_inputs.global_scale = &global_scale;
   {
-    rocep::reference::ReferenceEp reference(MPI_COMM_WORLD, config);
+    rocep::EpGroup reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
     reference.dispatch_send(host_inputs);
     rocep::DispatchOutputs host_outputs{expected_tokens.data(), expected_offsets.data(), expected_ids.data(),
                                         expected_src.data(),    expected_weights.data(), nullptr};

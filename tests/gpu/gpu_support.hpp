@@ -12,6 +12,8 @@
 #include "host/device.hpp"
 #include "host/device_memory.hpp"
 #include "host/gpu_check.hpp"
+#include "host/node.hpp"
+#include "rocep/mpi.hpp"
 
 namespace rocep::testing {
 
@@ -25,8 +27,8 @@ inline bool use_rank_gpu() {
     return false;
   }
   MpiBootstrap world(MPI_COMM_WORLD);
-  const auto node = world.split_node();
-  set_device(device_for_local_rank(node->rank(), local_devices, std::getenv("ROCEP_DEVICE")));
+  set_device(
+      device_for_local_rank(node_layout(world, 0).local_rank, local_devices, std::getenv("ROCEP_DEVICE")));
   return true;
 }
 

@@ -18,6 +18,8 @@
 #include "host/device_memory.hpp"
 #include "host/gpu_check.hpp"
 #include "host/ipc.hpp"
+#include "host/node.hpp"
+#include "rocep/mpi.hpp"
 
 namespace {
 
@@ -98,10 +100,10 @@ class IpcRoundTrip : public ::testing::Test {
 
 TEST_F(IpcRoundTrip, KernelStoresIntoMappedPeerBuffer) {
   rocep::MpiBootstrap world(MPI_COMM_WORLD);
-  auto node = world.split_node();
-  ASSERT_EQ(node->size(), world.size()) << "the IPC test expects all ranks on one node";
+  const rocep::NodeLayout layout = rocep::node_layout(world, 0);
+  ASSERT_EQ(layout.num_nodes, 1) << "the IPC test expects all ranks on one node";
   const int device =
-      rocep::device_for_local_rank(node->rank(), rocep::device_count(), std::getenv("ROCEP_DEVICE"));
+      rocep::device_for_local_rank(layout.local_rank, rocep::device_count(), std::getenv("ROCEP_DEVICE"));
   rocep::set_device(device);
 
   rocep::DeviceBuffer words(rocep::ipc_allocation_bytes(kWords * sizeof(uint32_t)));
@@ -112,25 +114,25 @@ TEST_F(IpcRoundTrip, KernelStoresIntoMappedPeerBuffer) {
   rocep::testing::fill_bytes(flags, 0);
   rocep::DeviceBuffer status_buffer(sizeof(RoundTripStatus));
 
-  const rocep::PeerBuffers peer_words(*node, words);
-  const rocep::PeerBuffers peer_flags(*node, flags);
+  const rocep::PeerBuffers peer_words(rocep::gather_ipc_handles(world, words), world.rank(), words);
+  const rocep::PeerBuffers peer_flags(rocep::gather_ipc_handles(world, flags), world.rank(), flags);
   rocep::Stream send_stream;
   rocep::Stream receive_stream;
-  const int next = (node->rank() + 1) % node->size();
-  const int previous = (node->rank() + node->size() - 1) % node->size();
+  const int next = (world.rank() + 1) % world.size();
+  const int previous = (world.rank() + world.size() - 1) % world.size();
   const uint64_t timeout_ticks = 10 * rocep::wall_clock_rate_hz(device);
-  std::printf("[rank %d] GPU %d, writes to rank %d at %p\n", node->rank(), device, next, peer_words[next]);
+  std::printf("[rank %d] GPU %d, writes to rank %d at %p\n", world.rank(), device, next, peer_words[next]);
 
   // Several rounds: the flag value is the round, so a stale flag from the last round is never mistaken.
   for (int round = 1; round <= 3; ++round) {
     rocep::testing::fill_bytes(status_buffer, 0);
-    node->barrier();  // the previous round's checks are done everywhere before anyone overwrites
+    world.barrier();  // the previous round's checks are done everywhere before anyone overwrites
     // Senders are launched first: the first launch of a kernel may load it (lazy loading), and loading
     // waits for the device to idle, which a receiver spinning in the same process would never allow.
     // The peer's sender still runs while this rank's receiver spins.
     send_pattern<<<32, 256, 0, send_stream.get()>>>(static_cast<uint32_t*>(peer_words[next]),
                                                     static_cast<uint32_t*>(peer_flags[next]),
-                                                    flags.as<uint32_t>() + 1, node->rank(), round);
+                                                    flags.as<uint32_t>() + 1, world.rank(), round);
     ROCEP_GPU_CHECK(hipGetLastError());
     receive_pattern<<<64, 256, 0, receive_stream.get()>>>(words.as<uint32_t>(), flags.as<uint32_t>(),
                                                           previous, round, timeout_ticks,
@@ -144,7 +146,7 @@ TEST_F(IpcRoundTrip, KernelStoresIntoMappedPeerBuffer) {
                                     << " never arrived";
     EXPECT_EQ(status.mismatches, 0u) << "round " << round << ": words from rank " << previous << " differ";
   }
-  node->barrier();  // nobody unmaps while a peer may still write
+  world.barrier();  // nobody unmaps while a peer may still write
 }
 
 }  // namespace

@@ -1,0 +1,195 @@
+#include "contract.hpp"
+
+#include <cstdint>
+#include <cstdio>
+
+namespace rocep::contract {
+
+namespace {
+
+using device::StatusCode;
+
+const char* operation_name(int32_t operation) {
+  switch (static_cast<device::Operation>(operation)) {
+    case device::Operation::kDispatchSend:
+      return "dispatch_send";
+    case device::Operation::kDispatchRecv:
+      return "dispatch_recv";
+    case device::Operation::kCombineSend:
+      return "combine_send";
+    case device::Operation::kCombineRecv:
+      return "combine_recv";
+    case device::Operation::kNone:
+      break;
+  }
+  return "unknown operation";
+}
+
+std::string on_rank(const char* operation, int rank) {
+  return std::string(operation) + ": rank " + std::to_string(rank);
+}
+
+}  // namespace
+
+const char* to_string(Call call) {
+  switch (call) {
+    case Call::kDispatch:
+      return "dispatch";
+    case Call::kDispatchSend:
+      return "dispatch_send";
+    case Call::kDispatchRecv:
+      return "dispatch_recv";
+    case Call::kCombine:
+      return "combine";
+    case Call::kCombineSend:
+      return "combine_send";
+    case Call::kCombineRecv:
+      return "combine_recv";
+  }
+  return "unknown call";
+}
+
+void CallOrder::require(Call call, int rank) const {
+  const char* expected = nullptr;
+  switch (phase_) {
+    case Phase::kIdle:
+      expected =
+          call == Call::kDispatch || call == Call::kDispatchSend ? nullptr : "dispatch or dispatch_send";
+      break;
+    case Phase::kDispatchSent:
+      expected = call == Call::kDispatchRecv ? nullptr : "dispatch_recv";
+      break;
+    case Phase::kDispatched:
+      expected = call == Call::kCombine || call == Call::kCombineSend ? nullptr : "combine or combine_send";
+      break;
+    case Phase::kCombineSent:
+      expected = call == Call::kCombineRecv ? nullptr : "combine_recv";
+      break;
+  }
+  if (expected != nullptr) {
+    throw CallOrderError(on_rank(to_string(call), rank) + " called out of order: the group expects " +
+                         expected + " next (calls go dispatch -> combine, each fused or as its two halves)");
+  }
+}
+
+void CallOrder::advance(Call call) {
+  switch (call) {
+    case Call::kDispatchSend:
+      phase_ = Phase::kDispatchSent;
+      break;
+    case Call::kDispatch:
+    case Call::kDispatchRecv:
+      phase_ = Phase::kDispatched;
+      break;
+    case Call::kCombineSend:
+      phase_ = Phase::kCombineSent;
+      break;
+    case Call::kCombine:
+    case Call::kCombineRecv:
+      phase_ = Phase::kIdle;
+      break;
+  }
+}
+
+std::string dispatch_inputs_error(const EpConfig& config, int rank, const DispatchInputs& inputs,
+                                  const DispatchMemory& memory) {
+  const std::string where = on_rank("dispatch", rank);
+  if (inputs.num_tokens_on_device == nullptr &&
+      (inputs.num_tokens < 0 || inputs.num_tokens > config.max_tokens_per_rank)) {
+    return where + " passed num_tokens = " + std::to_string(inputs.num_tokens) + ", allowed range is [0, " +
+           std::to_string(config.max_tokens_per_rank) + "]";
+  }
+  // With the count on the device, any count up to the maximum may come: the pointers must be valid.
+  const bool has_tokens = inputs.num_tokens_on_device != nullptr || inputs.num_tokens > 0;
+  if (has_tokens &&
+      (inputs.tokens == nullptr || inputs.topk_ids == nullptr || inputs.topk_weights == nullptr)) {
+    return where + " passed a null tokens/topk_ids/topk_weights pointer";
+  }
+  if (config.dispatch_format == TokenFormat::kBf16 && inputs.token_scales != nullptr) {
+    return where + " passed token_scales, but dispatch_format bf16 has no scales";
+  }
+  if (has_tokens && config.dispatch_format == TokenFormat::kNvfp4 && inputs.token_scales == nullptr &&
+      inputs.global_scale == nullptr) {
+    return where + " passed a null global_scale: nvfp4 tokens quantised in dispatch need one";
+  }
+  // Anywhere in the group's own dispatch memory but at the input buffer, the staging copy would overwrite
+  // tokens it has yet to read.
+  const auto address = reinterpret_cast<std::uintptr_t>(inputs.tokens);
+  const auto first = reinterpret_cast<std::uintptr_t>(memory.first);
+  if (inputs.tokens != nullptr && inputs.tokens != memory.input_buffer && address >= first &&
+      address - first < memory.bytes) {
+    return where + " passed tokens inside the group's own dispatch memory but not at dispatch_input_buffer()";
+  }
+  return {};
+}
+
+std::string dispatch_outputs_error(const EpConfig& config, int rank, const DispatchOutputs& outputs) {
+  const std::string where = on_rank("dispatch_recv", rank);
+  if (outputs.recv_tokens == nullptr || outputs.row_offsets == nullptr || outputs.expert_ids == nullptr ||
+      outputs.src_info == nullptr || outputs.recv_weights == nullptr) {
+    return where + " passed a null recv_tokens/row_offsets/expert_ids/src_info/recv_weights pointer";
+  }
+  if (config.dispatch_format != TokenFormat::kBf16 && outputs.recv_scales == nullptr) {
+    return where + " passed a null recv_scales, but dispatch_format " + to_string(config.dispatch_format) +
+           " has scales";
+  }
+  return {};
+}
+
+std::string combine_args_error(int rank, const CombineArgs& args) {
+  if (args.expert_outputs == nullptr || args.out == nullptr) {
+    return on_rank("combine", rank) + " passed a null expert_outputs/out pointer";
+  }
+  return {};
+}
+
+std::string input_buffer_error(const EpConfig& config) {
+  if (config.dispatch_format == TokenFormat::kBf16) {
+    return {};
+  }
+  return std::string("EpGroup::dispatch_input_buffer: dispatch_format is ") +
+         to_string(config.dispatch_format) + "; the input buffer holds bf16 tokens only";
+}
+
+DispatchInputs zero_tokens() {
+  return DispatchInputs{};
+}
+
+RecordedError recorded_error(const device::Status& status, const EpConfig& config, int rank) {
+  const auto code = static_cast<StatusCode>(status.code);
+  if (code == StatusCode::kOk) {
+    return {};
+  }
+  const std::string where =
+      std::string(operation_name(status.operation)) + " on rank " + std::to_string(rank);
+  if (code == StatusCode::kTimeout) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", config.timeout_seconds);
+    return {RecordedError::Kind::kTimeout, where + ": timed out after " + seconds + " s waiting for rank " +
+                                               std::to_string(status.peer) + " to signal call " +
+                                               std::to_string(status.value)};
+  }
+  std::string message = where;
+  switch (code) {
+    case StatusCode::kTokenCountOutOfRange:
+      message += ": num_tokens = " + std::to_string(status.value) + " (device), allowed range is [0, " +
+                 std::to_string(config.max_tokens_per_rank) + "]; no token was sent";
+      break;
+    case StatusCode::kCombineWeightingMismatch:
+      message += ": row_weights was " + std::string(status.value != 0 ? "set" : "null") + " on rank " +
+                 std::to_string(status.peer) +
+                 " but not on this rank; weighted or not must agree on every rank (out is invalid)";
+      break;
+    default:
+      message += ", token " + std::to_string(status.token) + ", slot " + std::to_string(status.slot) +
+                 ": expert id " + std::to_string(status.value) +
+                 (code == StatusCode::kExpertRepeated
+                      ? " is named twice by this token"
+                      : " is outside [-1, " + std::to_string(config.num_experts) + ")") +
+                 "; that slot was not dispatched";
+      break;
+  }
+  return {RecordedError::Kind::kInvalidInput, message};
+}
+
+}  // namespace rocep::contract

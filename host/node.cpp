@@ -1,0 +1,76 @@
+#include "node.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <fstream>
+
+namespace rocep {
+
+namespace {
+
+// Room for a host name (at most 255 bytes on Linux) and a boot id; longer identities are cut, which only
+// merges nodes whose names differ past that point.
+constexpr std::size_t kIdentityBytes = 320;
+
+}  // namespace
+
+std::string host_identity() {
+  std::array<char, 256> name{};
+  if (gethostname(name.data(), name.size() - 1) != 0) {
+    name[0] = '\0';
+  }
+  std::string identity(name.data());
+  std::ifstream boot_id("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (boot_id >> id) {
+    identity += "/" + id;
+  }
+  return identity;
+}
+
+NodeLayout node_layout_of(const std::vector<std::string>& identities, int rank) {
+  NodeLayout layout;
+  std::vector<std::string> nodes;  // identity of each node, in the order of their lowest rank
+  for (const std::string& identity : identities) {
+    const auto found = std::find(nodes.begin(), nodes.end(), identity);
+    layout.node_of_rank.push_back(static_cast<int>(found - nodes.begin()));
+    if (found == nodes.end()) {
+      nodes.push_back(identity);
+    }
+  }
+  layout.num_nodes = static_cast<int>(nodes.size());
+  layout.node = layout.node_of_rank[rank];
+  for (int peer = 0; peer < static_cast<int>(identities.size()); ++peer) {
+    if (layout.node_of_rank[peer] == layout.node) {
+      if (peer == rank) {
+        layout.local_rank = static_cast<int>(layout.local_ranks.size());
+      }
+      layout.local_ranks.push_back(peer);
+    }
+  }
+  return layout;
+}
+
+NodeLayout node_layout(Bootstrap& bootstrap, int ranks_per_node) {
+  const int world = bootstrap.size();
+  std::vector<std::string> identities(world);
+  if (ranks_per_node > 0) {
+    for (int peer = 0; peer < world; ++peer) {
+      identities[peer] = "node " + std::to_string(peer / ranks_per_node);
+    }
+  } else {
+    std::array<char, kIdentityBytes> mine{};
+    const std::string identity = host_identity();
+    std::copy_n(identity.begin(), std::min(identity.size(), mine.size() - 1), mine.begin());
+    std::vector<char> all(kIdentityBytes * world);
+    bootstrap.all_gather(mine.data(), all.data(), kIdentityBytes);
+    for (int peer = 0; peer < world; ++peer) {
+      identities[peer] = std::string(all.data() + kIdentityBytes * peer);
+    }
+  }
+  return node_layout_of(identities, bootstrap.rank());
+}
+
+}  // namespace rocep

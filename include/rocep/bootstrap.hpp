@@ -1,0 +1,51 @@
+// Bootstrap: how the ranks of a group find each other. rocep needs only an all-gather of bytes and a
+// barrier at group creation and teardown (never during dispatch or combine), so any launcher can provide
+// it: MPI (rocep/mpi.hpp), torch.distributed or mpi4py (the Python package), or a server's own channel.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+
+namespace rocep {
+
+class Bootstrap {
+ public:
+  virtual ~Bootstrap() = default;
+
+  // This process's rank in [0, size()) and the number of ranks. Fixed for the bootstrap's lifetime.
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Collective: every rank passes `bytes_per_rank` bytes at `mine` (the same count on every rank); `all`
+  // receives size() * bytes_per_rank bytes, rank i's at offset i * bytes_per_rank. `mine` may point into
+  // `all`. Errors: throws (rocep::BootstrapError in rocep's own implementations) and never returns partial
+  // data.
+  virtual void all_gather(const void* mine, void* all, std::size_t bytes_per_rank) = 0;
+
+  // Collective: returns once every rank has called it.
+  virtual void barrier() = 0;
+
+  // Collective, bounded: true once every rank has called it, false after `timeout_seconds` (a peer may be
+  // gone). After a false return the bootstrap may not be usable for further collectives. The default waits
+  // in barrier() without a bound and returns true: override it where the launcher can give up.
+  virtual bool barrier_within(double timeout_seconds) {
+    (void)timeout_seconds;
+    barrier();
+    return true;
+  }
+};
+
+// A group of exactly one rank (single-GPU servers, tests).
+class SingleProcessBootstrap final : public Bootstrap {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_gather(const void* mine, void* all, std::size_t bytes_per_rank) override {
+    if (bytes_per_rank > 0 && mine != all) {
+      std::memmove(all, mine, bytes_per_rank);
+    }
+  }
+  void barrier() override {}
+};
+
+}  // namespace rocep

@@ -1,0 +1,316 @@
+// EpGroup through its public API only, over a Bootstrap that is not MPI (threads of this process as ranks),
+// on the CPU reference: dispatch + combine against a naive model written here, on one group called again
+// and again with new data and token counts (full, 1, 0, full), and the contract every backend shares: a
+// rank's bad inputs stay local (it takes part with zero tokens, only it throws, its peers' results are
+// correct and the group goes on), calls out of order are refused, data errors are recorded for
+// poll_error() / synchronize(), mixed weighted and unweighted combines are recorded.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hip/bf16.hpp"
+#include "mpi_support.hpp"
+#include "rocep/rocep.hpp"
+#include "thread_bootstrap.hpp"
+
+namespace {
+
+using rocep::bf16_bits;
+using rocep::bf16_to_float;
+using rocep::float_to_bf16;
+
+constexpr int kHidden = 64;
+constexpr int kTopK = 4;
+constexpr int kExpertsPerRank = 3;
+constexpr int kMaxTokens = 24;
+
+rocep::EpConfig small_config(int world) {
+  rocep::EpConfig config;
+  config.hidden = kHidden;
+  config.top_k = kTopK;
+  config.num_experts = kExpertsPerRank * world;
+  config.max_tokens_per_rank = kMaxTokens;
+  return config;
+}
+
+// One call's inputs on every rank, drawn from one seed (so each thread can compute every rank's part).
+struct Step {
+  int world = 0;
+  std::vector<int> num_tokens;                 // [world]
+  std::vector<std::vector<bf16_bits>> tokens;  // [world][num_tokens * hidden]
+  std::vector<std::vector<int32_t>> ids;       // [world][num_tokens * top_k]
+  std::vector<std::vector<float>> weights;     // [world][num_tokens * top_k]
+};
+
+Step draw_step(int world, const std::vector<int>& num_tokens, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> value(-4.0f, 4.0f);
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  Step step{world, num_tokens, {}, {}, {}};
+  const int experts = kExpertsPerRank * world;
+  for (int rank = 0; rank < world; ++rank) {
+    std::vector<bf16_bits> tokens(static_cast<std::size_t>(num_tokens[rank]) * kHidden);
+    for (bf16_bits& element : tokens) {
+      element = float_to_bf16(value(rng));
+    }
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    for (int token = 0; token < num_tokens[rank]; ++token) {
+      std::vector<int32_t> all(experts);
+      for (int expert = 0; expert < experts; ++expert) {
+        all[expert] = expert;
+      }
+      std::shuffle(all.begin(), all.end(), rng);
+      for (int k = 0; k < kTopK; ++k) {
+        ids.push_back(rng() % 5 == 0 ? -1 : all[k]);  // some slots name no expert
+        weights.push_back(weight(rng));
+      }
+    }
+    step.tokens.push_back(std::move(tokens));
+    step.ids.push_back(std::move(ids));
+    step.weights.push_back(std::move(weights));
+  }
+  return step;
+}
+
+// What expert `expert` (global id) returns for token row `row`: each element scaled by a factor of its own.
+bf16_bits expert_element(const bf16_bits* row, int expert, int column) {
+  return float_to_bf16(bf16_to_float(row[column]) * (1.0f + 0.125f * static_cast<float>(expert)));
+}
+
+// Weighted combine of rank `rank`'s tokens by definition: per destination rank (ascending) the fma of its
+// slots in ascending k, rounded to bf16; the partials summed in float32 in ascending rank order, rounded
+// once.
+std::vector<bf16_bits> naive_combine(const Step& step, int rank) {
+  std::vector<bf16_bits> out(static_cast<std::size_t>(step.num_tokens[rank]) * kHidden);
+  for (int token = 0; token < step.num_tokens[rank]; ++token) {
+    const bf16_bits* row = step.tokens[rank].data() + static_cast<std::size_t>(token) * kHidden;
+    const int32_t* ids = step.ids[rank].data() + static_cast<std::size_t>(token) * kTopK;
+    const float* weights = step.weights[rank].data() + static_cast<std::size_t>(token) * kTopK;
+    for (int column = 0; column < kHidden; ++column) {
+      float sum = 0.0f;
+      for (int destination = 0; destination < step.world; ++destination) {
+        float partial = 0.0f;
+        bool any = false;
+        for (int k = 0; k < kTopK; ++k) {
+          if (ids[k] >= 0 && ids[k] / kExpertsPerRank == destination) {
+            partial = std::fma(weights[k], bf16_to_float(expert_element(row, ids[k], column)), partial);
+            any = true;
+          }
+        }
+        if (any) {
+          sum += bf16_to_float(float_to_bf16(partial));
+        }
+      }
+      out[static_cast<std::size_t>(token) * kHidden + column] = float_to_bf16(sum);
+    }
+  }
+  return out;
+}
+
+// Where one rank's dispatch writes and what its experts return, poisoned before every call.
+struct RankBuffers {
+  explicit RankBuffers(const rocep::EpGroup& group)
+      : rows(group.max_recv_rows()),
+        recv_tokens(rows * kHidden, 0xffff),
+        row_offsets(group.num_local_experts() + 1, 0xdeadbeef),
+        expert_ids(group.num_local_experts(), -7),
+        src_info(rows, rocep::SrcInfo{-7, -7, -7}),
+        recv_weights(rows, -1.0f),
+        expert_outputs(rows * kHidden, 0xffff),
+        out(static_cast<std::size_t>(kMaxTokens) * kHidden, 0xffff) {}
+
+  rocep::DispatchOutputs outputs() {
+    return {recv_tokens.data(), row_offsets.data(), expert_ids.data(), src_info.data(), recv_weights.data()};
+  }
+  // The experts of this rank: every dispatched row through its expert.
+  void run_experts(int rank) {
+    for (std::size_t expert = 0; expert + 1 < row_offsets.size(); ++expert) {
+      for (uint32_t row = row_offsets[expert]; row < row_offsets[expert + 1]; ++row) {
+        for (int column = 0; column < kHidden; ++column) {
+          expert_outputs[row * kHidden + column] = expert_element(
+              recv_tokens.data() + row * kHidden, rank * kExpertsPerRank + static_cast<int>(expert), column);
+        }
+      }
+    }
+  }
+
+  std::size_t rows;
+  std::vector<bf16_bits> recv_tokens;
+  std::vector<uint32_t> row_offsets;
+  std::vector<int32_t> expert_ids;
+  std::vector<rocep::SrcInfo> src_info;
+  std::vector<float> recv_weights;
+  std::vector<bf16_bits> expert_outputs;
+  std::vector<bf16_bits> out;
+};
+
+// Runs body(rank, group) on `world` threads, each with its own group over one ThreadRendezvous.
+void on_thread_ranks(int world, const std::function<void(int, rocep::EpGroup&)>& body) {
+  auto rendezvous = std::make_shared<rocep::testing::ThreadRendezvous>(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      rocep::EpGroup group(std::make_shared<rocep::testing::ThreadBootstrap>(rendezvous, rank),
+                           small_config(world), rocep::Backend::kCpuReference);
+      body(rank, group);
+    });
+  }
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
+}
+
+// One dispatch + experts + weighted combine of `step` on this rank; returns the first num_tokens rows of out.
+std::vector<bf16_bits> run_step(rocep::EpGroup& group, const Step& step, int rank, int passed_tokens) {
+  RankBuffers buffers(group);
+  const rocep::DispatchInputs inputs{step.tokens[rank].data(), step.ids[rank].data(),
+                                     step.weights[rank].data(), passed_tokens};
+  group.dispatch(inputs, buffers.outputs());
+  buffers.run_experts(rank);
+  group.combine({buffers.expert_outputs.data(), buffers.recv_weights.data(), nullptr, buffers.out.data()});
+  const auto end = buffers.out.begin() + static_cast<std::ptrdiff_t>(step.num_tokens[rank]) * kHidden;
+  EXPECT_TRUE(std::all_of(end, buffers.out.end(), [](bf16_bits value) { return value == 0xffff; }))
+      << "rank " << rank << ": combine wrote past its tokens";
+  return {buffers.out.begin(), end};
+}
+
+TEST(EpGroupOverThreadsTest, ConsecutiveCallsMatchTheNaiveModel) {
+  const uint64_t seed = rocep::testing::fresh_seed();
+  for (int world = 2; world <= 4; ++world) {
+    // Token counts per call: full on every rank, one, none, then full again, on the same group.
+    const std::vector<std::vector<int>> counts = {std::vector<int>(world, kMaxTokens),
+                                                  std::vector<int>(world, 1), std::vector<int>(world, 0),
+                                                  std::vector<int>(world, kMaxTokens)};
+    on_thread_ranks(world, [&](int rank, rocep::EpGroup& group) {
+      EXPECT_EQ(group.world_size(), world);
+      for (std::size_t call = 0; call < counts.size(); ++call) {
+        const Step step = draw_step(world, counts[call], seed + 1000 * world + call);
+        EXPECT_EQ(run_step(group, step, rank, step.num_tokens[rank]), naive_combine(step, rank))
+            << "world " << world << ", call " << call << ", rank " << rank << ", "
+            << rocep::testing::seed_trace(seed);
+      }
+    });
+  }
+}
+
+TEST(EpGroupOverThreadsTest, BadInputsStayOnTheirRank) {
+  const uint64_t seed = rocep::testing::fresh_seed();
+  constexpr int kWorld = 3;
+  constexpr int kBadRank = 1;
+  on_thread_ranks(kWorld, [&](int rank, rocep::EpGroup& group) {
+    for (int call = 0; call < 3; ++call) {
+      Step step = draw_step(kWorld, std::vector<int>(kWorld, kMaxTokens / 2), seed + call);
+      // Call 0: the bad rank passes a count past the maximum; call 1: a null ids pointer; call 2: valid.
+      const bool bad = rank == kBadRank && call < 2;
+      int passed = step.num_tokens[rank];
+      if (rank == kBadRank && call == 0) {
+        passed = kMaxTokens + 1;
+      }
+      if (rank == kBadRank && call == 1) {
+        step.ids[rank].clear();  // data() may then be null: passed as null below
+      }
+      Step expected = step;
+      if (bad) {
+        expected.num_tokens[rank] = 0;  // it takes part with zero tokens
+      }
+      RankBuffers buffers(group);
+      const rocep::DispatchInputs inputs{step.tokens[rank].data(),
+                                         call == 1 && bad ? nullptr : step.ids[rank].data(),
+                                         step.weights[rank].data(), passed};
+      bool threw = false;
+      try {
+        group.dispatch(inputs, buffers.outputs());
+      } catch (const rocep::InvalidInputError& error) {
+        threw = true;
+        EXPECT_NE(std::string(error.what()).find("rank " + std::to_string(rank)), std::string::npos)
+            << error.what();
+      }
+      EXPECT_EQ(threw, bad) << "rank " << rank << ", call " << call;
+      buffers.run_experts(rank);
+      group.combine(
+          {buffers.expert_outputs.data(), buffers.recv_weights.data(), nullptr, buffers.out.data()});
+      const std::vector<bf16_bits> out(
+          buffers.out.begin(),
+          buffers.out.begin() + static_cast<std::ptrdiff_t>(expected.num_tokens[rank]) * kHidden);
+      EXPECT_EQ(out, naive_combine(expected, rank))
+          << "rank " << rank << ", call " << call << ", " << rocep::testing::seed_trace(seed);
+      EXPECT_FALSE(group.poll_error()) << group.poll_error().message;
+    }
+  });
+}
+
+TEST(EpGroupOverThreadsTest, CallsOutOfOrderAreRefusedAndChangeNothing) {
+  const uint64_t seed = rocep::testing::fresh_seed();
+  on_thread_ranks(2, [&](int rank, rocep::EpGroup& group) {
+    RankBuffers buffers(group);
+    const rocep::CombineArgs combine_args{buffers.expert_outputs.data(), buffers.recv_weights.data(), nullptr,
+                                          buffers.out.data()};
+    EXPECT_THROW(group.combine(combine_args), rocep::CallOrderError);
+    EXPECT_THROW(group.dispatch_recv(buffers.outputs()), rocep::CallOrderError);
+    const Step step = draw_step(2, {5, 7}, seed);
+    group.dispatch_send(
+        {step.tokens[rank].data(), step.ids[rank].data(), step.weights[rank].data(), step.num_tokens[rank]});
+    EXPECT_THROW(group.dispatch_send({}), rocep::CallOrderError);
+    EXPECT_THROW(group.combine_send(combine_args), rocep::CallOrderError);
+    group.dispatch_recv(buffers.outputs());
+    buffers.run_experts(rank);
+    group.combine_send(combine_args);
+    EXPECT_THROW(group.dispatch({}, buffers.outputs()), rocep::CallOrderError);
+    group.combine_recv(combine_args);
+    const std::vector<bf16_bits> out(buffers.out.begin(),
+                                     buffers.out.begin() + step.num_tokens[rank] * kHidden);
+    EXPECT_EQ(out, naive_combine(step, rank)) << rocep::testing::seed_trace(seed);
+  });
+}
+
+TEST(EpGroupOverThreadsTest, InvalidExpertIdsAreRecordedAndTheirSlotsDropped) {
+  const uint64_t seed = rocep::testing::fresh_seed();
+  on_thread_ranks(2, [&](int rank, rocep::EpGroup& group) {
+    Step step = draw_step(2, {6, 6}, seed);
+    Step expected = step;
+    if (rank == 0) {
+      step.ids[0][2 * kTopK + 1] = 1000;  // token 2, slot 1: out of range
+    }
+    expected.ids[0][2 * kTopK + 1] = -1;  // every rank's model: that slot is not dispatched
+    EXPECT_EQ(run_step(group, step, rank, step.num_tokens[rank]), naive_combine(expected, rank))
+        << rocep::testing::seed_trace(seed);
+    const rocep::RecordedError recorded = group.poll_error();
+    EXPECT_EQ(static_cast<bool>(recorded), rank == 0);
+    if (rank == 0) {
+      EXPECT_NE(recorded.message.find("token 2, slot 1: expert id 1000"), std::string::npos)
+          << recorded.message;
+      EXPECT_TRUE(group.poll_error()) << "poll_error() must not clear";
+      EXPECT_THROW(group.synchronize(), rocep::InvalidInputError);
+    }
+    EXPECT_FALSE(group.poll_error()) << "synchronize() clears what it threw";
+    EXPECT_NO_THROW(group.synchronize());
+  });
+}
+
+TEST(EpGroupOverThreadsTest, MixedWeightedCombinesAreRecordedOnEveryRank) {
+  const uint64_t seed = rocep::testing::fresh_seed();
+  on_thread_ranks(2, [&](int rank, rocep::EpGroup& group) {
+    const Step step = draw_step(2, {4, 4}, seed);
+    RankBuffers buffers(group);
+    group.dispatch({step.tokens[rank].data(), step.ids[rank].data(), step.weights[rank].data(), 4},
+                   buffers.outputs());
+    buffers.run_experts(rank);
+    std::vector<bf16_bits> unreduced(static_cast<std::size_t>(kMaxTokens) * kTopK * kHidden);
+    group.combine({buffers.expert_outputs.data(), rank == 0 ? buffers.recv_weights.data() : nullptr, nullptr,
+                   rank == 0 ? buffers.out.data() : unreduced.data()});
+    EXPECT_THROW(group.synchronize(), rocep::InvalidInputError) << "rank " << rank;
+    // The group goes on: the next step agrees again.
+    EXPECT_EQ(run_step(group, step, rank, 4), naive_combine(step, rank));
+  });
+}
+
+}  // namespace
