@@ -180,7 +180,7 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
     }
     const int source = index % shape.world;
     const int token = index / shape.world;
-    auto* region = reinterpret_cast<uint16_t*>(group.peer_combine_regions[source]);
+    auto* region = reinterpret_cast<uint16_t*>(group.peers.combine_region(source));
     // The token's rows on this rank in ascending k, with their weights (1 when unweighted): every slot is
     // loaded at once, then thread 0 compacts them from shared memory.
     if (static_cast<int>(threadIdx.x) < shape.top_k) {
@@ -277,7 +277,7 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
       const int b_index = first + b * static_cast<int>(gridDim.x);
       const int source = b_index % shape.world;
       const int token = b_index / shape.world;
-      auto* region = reinterpret_cast<uint16_t*>(group.peer_combine_regions[source]);
+      auto* region = reinterpret_cast<uint16_t*>(group.peers.combine_region(source));
       const int list = b * shape.top_k;
       if (weighted) {
         if (input_counts[b] > 0) {
@@ -311,10 +311,10 @@ __device__ void send_partials(const GroupView& group, const rocep::device::Combi
   // Whether this combine is weighted, for the receivers to check: released to them with the partials by
   // signal_grid_done (block 0's stores reach the last block through the blocks' count).
   if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < shape.world) {
-    group.peer_signals[threadIdx.x]->combine_weighted[shape.rank] = args.row_weights != nullptr ? 1 : 0;
+    group.peers.peer_signals(threadIdx.x)->combine_weighted[shape.rank] = args.row_weights != nullptr ? 1 : 0;
   }
-  signal_grid_done(&group.state->combine_blocks_sent, &group.state->combine_claims, group.peer_signals,
-                   shape.world, shape.rank, &Signals::combine_arrived);
+  signal_grid_done(&group.state->combine_blocks_sent, &group.state->combine_claims, group.peers, shape.world,
+                   shape.rank, &Signals::combine_arrived);
 }
 
 // The combine receive's tokens per batch: short rows (hidden up to 4096) are summed a batch of tokens at a

@@ -264,7 +264,7 @@ __device__ void send_batch_ids(const GroupView& group, int first_token, int toke
       atomic_set_bit(&destinations[thread / shape.top_k], id / shape.local_experts);
     }
     for (int peer = 0; peer < shape.world; ++peer) {
-      uint8_t* region = group.peer_dispatch_regions[peer];
+      uint8_t* region = group.peers.dispatch_region(peer);
       region_ids(region, shape, shape.rank, slot.token)[slot.k] =
           id >= 0 && id / shape.local_experts == peer ? id : -1;
       region_weights(region, shape, shape.rank, slot.token)[slot.k] = slot.weight;
@@ -292,7 +292,7 @@ __device__ void send_batch_ids(const GroupView& group, int first_token, int toke
     __syncthreads();
     for (int word = thread; word < words; word += blockDim.x) {
       const int peer = first_peer + word / shape.local_experts;
-      store_mask_bits(region_masks(group.peer_dispatch_regions[peer], shape, shape.rank, chunk) +
+      store_mask_bits(region_masks(group.peers.dispatch_region(peer), shape, shape.rank, chunk) +
                           (word - (peer - first_peer) * shape.local_experts),
                       first_token % kChunkTokens, tokens, scratch[word]);
     }
@@ -335,7 +335,7 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     group.state->sent_tokens = num_tokens;
     for (int peer = 0; peer < shape.world; ++peer) {
-      group.peer_signals[peer]->tokens_from[shape.rank] = num_tokens;
+      group.peers.peer_signals(peer)->tokens_from[shape.rank] = num_tokens;
     }
   }
   const int stride = static_cast<int>(gridDim.x);
@@ -353,7 +353,7 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
     }
     send_batch_ids(group, first, tokens, count, slot, given, destinations, scratch);
   }
-  signal_grid_done(&group.state->dispatch_blocks_sent, nullptr, group.peer_signals, shape.world, shape.rank,
+  signal_grid_done(&group.state->dispatch_blocks_sent, nullptr, group.peers, shape.world, shape.rank,
                    &Signals::dispatch_arrived);
 }
 
@@ -623,7 +623,7 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
   // The sources' regions, loaded with the first batch's rows: each item's payload loads wait on none.
   __shared__ uint8_t* source_regions[kMaxWorld];
   for (int source = threadIdx.x; source < shape.world; source += blockDim.x) {
-    source_regions[source] = group.peer_dispatch_regions[source];
+    source_regions[source] = group.peers.dispatch_region(source);
   }
   __shared__ uint8_t* row_starts[kMaxTopK];
   __shared__ int row_count;

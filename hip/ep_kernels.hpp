@@ -8,6 +8,7 @@
 
 #include "ep_params.hpp"
 #include "platform.hpp"
+#include "transport.hpp"
 
 namespace rocep::device {
 
@@ -47,12 +48,10 @@ ROCEP_HOST_DEVICE inline bool scales_laid_out_later(const Shape& shape) {
 // What every kernel of one group needs: who we are, where the peers' regions are, our own state.
 struct GroupView {
   Shape shape;
-  uint8_t* const* peer_dispatch_regions;  // [world]: rank r's DispatchRegion, mapped here
-  uint8_t* const* peer_combine_regions;   // [world]: rank r's CombineRegion, mapped here
-  Signals* const* peer_signals;           // [world]: rank r's Signals, mapped here
-  Signals* signals;                       // this rank's Signals (== peer_signals[rank])
-  uint8_t* dispatch_region;               // this rank's DispatchRegion
-  uint8_t* combine_region;                // this rank's CombineRegion
+  PeerTransport peers;       // the only way to the peers' regions and signals
+  Signals* signals;          // this rank's Signals
+  uint8_t* dispatch_region;  // this rank's DispatchRegion
+  uint8_t* combine_region;   // this rank's CombineRegion
   LocalState* state;
   BlockCalls* block_calls;  // [blocks of every kernel of the group]
   Status* status;

@@ -6,6 +6,7 @@
 
 #include "atomics.hpp"
 #include "ep_params.hpp"
+#include "transport.hpp"
 #include "wait.hpp"
 
 namespace rocep::device {
@@ -28,9 +29,6 @@ __device__ inline bool timed_out(const Status* status) {
          static_cast<uint32_t>(StatusCode::kTimeout);
 }
 
-// An arrival word of Signals, e.g. &Signals::dispatch_arrived.
-using ArrivalWords = uint64_t (Signals::*)[kMaxWorld];
-
 // Called by thread 0 of every block of a grid, once per use of `count` (zero before the first): releases
 // the block's earlier stores at device scope into *count and returns true in the grid's last block only,
 // which has then acquired every other block's stores and reset the count for the next use.
@@ -48,7 +46,7 @@ __device__ inline bool arrives_last(uint32_t* count) {
 // in every block, signalling took 4.0 us of a 128-token dispatch send on H200 (EP2, 396 blocks); this way
 // 2.5 us. The last block also sets *claims (unless null) to 0: no block of the grid claims work any more,
 // and the next grid to claim from it starts after this one.
-__device__ inline void signal_grid_done(uint32_t* blocks_done, uint32_t* claims, Signals* const* peer_signals,
+__device__ inline void signal_grid_done(uint32_t* blocks_done, uint32_t* claims, const PeerTransport& peers,
                                         int world, int rank, ArrivalWords words) {
   __syncthreads();  // the block's stores are ordered before thread 0's
   if (threadIdx.x != 0 || !arrives_last(blocks_done)) {
@@ -59,7 +57,7 @@ __device__ inline void signal_grid_done(uint32_t* blocks_done, uint32_t* claims,
   }
   fence_acq_rel_system();  // every block's stores (acquired by the count) before the adds, for every peer
   for (int peer = 0; peer < world; ++peer) {
-    add_relaxed_system(&(peer_signals[peer]->*words)[rank], uint64_t{1});
+    peers.signal_add(peer, words, rank, uint64_t{1});
   }
 }
 

@@ -21,11 +21,11 @@ namespace rocep::device {
 
 // Threads per wave (AMD) / warp (NVIDIA); never assume 32 in device code. Host code asks the device
 // (hipDeviceProp_t::warpSize) instead. rocep's AMD targets are the wave64 CDNA GPUs (MI100 gfx908, MI200
-// gfx90a, MI300 gfx940-942, MI350 gfx950), all of which run waves of 64; a device compile of rocep's GPU code
-// (ROCEP_PLATFORM_AMD) for any other AMD target (RDNA's wave32 among them) stops here, since nothing else was
-// ever built or reasoned about. (hipcc also compiles plain host files, such as the CPU tests, for a default
-// target; their device side is never used.)
-#if defined(ROCEP_PLATFORM_AMD) && defined(__HIP_DEVICE_COMPILE__) &&                             \
+// gfx90a, MI300 gfx940-942, MI350 gfx950), all of which run waves of 64; a device compile of rocep's GPU
+// sources (ROCEP_GPU_SOURCE, set by the build) for any other AMD target (RDNA's wave32 among them) stops
+// here, since nothing else was ever built or reasoned about. (hipcc also compiles plain host files, such as
+// the CPU tests and the benchmark's driver, for a default target whose device side is never used.)
+#if defined(ROCEP_GPU_SOURCE) && defined(__HIP_DEVICE_COMPILE__) &&                               \
     !(defined(__gfx908__) || defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || \
       defined(__gfx942__) || defined(__gfx950__))
 #error \

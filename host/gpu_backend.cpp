@@ -147,9 +147,9 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   });
 
   auto* table = peer_tables_.as<void*>();
-  view_.peer_dispatch_regions = reinterpret_cast<uint8_t* const*>(table);
-  view_.peer_combine_regions = reinterpret_cast<uint8_t* const*>(table + shape.world);
-  view_.peer_signals = reinterpret_cast<device::Signals* const*>(table + 2 * shape.world);
+  view_.peers.dispatch_regions = reinterpret_cast<uint8_t* const*>(table);
+  view_.peers.combine_regions = reinterpret_cast<uint8_t* const*>(table + shape.world);
+  view_.peers.signals = reinterpret_cast<device::Signals* const*>(table + 2 * shape.world);
   view_.signals = signals_.as<device::Signals>();
   view_.dispatch_region = dispatch_region_.as<uint8_t>();
   view_.combine_region = combine_region_.as<uint8_t>();
