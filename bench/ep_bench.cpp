@@ -7,10 +7,18 @@
 // are the payload and scales that travel. Combine always moves bf16.
 //
 //   mpirun -np 2 rocep_bench [--tokens=128,4096] [--formats=bf16,fp8,mxfp8,mxfp4,nvfp4] [--hidden=7168]
-//                            [--top_k=8] [--experts=256] [--iterations=20] [--blocks=N]
+//                            [--top_k=8] [--experts=256] [--iterations=20] [--sms=default,all,N]
+//                            [--cases=fused,split,concurrent] [--concurrent_tokens=4096]
 //                            [--inputs=copied,input_buffer] [benchmark flags]
 //
 // --inputs=input_buffer also times bf16 dispatch from tokens written into EpGroup::dispatch_input_buffer().
+// --sms: the SM budgets (EpConfig::num_sms) every case runs at: default (the library's share), all, or N
+// multiprocessors; each row names its budget and the multiprocessors it resolved to.
+// The concurrent case (GPU only, at each budget that leaves multiprocessors over): dispatch + combine of
+// --concurrent_tokens tokens on one stream while a compute-bound kernel holds the rest of the rank's share
+// of the GPU on another, sized to take as long alone as dispatch + combine alone. Rows: dispatch + combine
+// alone, the compute kernel alone, both together (from the first event of either stream to the last); and
+// below the table, both together as a multiple of the longer alone (1 = fully overlapped, 2 = serialised).
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 
@@ -42,6 +50,7 @@
 #include "host/gpu_check.hpp"
 #include "host/ipc.hpp"
 #include "host/topology.hpp"
+#include "tests/gpu/compute_load.hpp"
 #endif
 
 namespace {
@@ -57,7 +66,12 @@ struct BenchOptions {
   int top_k = 8;
   int experts = 256;
   int iterations = 20;
-  int blocks = 0;  // 0 = the library's choice
+  // SM budgets (EpConfig::num_sms) at which every case runs: the default share and every multiprocessor.
+  std::vector<int> sms{rocep::EpConfig::kDefaultSms, rocep::EpConfig::kAllSms};
+  bool fused = true;  // the cases to run (--cases)
+  bool split = true;
+  bool concurrent = true;
+  int concurrent_tokens = 4096;  // tokens per rank of the concurrent case (a prefill step)
   // Where bf16 tokens come from: false = a buffer of the caller's (dispatch stages them), true = the group's
   // input buffer (EpGroup::dispatch_input_buffer); other formats always take the first.
   std::vector<bool> input_buffer{false};
@@ -114,8 +128,27 @@ BenchOptions parse_options(int& argc, char** argv) {
     options.experts = parse_positive(value, "experts");
   if (take_flag(argc, argv, "iterations", value))
     options.iterations = parse_positive(value, "iterations");
-  if (take_flag(argc, argv, "blocks", value))
-    options.blocks = parse_positive(value, "blocks");
+  if (take_flag(argc, argv, "sms", value)) {
+    options.sms.clear();
+    std::stringstream list(value);
+    for (std::string item; std::getline(list, item, ',');) {
+      options.sms.push_back(item == "default" ? rocep::EpConfig::kDefaultSms
+                            : item == "all"   ? rocep::EpConfig::kAllSms
+                                              : parse_positive(item, "sms", 1 << 12));
+    }
+  }
+  if (take_flag(argc, argv, "cases", value)) {
+    options.fused = options.split = options.concurrent = false;
+    std::stringstream list(value);
+    for (std::string item; std::getline(list, item, ',');) {
+      if (item != "fused" && item != "split" && item != "concurrent") {
+        throw rocep::ConfigError("--cases: '" + item + "' is invalid: allowed are fused, split, concurrent");
+      }
+      (item == "fused" ? options.fused : item == "split" ? options.split : options.concurrent) = true;
+    }
+  }
+  if (take_flag(argc, argv, "concurrent_tokens", value))
+    options.concurrent_tokens = parse_positive(value, "concurrent_tokens");
   if (take_flag(argc, argv, "inputs", value)) {
     options.input_buffer.clear();
     std::stringstream list(value);
@@ -126,10 +159,18 @@ BenchOptions parse_options(int& argc, char** argv) {
       options.input_buffer.push_back(item == "input_buffer");
     }
   }
-  if (options.tokens.empty() || options.formats.empty() || options.input_buffer.empty()) {
-    throw rocep::ConfigError("--tokens, --formats and --inputs each need at least one item");
+  if (options.tokens.empty() || options.formats.empty() || options.input_buffer.empty() ||
+      options.sms.empty()) {
+    throw rocep::ConfigError("--tokens, --formats, --inputs and --sms each need at least one item");
   }
   return options;
+}
+
+// A budget as --sms names it.
+std::string sms_name(int num_sms) {
+  return num_sms == rocep::EpConfig::kDefaultSms ? "default"
+         : num_sms == rocep::EpConfig::kAllSms   ? "all"
+                                                 : std::to_string(num_sms);
 }
 
 // One rank's random workload: tokens, uniformly random distinct experts per token, weights.
@@ -202,19 +243,43 @@ struct SummaryRow {
   double gb_per_s;
 };
 std::vector<SummaryRow> summary;
+// One line per concurrent case, printed below the table.
+std::vector<std::string> overlap_summary;
 
 void print_summary(double link_peak) {
   if (link_peak > 0) {
     std::printf("\nP2P link peak measured in this run: %.1f GB/s per rank (copy engine, all ranks at once)\n",
                 link_peak);
   }
-  std::printf("\n%-44s %-18s %12s %17s %12s %10s %10s\n", "case", "backend", "median [us]", "ranks [us]",
+  std::printf("\n%-60s %-20s %12s %17s %12s %10s %10s\n", "case", "backend, SMs", "median [us]", "ranks [us]",
               "remote [MB]", "GB/s", "of link");
   for (const SummaryRow& row : summary) {
-    std::printf("%-44s %-18s %12.1f %8.1f-%-8.1f %12.3f %10.3f %9.0f%%\n", row.name.c_str(),
+    std::printf("%-60s %-20s %12.1f %8.1f-%-8.1f %12.3f %10.3f %9.0f%%\n", row.name.c_str(),
                 row.backend.c_str(), row.median_us, row.fastest_rank_us, row.slowest_rank_us, row.remote_mb,
                 row.gb_per_s, link_peak > 0 ? 100 * row.gb_per_s / link_peak : 0.0);
   }
+  if (!overlap_summary.empty()) {
+    std::printf(
+        "\nConcurrent cases: both together as a multiple of the longer alone (1 = overlapped, "
+        "2 = serialised)\n");
+    for (const std::string& line : overlap_summary) {
+      std::printf("%s\n", line.c_str());
+    }
+  }
+}
+
+// The backend column: the backend, the world and, on a GPU, the multiprocessors the communication kernels
+// take (of the GPU's). Collective.
+std::string backend_label(const rocep::EpGroup& group, int world) {
+  std::string label = std::string(rocep::to_string(group.backend())) + " EP" + std::to_string(world);
+#if defined(ROCEP_GPU_BUILD)
+  if (group.backend() == rocep::Backend::kGpu) {
+    rocep::MpiBootstrap bootstrap(MPI_COMM_WORLD);
+    const rocep::testing::SmSplit split = rocep::testing::sm_split(bootstrap, group.config().num_sms);
+    label += " " + std::to_string(split.communication) + "/" + std::to_string(split.multiprocessors);
+  }
+#endif
+  return label;
 }
 
 // Times `operation` on an EpGroup of the whole world. Counters: median and per-call bytes / bandwidth.
@@ -227,7 +292,7 @@ double measure_link_peak_gb_per_s() {
   if (world < 2)
     return 0.0;
   rocep::MpiBootstrap bootstrap(MPI_COMM_WORLD);
-  const std::size_t bytes = rocep::ipc_allocation_bytes(std::size_t{256} << 20);
+  const std::size_t bytes = std::size_t{256} << 20;
   rocep::DeviceBuffer source(bytes);
   rocep::DeviceBuffer target(bytes);
   ROCEP_GPU_CHECK(hipMemset(source.get(), 1, bytes));
@@ -294,6 +359,53 @@ class CaseMemory {
 #endif
 };
 
+// A case's workload and the arguments of its calls: in host memory on the CPU reference, in device memory on
+// the GPU. Dispatch writes its outputs; combine reduces the dispatched rows (bf16: the dispatched rows
+// themselves, an identity expert).
+struct CaseCalls {
+  CaseCalls(rocep::EpGroup& group, int num_tokens, bool in_input_buffer);
+  Workload workload;
+  CaseMemory memory;
+  rocep::DispatchInputs inputs{};
+  rocep::DispatchOutputs outputs{};
+  rocep::CombineArgs combine_args{};
+};
+
+CaseCalls::CaseCalls(rocep::EpGroup& group, int num_tokens, bool in_input_buffer)
+    : workload(make_workload(group.config(), num_tokens, group.rank(), group.world_size(), 12345u)),
+      memory(group.backend() == rocep::Backend::kGpu) {
+  const rocep::EpConfig& config = group.config();
+  const std::size_t rows = group.max_recv_rows();
+  const bool bf16 = config.dispatch_format == rocep::TokenFormat::kBf16;
+  auto* recv_tokens =
+      memory.make<uint8_t>(rows * rocep::format_payload_bytes(config.dispatch_format, config.hidden));
+  auto* recv_weights = memory.make<float>(rows);
+  inputs = {memory.make(workload.tokens), memory.make(workload.topk_ids), memory.make(workload.topk_weights),
+            num_tokens, nullptr};
+  if (in_input_buffer) {
+    // Written once: the calls only read it, as a server's previous layer would have written it there.
+    memory.copy_in(group.dispatch_input_buffer(), workload.tokens.data(),
+                   workload.tokens.size() * sizeof(rocep::bf16_bits));
+    inputs.tokens = group.dispatch_input_buffer();
+  }
+  // nvfp4: a global scale that keeps the block scales of values in [-4, 4] inside e4m3's range.
+  inputs.global_scale = memory.make(std::vector<float>{448.0f * 6.0f / 4.0f});
+  outputs = {recv_tokens,
+             memory.make<uint32_t>(group.num_local_experts() + 1),
+             memory.make<int32_t>(group.num_local_experts()),
+             memory.make<rocep::SrcInfo>(rows),
+             recv_weights,
+             nullptr};
+  if (!bf16) {
+    outputs.recv_scales =
+        memory.make<uint8_t>(rocep::format_scale_tensor_bytes(config.dispatch_format, rows, config.hidden));
+  }
+  // Expert outputs: for bf16 the dispatched rows themselves (an identity expert), as good as any for timing.
+  combine_args = {
+      bf16 ? static_cast<const void*>(recv_tokens) : memory.make<rocep::bf16_bits>(rows * config.hidden),
+      recv_weights, nullptr, memory.make<rocep::bf16_bits>(std::size_t{1} * num_tokens * config.hidden)};
+}
+
 #if defined(ROCEP_GPU_BUILD)
 // Holds a stream in a host callback until opened, so that a whole batch of calls is queued before the device
 // starts on it: events between the calls then time the device's work, not the host's launch overhead (as
@@ -330,45 +442,16 @@ constexpr int kRepeats = 8;
 
 void run_case(benchmark::State& state, const std::string& name, Sequence sequence, rocep::EpConfig config,
               int num_tokens, bool in_input_buffer) {
-  int rank = 0;
   int world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   config.max_tokens_per_rank = num_tokens;
   rocep::EpGroup group(MPI_COMM_WORLD, config);
   const bool on_gpu = group.backend() == rocep::Backend::kGpu;
-  const Workload workload = make_workload(config, num_tokens, rank, world, 12345u);
-
-  CaseMemory memory(on_gpu);
-  const std::size_t rows = group.max_recv_rows();
-  const bool bf16 = config.dispatch_format == rocep::TokenFormat::kBf16;
-  auto* recv_tokens =
-      memory.make<uint8_t>(rows * rocep::format_payload_bytes(config.dispatch_format, config.hidden));
-  auto* recv_weights = memory.make<float>(rows);
-  rocep::DispatchInputs inputs{memory.make(workload.tokens), memory.make(workload.topk_ids),
-                               memory.make(workload.topk_weights), num_tokens, nullptr};
-  if (in_input_buffer) {
-    // Written once: the calls only read it, as a server's previous layer would have written it there.
-    memory.copy_in(group.dispatch_input_buffer(), workload.tokens.data(),
-                   workload.tokens.size() * sizeof(rocep::bf16_bits));
-    inputs.tokens = group.dispatch_input_buffer();
-  }
-  // nvfp4: a global scale that keeps the block scales of values in [-4, 4] inside e4m3's range.
-  inputs.global_scale = memory.make(std::vector<float>{448.0f * 6.0f / 4.0f});
-  rocep::DispatchOutputs outputs{recv_tokens,
-                                 memory.make<uint32_t>(group.num_local_experts() + 1),
-                                 memory.make<int32_t>(group.num_local_experts()),
-                                 memory.make<rocep::SrcInfo>(rows),
-                                 recv_weights,
-                                 nullptr};
-  if (!bf16) {
-    outputs.recv_scales =
-        memory.make<uint8_t>(rocep::format_scale_tensor_bytes(config.dispatch_format, rows, config.hidden));
-  }
-  // Expert outputs: for bf16 the dispatched rows themselves (an identity expert), as good as any for timing.
-  const rocep::CombineArgs combine_args{
-      bf16 ? static_cast<const void*>(recv_tokens) : memory.make<rocep::bf16_bits>(rows * config.hidden),
-      recv_weights, nullptr, memory.make<rocep::bf16_bits>(std::size_t{1} * num_tokens * config.hidden)};
+  const CaseCalls case_calls(group, num_tokens, in_input_buffer);
+  const Workload& workload = case_calls.workload;
+  const rocep::DispatchInputs& inputs = case_calls.inputs;
+  const rocep::DispatchOutputs& outputs = case_calls.outputs;
+  const rocep::CombineArgs& combine_args = case_calls.combine_args;
 #if defined(ROCEP_GPU_BUILD)
   std::unique_ptr<rocep::Stream> stream = on_gpu ? std::make_unique<rocep::Stream>() : nullptr;
   std::vector<rocep::Event> events;
@@ -444,7 +527,7 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
     }
     state.SetIterationTime(round / kRepeats);
   }
-  const std::string backend = std::string(rocep::to_string(group.backend())) + " EP" + std::to_string(world);
+  const std::string backend = backend_label(group, world);
   state.SetLabel(backend);
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const Step& step = steps[i];
@@ -460,6 +543,131 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
                        reduce_over_ranks(own_median_seconds, MPI_MAX) * 1e6, bytes / 1e6, gb_per_s});
   }
 }
+
+#if defined(ROCEP_GPU_BUILD)
+// The concurrent case: fused dispatch + combine on one stream beside a compute-bound kernel on another that
+// holds the rest of the rank's share of the GPU (tests/gpu/compute_load.hpp), sized to take about as long
+// alone as dispatch + combine alone. One benchmark iteration times kRepeats rounds of each of: dispatch +
+// combine alone, the compute kernel alone, and both at once (each batch queued behind a gate, as in
+// run_case); a round's time is the slowest rank's. Both at once: from the event that releases both streams
+// to the later of their last events; each round starts after both streams finished the round before.
+void run_concurrent_case(benchmark::State& state, const std::string& name, rocep::EpConfig config,
+                         int num_tokens) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  config.max_tokens_per_rank = num_tokens;
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::MpiBootstrap bootstrap(MPI_COMM_WORLD);
+  const rocep::testing::SmSplit split = rocep::testing::sm_split(bootstrap, config.num_sms);
+  const CaseCalls calls(group, num_tokens, /*in_input_buffer=*/false);
+  const rocep::Stream communication;
+  const rocep::Stream compute;
+  const std::function<void()> step = [&] {
+    group.dispatch(calls.inputs, calls.outputs, communication.get());
+    group.combine(calls.combine_args, communication.get());
+  };
+
+  // Times `queue()` for kRepeats rounds, each between two events of its own on `stream`, behind a gate
+  // released by every rank at once; per round, this rank's seconds (own) and the slowest rank's (all).
+  std::vector<rocep::Event> starts(kRepeats);
+  std::vector<rocep::Event> ends(kRepeats);
+  const auto time_rounds = [&](hipStream_t stream, const std::function<void()>& queue,
+                               std::vector<double>* own, std::vector<double>* all) {
+    StreamGate gate;
+    gate.close(stream);
+    for (int round = 0; round < kRepeats; ++round) {
+      starts[round].record(stream);
+      queue();
+      ends[round].record(stream);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    gate.open();
+    ends.back().synchronize();
+    group.synchronize(communication.get());
+    std::vector<double> seconds(kRepeats);
+    for (int round = 0; round < kRepeats; ++round) {
+      seconds[round] = ends[round].elapsed_ms_since(starts[round]) * 1e-3;
+    }
+    own->insert(own->end(), seconds.begin(), seconds.end());
+    MPI_Allreduce(MPI_IN_PLACE, seconds.data(), kRepeats, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    all->insert(all->end(), seconds.begin(), seconds.end());
+  };
+
+  // Warm-up, then the compute kernel sized to dispatch + combine alone.
+  for (int warm_up = 0; warm_up < 3; ++warm_up) {
+    step();
+  }
+  group.synchronize(communication.get());
+  std::vector<double> own_step, all_step;
+  time_rounds(communication.get(), step, &own_step, &all_step);
+  const rocep::testing::ComputeLoad load(split.compute, median(all_step) * 1e3, compute.get());
+  own_step.clear();
+  all_step.clear();
+  const std::function<void()> launch_load = [&] { load.launch(compute.get()); };
+
+  // Both at once: each round starts on the communication stream once both streams finished the round
+  // before; the compute stream waits for that start.
+  std::vector<rocep::Event> compute_ends(kRepeats);
+  std::vector<double> own_load, all_load, own_both, all_both;
+  for (auto _ : state) {
+    time_rounds(communication.get(), step, &own_step, &all_step);
+    time_rounds(compute.get(), launch_load, &own_load, &all_load);
+    StreamGate gate;
+    gate.close(communication.get());
+    for (int round = 0; round < kRepeats; ++round) {
+      if (round > 0) {
+        ROCEP_GPU_CHECK(hipStreamWaitEvent(communication.get(), compute_ends[round - 1].get(), 0));
+      }
+      starts[round].record(communication.get());
+      ROCEP_GPU_CHECK(hipStreamWaitEvent(compute.get(), starts[round].get(), 0));
+      load.launch(compute.get());
+      compute_ends[round].record(compute.get());
+      step();
+      ends[round].record(communication.get());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    gate.open();
+    compute_ends.back().synchronize();
+    group.synchronize(communication.get());
+    std::vector<double> seconds(kRepeats);
+    for (int round = 0; round < kRepeats; ++round) {
+      seconds[round] = std::max(ends[round].elapsed_ms_since(starts[round]),
+                                compute_ends[round].elapsed_ms_since(starts[round])) *
+                       1e-3;
+    }
+    own_both.insert(own_both.end(), seconds.begin(), seconds.end());
+    MPI_Allreduce(MPI_IN_PLACE, seconds.data(), kRepeats, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    all_both.insert(all_both.end(), seconds.begin(), seconds.end());
+    state.SetIterationTime(median(seconds));
+  }
+
+  const std::string backend = backend_label(group, world);
+  state.SetLabel(backend);
+  const double remote_bytes =
+      max_over_ranks(calls.workload.remote_dispatch_bytes + calls.workload.remote_combine_bytes);
+  const auto add_row = [&](const std::string& what, const std::vector<double>& all,
+                           const std::vector<double>& own, double bytes) {
+    const double median_seconds = median(all);
+    state.counters[what + " [us]"] = median_seconds * 1e6;
+    summary.push_back({name + " " + what, backend, median_seconds * 1e6,
+                       reduce_over_ranks(median(own), MPI_MIN) * 1e6,
+                       reduce_over_ranks(median(own), MPI_MAX) * 1e6, bytes / 1e6,
+                       median_seconds > 0 ? bytes / median_seconds / 1e9 : 0.0});
+    return median_seconds;
+  };
+  const double step_seconds = add_row("dispatch+combine", all_step, own_step, remote_bytes);
+  const double load_seconds =
+      add_row("compute on " + std::to_string(split.compute) + " SMs", all_load, own_load, 0.0);
+  const double both_seconds = add_row("both", all_both, own_both, remote_bytes);
+  std::ostringstream line;
+  line.precision(2);
+  line << std::fixed << name << ": both " << both_seconds * 1e6
+       << " us = " << both_seconds / std::max(step_seconds, load_seconds)
+       << " x the longer alone (dispatch+combine " << step_seconds * 1e6 << " us on " << split.communication
+       << " SMs, compute " << load_seconds * 1e6 << " us on " << split.compute << " SMs)";
+  overlap_summary.push_back(line.str());
+}
+#endif
 
 // Rank 0 prints; the other ranks run the same benchmarks silently.
 class SilentReporter : public benchmark::BenchmarkReporter {
@@ -483,13 +691,20 @@ int main(int argc, char** argv) {
     config.hidden = options.hidden;
     config.top_k = options.top_k;
     config.num_experts = options.experts;
-    config.num_blocks = options.blocks;
+    config.num_sms = options.sms.front();  // the header's; each case sets its own
     config.max_tokens_per_rank = *std::max_element(options.tokens.begin(), options.tokens.end());
     config.validate(world);
 
     benchmark::Initialize(&argc, argv);
     double link_peak = 0.0;
-    std::string topology;  // the GPUs of rank 0's node and their links, printed in the header
+    std::string topology;                  // the GPUs of rank 0's node and their links, printed in the header
+    std::string budgets = "SM budgets: ";  // printed in the header; on a GPU, rank 0's as resolved
+    for (std::size_t i = 0; i < options.sms.size(); ++i) {
+      budgets += (i == 0 ? "" : ", ") + sms_name(options.sms[i]);
+    }
+    budgets += " (the CPU reference ignores them)\n";
+    // Per --sms value: the multiprocessors left beside the communication kernels (0 without a GPU).
+    std::vector<int> compute_sms(options.sms.size(), 0);
 #if defined(ROCEP_GPU_BUILD)
     if (rocep::device_count() > 0) {
       rocep::MpiBootstrap world_bootstrap(MPI_COMM_WORLD);
@@ -497,34 +712,67 @@ int main(int argc, char** argv) {
                                                      rocep::device_count(), std::getenv("ROCEP_DEVICE")));
       topology = rocep::gather_node_topology(world_bootstrap).topology.describe();
       link_peak = measure_link_peak_gb_per_s();
+      for (std::size_t i = 0; i < options.sms.size(); ++i) {
+        const rocep::testing::SmSplit split = rocep::testing::sm_split(world_bootstrap, options.sms[i]);
+        // The same decision on every rank: the cases are collective.
+        MPI_Allreduce(&split.compute, &compute_sms[i], 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (i == 0) {
+          budgets = "SM budgets of rank 0, of the " + std::to_string(split.multiprocessors) +
+                    " multiprocessors of a GPU it shares with " + std::to_string(split.ranks_on_gpu - 1) +
+                    " other rank(s): ";
+        }
+        budgets +=
+            (i == 0 ? "" : ", ") + sms_name(options.sms[i]) + " = " + std::to_string(split.communication);
+      }
+      budgets += "\n";
     }
 #endif
-    for (const rocep::TokenFormat format : options.formats) {
-      rocep::EpConfig format_config = config;
-      format_config.dispatch_format = format;
-      format_config.validate(world);
-      for (const bool input_buffer : options.input_buffer) {
-        if (input_buffer && format != rocep::TokenFormat::kBf16) {
-          continue;
-        }
-        for (const int tokens : options.tokens) {
-          for (const Sequence sequence : {Sequence::kFused, Sequence::kSplit}) {
-            const std::string name = std::string("/") + rocep::to_string(format) +
-                                     (input_buffer ? "/input_buffer" : "") +
-                                     "/tokens:" + std::to_string(tokens);
-            // A fixed iteration count: every rank must run the same number of collective calls.
-            const std::string case_name = (sequence == Sequence::kFused ? "fused" : "split") + name;
-            benchmark::RegisterBenchmark(case_name.c_str(), run_case, name, sequence, format_config, tokens,
-                                         input_buffer)
-                ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
-                ->UseManualTime()
-                ->Unit(benchmark::kMicrosecond);
+    for (std::size_t budget = 0; budget < options.sms.size(); ++budget) {
+      const std::string sms = "/sms:" + sms_name(options.sms[budget]);
+      for (const rocep::TokenFormat format : options.formats) {
+        rocep::EpConfig format_config = config;
+        format_config.dispatch_format = format;
+        format_config.num_sms = options.sms[budget];
+        format_config.validate(world);
+        for (const bool input_buffer : options.input_buffer) {
+          if (input_buffer && format != rocep::TokenFormat::kBf16) {
+            continue;
+          }
+          for (const int tokens : options.tokens) {
+            for (const Sequence sequence : {Sequence::kFused, Sequence::kSplit}) {
+              if (!(sequence == Sequence::kFused ? options.fused : options.split)) {
+                continue;
+              }
+              const std::string name = std::string("/") + rocep::to_string(format) +
+                                       (input_buffer ? "/input_buffer" : "") +
+                                       "/tokens:" + std::to_string(tokens) + sms;
+              // A fixed iteration count: every rank must run the same number of collective calls.
+              const std::string case_name = (sequence == Sequence::kFused ? "fused" : "split") + name;
+              benchmark::RegisterBenchmark(case_name.c_str(), run_case, name, sequence, format_config, tokens,
+                                           input_buffer)
+                  ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
+                  ->UseManualTime()
+                  ->Unit(benchmark::kMicrosecond);
+            }
           }
         }
+#if defined(ROCEP_GPU_BUILD)
+        // Beside a compute kernel: only where the budget leaves multiprocessors over.
+        if (options.concurrent && compute_sms[budget] > 0) {
+          const std::string name = std::string("concurrent/") + rocep::to_string(format) +
+                                   "/tokens:" + std::to_string(options.concurrent_tokens) + sms;
+          benchmark::RegisterBenchmark(name.c_str(), run_concurrent_case, name, format_config,
+                                       options.concurrent_tokens)
+              ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
+              ->UseManualTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
+#endif
       }
     }
     if (rank == 0) {
-      std::printf("rocep benchmark: %d rank(s), %s\n%s", world, config.describe().c_str(), topology.c_str());
+      std::printf("rocep benchmark: %d rank(s), %s\n%s%s", world, config.describe().c_str(), budgets.c_str(),
+                  topology.c_str());
       benchmark::RunSpecifiedBenchmarks();
       print_summary(link_peak);
     } else {

@@ -5,6 +5,10 @@
 # (rocep_memory_bench) on one GPU.
 #   bench/run.sh [rocep_bench flags, e.g. --tokens=128,4096 --iterations=50]
 #   ROCEP_BUILD_DIR, ROCEP_CMAKE_ARGS as for tests/run.sh; ROCEP_RANKS overrides the rank count.
+# Every case runs at each SM budget of --sms (default: --sms=default,all, the library's default share of the
+# multiprocessors and all of them; or a count, --sms=24). --cases=fused,split,concurrent picks the cases; the
+# concurrent case (GPU) runs a prefill dispatch + combine (--concurrent_tokens=4096) while a compute-bound
+# kernel holds the rest of the GPU on another stream, and reports each alone, both together, and their ratio.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$root/.ci/install-deps"

@@ -1,7 +1,8 @@
 // Device atomics with the scope and order spelled out. Cross-GPU flags use system scope: a peer GPU polls
-// them over xGMI / NVLink, so device scope would let the store sit in this GPU's caches. On AMD the flag
-// memory must also be fine-grained or uncached (host/device_memory.hpp) or the stores may stay invisible
-// until the kernel ends.
+// them over xGMI / NVLink, so device scope would let the store sit in this GPU's caches. On AMD the memory a
+// peer touches while kernels run must also be fine-grained or uncached (DeviceMemoryKind::kPeerVisible in
+// host/device_memory.hpp; docs/design.md says why per region), or the stores may stay invisible until the
+// kernel ends. tests/isa/check_isa.py checks what these compile to on the AMD targets.
 #pragma once
 
 #include "platform.hpp"
@@ -12,7 +13,11 @@
 
 namespace rocep::device {
 
-enum class Scope { kDevice, kSystem };
+// The scopes, and how each target spells them (this file is the only place that does):
+enum class Scope {
+  kDevice,  // this GPU: the AMDGPU memory model's "agent" scope, CUDA's thread_scope_device (PTX .gpu)
+  kSystem,  // every GPU and the host: AMDGPU "system" scope, CUDA's thread_scope_system (PTX .sys)
+};
 
 #if defined(ROCEP_PLATFORM_AMD)
 template <Scope S>
@@ -60,9 +65,13 @@ __device__ inline uint32_t fetch_add_acq_rel(uint32_t* address, uint32_t value) 
 // ordered before its later ones for every observer, peers included.
 __device__ inline void fence_acq_rel_system() {
 #if defined(ROCEP_PLATFORM_AMD)
+  // __builtin_amdgcn_fence reads its scope only from a string literal, in which the empty string "" is the
+  // AMDGPU memory model's system scope ("agent" would be this GPU only). A named constant compiles but is not
+  // read (clang 15 made an "agent" constant system scope; clang 22 crashes on one), and a template parameter
+  // is refused as the order: so this is the one place that spells the fence.
   __builtin_amdgcn_fence(__ATOMIC_ACQ_REL, "");
 #else
-  cuda::atomic_thread_fence(cuda::memory_order_acq_rel, cuda::thread_scope_system);
+  cuda::atomic_thread_fence(cuda::memory_order_acq_rel, kCudaScope<Scope::kSystem>);
 #endif
 }
 

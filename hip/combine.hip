@@ -441,16 +441,21 @@ hipError_t load_combine_kernels(int* resident_blocks) {
       resident_blocks);
 }
 
-void launch_combine_send(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream) {
-  rocep_combine_send<<<blocks, kBlockThreads, 0, stream>>>(group, args);
+// The send waits on nobody and the receive only on the peers' grids; the fused call also on its own send's
+// signal.
+hipError_t launch_combine_send(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
+                               hipStream_t stream) {
+  return launch_kernel(&rocep_combine_send, grid, Residency::kBlockByBlock, stream, group, args);
 }
 
-void launch_combine_recv(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream) {
-  rocep_combine_recv<<<blocks, kBlockThreads, 0, stream>>>(group, args);
+hipError_t launch_combine_recv(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
+                               hipStream_t stream) {
+  return launch_kernel(&rocep_combine_recv, grid, Residency::kBlockByBlock, stream, group, args);
 }
 
-void launch_combine(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream) {
-  rocep_combine<<<blocks, kBlockThreads, 0, stream>>>(group, args);
+hipError_t launch_combine(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
+                          hipStream_t stream) {
+  return launch_kernel(&rocep_combine, grid, Residency::kWholeGrid, stream, group, args);
 }
 
 }  // namespace rocep::device

@@ -934,27 +934,24 @@ hipError_t load_dispatch_kernels(int* resident_blocks) {
       resident_blocks);
 }
 
-void launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, int blocks,
-                          hipStream_t stream) {
-  rocep_dispatch_send<<<blocks, kBlockThreads, 0, stream>>>(group, args);
+// The send waits on nobody; the receive (a grid barrier where the whole grid ranks the rows or lays out the
+// scales) and the fused call (its own send's signal) wait on their grid.
+hipError_t launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, const LaunchGrid& grid,
+                                hipStream_t stream) {
+  return launch_kernel(&rocep_dispatch_send, grid, Residency::kBlockByBlock, stream, group, args);
 }
 
-void launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, int blocks,
-                          hipStream_t stream) {
-  if (scales_laid_out_later(group.shape)) {
-    rocep_dispatch_recv_scale_runs<<<blocks, kBlockThreads, 0, stream>>>(group, args);
-  } else {
-    rocep_dispatch_recv<<<blocks, kBlockThreads, 0, stream>>>(group, args);
-  }
+hipError_t launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, const LaunchGrid& grid,
+                                hipStream_t stream) {
+  return launch_kernel(
+      scales_laid_out_later(group.shape) ? &rocep_dispatch_recv_scale_runs : &rocep_dispatch_recv, grid,
+      Residency::kWholeGrid, stream, group, args);
 }
 
-void launch_dispatch(const GroupView& group, const DispatchSendArgs& send_args,
-                     const DispatchRecvArgs& recv_args, int blocks, hipStream_t stream) {
-  if (scales_laid_out_later(group.shape)) {
-    rocep_dispatch_scale_runs<<<blocks, kBlockThreads, 0, stream>>>(group, send_args, recv_args);
-  } else {
-    rocep_dispatch<<<blocks, kBlockThreads, 0, stream>>>(group, send_args, recv_args);
-  }
+hipError_t launch_dispatch(const GroupView& group, const DispatchSendArgs& send_args,
+                           const DispatchRecvArgs& recv_args, const LaunchGrid& grid, hipStream_t stream) {
+  return launch_kernel(scales_laid_out_later(group.shape) ? &rocep_dispatch_scale_runs : &rocep_dispatch,
+                       grid, Residency::kWholeGrid, stream, group, send_args, recv_args);
 }
 
 }  // namespace rocep::device

@@ -119,15 +119,50 @@ inline hipError_t load_kernels(std::initializer_list<const void*> kernels, int* 
 hipError_t load_dispatch_kernels(int* resident_blocks);
 hipError_t load_combine_kernels(int* resident_blocks);
 
-void launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, int blocks,
-                          hipStream_t stream);
-void launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, int blocks,
-                          hipStream_t stream);
+// The grid of every kernel of one group (the host's CommPolicy decides it).
+struct LaunchGrid {
+  int blocks;        // blocks of kBlockThreads: one per multiprocessor of the rank's SM budget
+  bool cooperative;  // launch the kernels that need their whole grid resident cooperatively
+};
+
+// What a kernel needs of its grid: kWholeGrid for a kernel whose blocks wait on other blocks of the same
+// grid (a grid barrier, or a fused call's wait for its own send's signal), which would spin forever on a
+// block that never got a multiprocessor.
+enum class Residency { kBlockByBlock, kWholeGrid };
+
+template <typename T>
+struct NotDeduced {
+  using type = T;
+};
+
+// Launches `kernel` on grid.blocks blocks of kBlockThreads with `params`, converted to the kernel's own
+// parameter types. A kWholeGrid kernel of a cooperative grid is launched cooperatively: the runtime starts it
+// only with every block resident, and refuses a grid that cannot be (hipErrorCooperativeLaunchTooLarge).
+// Returns the runtime's status of the launch.
+template <typename... Params>
+hipError_t launch_kernel(void (*kernel)(Params...), const LaunchGrid& grid, Residency residency,
+                         hipStream_t stream, typename NotDeduced<Params>::type... params) {
+  void* arguments[] = {static_cast<void*>(&params)...};
+  const auto* function = reinterpret_cast<const void*>(kernel);
+  if (grid.cooperative && residency == Residency::kWholeGrid) {
+    return hipLaunchCooperativeKernel(function, dim3(grid.blocks), dim3(kBlockThreads), arguments, 0, stream);
+  }
+  return hipLaunchKernel(function, dim3(grid.blocks), dim3(kBlockThreads), arguments, 0, stream);
+}
+
+// Each launcher returns the runtime's status of its launch.
+hipError_t launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, const LaunchGrid& grid,
+                                hipStream_t stream);
+hipError_t launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, const LaunchGrid& grid,
+                                hipStream_t stream);
 // The fused calls run both halves in one kernel.
-void launch_dispatch(const GroupView& group, const DispatchSendArgs& send_args,
-                     const DispatchRecvArgs& recv_args, int blocks, hipStream_t stream);
-void launch_combine(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream);
-void launch_combine_send(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream);
-void launch_combine_recv(const GroupView& group, const CombineArgs& args, int blocks, hipStream_t stream);
+hipError_t launch_dispatch(const GroupView& group, const DispatchSendArgs& send_args,
+                           const DispatchRecvArgs& recv_args, const LaunchGrid& grid, hipStream_t stream);
+hipError_t launch_combine(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
+                          hipStream_t stream);
+hipError_t launch_combine_send(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
+                               hipStream_t stream);
+hipError_t launch_combine_recv(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
+                               hipStream_t stream);
 
 }  // namespace rocep::device

@@ -1,18 +1,21 @@
 // The one place that knows which GPU runtime is underneath. On AMD it includes the HIP runtime; on NVIDIA it
 // includes the CUDA runtime and maps exactly the HIP names rocep uses onto their CUDA twins (the
 // HIP-on-NVIDIA headers of ROCm 5.2 do not compile against CUDA 13, so the project carries this small table
-// instead). Kernels are launched with the <<<...>>> syntax, which both compilers accept.
+// instead). Kernels are launched with the <<<...>>> syntax, which both compilers accept, or through
+// hipLaunchKernel / hipLaunchCooperativeKernel (hip/ep_kernels.hpp launch_kernel).
 #pragma once
 
 #include "portable.hpp"
 
 #if defined(ROCEP_PLATFORM_NVIDIA)
 
+#include <cudaTypedefs.h>  // PFN_cuMemGetAddressRange_v3020
 #include <cuda_runtime.h>
 
 // Types and constants.
 #define hipError_t cudaError_t
 #define hipSuccess cudaSuccess
+#define hipErrorCooperativeLaunchTooLarge cudaErrorCooperativeLaunchTooLarge
 #define hipStream_t cudaStream_t
 #define hipEvent_t cudaEvent_t
 #define hipDeviceProp_t cudaDeviceProp
@@ -56,6 +59,7 @@
 #define hipStreamCreateWithFlags cudaStreamCreateWithFlags
 #define hipStreamDestroy cudaStreamDestroy
 #define hipStreamSynchronize cudaStreamSynchronize
+#define hipStreamWaitEvent cudaStreamWaitEvent
 #define hipEventCreateWithFlags cudaEventCreateWithFlags
 #define hipEventDestroy cudaEventDestroy
 #define hipEventRecord cudaEventRecord
@@ -73,6 +77,37 @@
 #define hipGraphDestroy cudaGraphDestroy
 #define hipStreamAddCallback cudaStreamAddCallback
 #define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
+#define hipLaunchKernel cudaLaunchKernel
+#define hipLaunchCooperativeKernel cudaLaunchCooperativeKernel
+
+// hipMemGetAddressRange (the base and size of the allocation that holds `pointer`) has no twin in the CUDA
+// runtime: the driver's cuMemGetAddressRange, looked up through the runtime so that rocep needs no link
+// against libcuda. Any driver failure reads as cudaErrorInvalidValue (a pointer not from cudaMalloc).
+inline cudaError_t hipMemGetAddressRange(void** base, size_t* bytes, void* pointer) {
+  static const PFN_cuMemGetAddressRange_v3020 get_range = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t status =
+        cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &function, 3020, cudaEnableDefault, &found);
+#else
+    const cudaError_t status =
+        cudaGetDriverEntryPoint("cuMemGetAddressRange", &function, cudaEnableDefault, &found);
+#endif
+    return status == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(function)
+               : nullptr;
+  }();
+  if (get_range == nullptr) {
+    return cudaErrorSymbolNotFound;
+  }
+  CUdeviceptr found_base = 0;
+  if (get_range(&found_base, bytes, reinterpret_cast<CUdeviceptr>(pointer)) != CUDA_SUCCESS) {
+    return cudaErrorInvalidValue;
+  }
+  *base = reinterpret_cast<void*>(found_base);
+  return cudaSuccess;
+}
 
 #elif defined(ROCEP_PLATFORM_AMD)
 

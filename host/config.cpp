@@ -117,7 +117,7 @@ namespace {
 constexpr int kMaxHidden = device::kMaxHidden;
 constexpr int kMaxExperts = 1 << 14;
 constexpr int kMaxTokensPerRank = 1 << 16;
-constexpr int kMaxBlocks = 1 << 12;
+constexpr int kMaxSms = 1 << 12;  // past any GPU's multiprocessors
 constexpr int kMaxAlignment = 1 << 10;
 constexpr double kMaxTimeoutSeconds = 24 * 3600.0;
 
@@ -168,8 +168,8 @@ void EpConfig::validate(int world_size) const {
           range(0, world_size) + " (0 = detect)");
   require(gpus_per_node == 0 || world_size % gpus_per_node == 0, "gpus_per_node", gpus_per_node,
           "must divide the world size " + std::to_string(world_size));
-  require(num_blocks >= 0 && num_blocks <= kMaxBlocks, "num_blocks", num_blocks,
-          range(0, kMaxBlocks) + " (0 = choose)");
+  require(num_sms >= kAllSms && num_sms <= kMaxSms, "num_sms", num_sms,
+          range(kAllSms, kMaxSms) + " (0 = the default share, -1 = every multiprocessor)");
   require(expert_alignment >= 1 && expert_alignment <= kMaxAlignment, "expert_alignment", expert_alignment,
           range(1, kMaxAlignment));
   require(std::isfinite(timeout_seconds) && timeout_seconds > 0 && timeout_seconds <= kMaxTimeoutSeconds,
@@ -193,8 +193,13 @@ std::string EpConfig::describe() const {
        << " max_tokens_per_rank=" << max_tokens_per_rank << " format=" << to_string(dispatch_format)
        << (dispatch_format == TokenFormat::kFp8Block128 ? std::string("/") + to_string(fp8_encoding) : "")
        << " combine=" << to_string(combine_dtype) << " alignment=" << expert_alignment;
-  if (num_blocks > 0) {
-    text << " blocks=" << num_blocks;
+  text << " sms=";
+  if (num_sms == kDefaultSms) {
+    text << "default";
+  } else if (num_sms == kAllSms) {
+    text << "all";
+  } else {
+    text << num_sms;
   }
   return text.str();
 }

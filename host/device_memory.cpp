@@ -9,8 +9,8 @@ namespace {
 void* allocate_device(std::size_t bytes, DeviceMemoryKind kind) {
   void* pointer = nullptr;
 #if defined(ROCEP_PLATFORM_AMD)
-  if (kind == DeviceMemoryKind::kPolledFlags) {
-    // Uncached where the runtime has it (ROCm >= 5.3); fine-grained on older runtimes such as ROCm 5.2.
+  if (kind == DeviceMemoryKind::kPeerVisible) {
+    // Uncached where the runtime has the flag; fine-grained on runtimes without it, such as ROCm 5.2.
 #if defined(hipDeviceMallocUncached)
     ROCEP_GPU_CHECK(hipExtMallocWithFlags(&pointer, bytes, hipDeviceMallocUncached));
 #else
@@ -19,7 +19,7 @@ void* allocate_device(std::size_t bytes, DeviceMemoryKind kind) {
     return pointer;
   }
 #else
-  (void)kind;
+  (void)kind;  // NVIDIA: every kind is plain cudaMalloc
 #endif
   ROCEP_GPU_CHECK(hipMalloc(&pointer, bytes));
   return pointer;

@@ -9,18 +9,23 @@
 
 namespace rocep {
 
+// Which memory a buffer is, by who touches it while kernels run (docs/design.md, "Memory regions and who
+// writes them", gives the argument per region).
 enum class DeviceMemoryKind {
-  kDefault,  // ordinary device memory (coarse-grained on AMD): bulk token data
-  // Memory that peers poll while this GPU's kernels run (flags, counters). On AMD it must be fine-grained or
-  // uncached, or a peer's stores may stay invisible until the kernel ends; on NVIDIA ordinary memory is
-  // already coherent for system-scope atomics.
-  kPolledFlags,
+  // Only this GPU's kernels (and the host between them): ordinary device memory, coarse-grained on AMD.
+  kLocal,
+  // A peer GPU stores into it, loads from it or polls it while kernels run (the group's dispatch and combine
+  // regions and its signals). On AMD uncached where the runtime defines hipDeviceMallocUncached, else
+  // (ROCm 5.2) fine-grained: coarse-grained lines may sit in a GPU's L2, dirty or stale, where the peers'
+  // release / acquire sequences do not reach them. On NVIDIA ordinary device memory, allocated exactly as
+  // kLocal: it is coherent for system-scope operations already.
+  kPeerVisible,
 };
 
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t bytes, DeviceMemoryKind kind = DeviceMemoryKind::kDefault);
+  explicit DeviceBuffer(std::size_t bytes, DeviceMemoryKind kind = DeviceMemoryKind::kLocal);
   ~DeviceBuffer();
   DeviceBuffer(DeviceBuffer&& other) noexcept { swap(other); }
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {

@@ -38,7 +38,7 @@ std::array<double, 12> config_fields(const EpConfig& config) {
           static_cast<double>(config.fp8_encoding),
           static_cast<double>(config.combine_dtype),
           static_cast<double>(config.gpus_per_node),
-          static_cast<double>(config.num_blocks),
+          static_cast<double>(config.num_sms),
           static_cast<double>(config.expert_alignment),
           config.timeout_seconds,
           0.0};

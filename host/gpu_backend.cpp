@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "agreement.hpp"
+#include "comm_policy.hpp"
 #include "device.hpp"
 #include "gpu_check.hpp"
 #include "node.hpp"
@@ -16,7 +17,7 @@ namespace rocep {
 
 namespace {
 
-DeviceBuffer zeroed(std::size_t bytes, DeviceMemoryKind kind = DeviceMemoryKind::kDefault) {
+DeviceBuffer zeroed(std::size_t bytes, DeviceMemoryKind kind = DeviceMemoryKind::kLocal) {
   DeviceBuffer buffer(bytes, kind);
   if (bytes > 0) {
     ROCEP_GPU_CHECK(hipMemset(buffer.get(), 0, bytes));
@@ -68,20 +69,25 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
     device = current_device();
     hipDeviceProp_t properties;
     ROCEP_GPU_CHECK(hipGetDeviceProperties(&properties, device));
-    const int resident_blocks = resident_per_multiprocessor * properties.multiProcessorCount;
-    if (config.num_blocks > resident_blocks) {
-      throw ConfigError("EpConfig.num_blocks = " + std::to_string(config.num_blocks) +
-                        " is invalid on this device: allowed range is [1, " +
-                        std::to_string(resident_blocks) +
-                        "] (the blocks of one kernel must all be resident at once)");
-    }
     // Ranks of this node that run on this same GPU (several ranks per GPU under MPS) share its
     // multiprocessors: each one's grid must fit its share, or ranks spinning on each other deadlock.
     const int ranks_on_this_gpu = static_cast<int>(
         std::count(node_gpus.rank_gpus.begin(), node_gpus.rank_gpus.end(), node_gpus.rank_gpus[rank_]));
-    // Every block that fits: the copies are bound by memory latency, so more blocks in flight move more
-    // bytes.
-    blocks_ = config.num_blocks > 0 ? config.num_blocks : std::max(1, resident_blocks / ranks_on_this_gpu);
+    // One block per multiprocessor of the budget, at most the rank's share: with every kernel keeping at
+    // least one block resident per multiprocessor, the grids of all the ranks on this GPU are resident
+    // together (checked here, so a grid too large is refused at creation rather than spinning).
+    const CommPolicy policy = comm_policy();
+    const int sms = sm_budget(config.num_sms, properties.multiProcessorCount, ranks_on_this_gpu, policy);
+    if (resident_per_multiprocessor < 1) {
+      throw GpuRuntimeError(
+          "EpGroup: a dispatch / combine kernel keeps no block of " + std::to_string(device::kBlockThreads) +
+          " threads resident on a multiprocessor of " + properties.name + " (shared memory or registers)");
+    }
+    if (policy.cooperative_launch && properties.cooperativeLaunch == 0) {
+      throw GpuRuntimeError(std::string("EpGroup: ") + properties.name +
+                            " does not support cooperative launches, which keep the kernels' grids resident");
+    }
+    grid_ = {sms, policy.cooperative_launch};
   });
 
   device::Shape& shape = view_.shape;
@@ -101,11 +107,13 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
 
   run_agreed(world, "allocating the group's memory", [&] {
     const std::size_t slots = static_cast<std::size_t>(shape.max_tokens) * shape.top_k;
-    dispatch_region_ = DeviceBuffer(ipc_allocation_bytes(device::DispatchRegion::bytes(shape)));
-    combine_region_ = DeviceBuffer(ipc_allocation_bytes(device::CombineRegion::bytes(shape)));
-    signals_ = zeroed(ipc_allocation_bytes(sizeof(device::Signals)), DeviceMemoryKind::kPolledFlags);
+    // Peers store into these three, load from the dispatch region and poll the signals while kernels run
+    // (docs/design.md, "Memory regions and who writes them").
+    dispatch_region_ = DeviceBuffer(device::DispatchRegion::bytes(shape), DeviceMemoryKind::kPeerVisible);
+    combine_region_ = DeviceBuffer(device::CombineRegion::bytes(shape), DeviceMemoryKind::kPeerVisible);
+    signals_ = zeroed(sizeof(device::Signals), DeviceMemoryKind::kPeerVisible);
     state_ = zeroed(sizeof(device::LocalState));
-    block_calls_ = zeroed(static_cast<std::size_t>(blocks_) * sizeof(device::BlockCalls));
+    block_calls_ = zeroed(static_cast<std::size_t>(grid_.blocks) * sizeof(device::BlockCalls));
     status_ = zeroed(sizeof(device::Status));
     token_rows_ = DeviceBuffer(slots * shape.world * sizeof(int32_t));
     expert_rows_ = DeviceBuffer(shape.local_experts * sizeof(uint32_t));
@@ -233,19 +241,19 @@ device::DispatchRecvArgs GpuEp::dispatch_recv_args(const DispatchOutputs& output
 }
 
 void GpuEp::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {
-  device::launch_dispatch(view_, dispatch_send_args(inputs), dispatch_recv_args(outputs), blocks_,
-                          static_cast<hipStream_t>(stream));
-  ROCEP_GPU_CHECK(hipGetLastError());
+  check_launch("dispatch",
+               device::launch_dispatch(view_, dispatch_send_args(inputs), dispatch_recv_args(outputs), grid_,
+                                       static_cast<hipStream_t>(stream)));
 }
 
 void GpuEp::dispatch_send(const DispatchInputs& inputs, void* stream) {
-  device::launch_dispatch_send(view_, dispatch_send_args(inputs), blocks_, static_cast<hipStream_t>(stream));
-  ROCEP_GPU_CHECK(hipGetLastError());
+  check_launch("dispatch_send", device::launch_dispatch_send(view_, dispatch_send_args(inputs), grid_,
+                                                             static_cast<hipStream_t>(stream)));
 }
 
 void GpuEp::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
-  device::launch_dispatch_recv(view_, dispatch_recv_args(outputs), blocks_, static_cast<hipStream_t>(stream));
-  ROCEP_GPU_CHECK(hipGetLastError());
+  check_launch("dispatch_recv", device::launch_dispatch_recv(view_, dispatch_recv_args(outputs), grid_,
+                                                             static_cast<hipStream_t>(stream)));
 }
 
 device::CombineArgs GpuEp::combine_kernel_args(const CombineArgs& args) const {
@@ -254,18 +262,35 @@ device::CombineArgs GpuEp::combine_kernel_args(const CombineArgs& args) const {
 }
 
 void GpuEp::combine(const CombineArgs& args, void* stream) {
-  device::launch_combine(view_, combine_kernel_args(args), blocks_, static_cast<hipStream_t>(stream));
-  ROCEP_GPU_CHECK(hipGetLastError());
+  check_launch("combine", device::launch_combine(view_, combine_kernel_args(args), grid_,
+                                                 static_cast<hipStream_t>(stream)));
 }
 
 void GpuEp::combine_send(const CombineArgs& args, void* stream) {
-  device::launch_combine_send(view_, combine_kernel_args(args), blocks_, static_cast<hipStream_t>(stream));
-  ROCEP_GPU_CHECK(hipGetLastError());
+  check_launch("combine_send", device::launch_combine_send(view_, combine_kernel_args(args), grid_,
+                                                           static_cast<hipStream_t>(stream)));
 }
 
 void GpuEp::combine_recv(const CombineArgs& args, void* stream) {
-  device::launch_combine_recv(view_, combine_kernel_args(args), blocks_, static_cast<hipStream_t>(stream));
-  ROCEP_GPU_CHECK(hipGetLastError());
+  check_launch("combine_recv", device::launch_combine_recv(view_, combine_kernel_args(args), grid_,
+                                                           static_cast<hipStream_t>(stream)));
+}
+
+void GpuEp::check_launch(const char* call, hipError_t status) {
+  if (status == hipSuccess) {
+    return;
+  }
+  (void)hipGetLastError();  // the launch's error is reported here, not by a later check
+  broken_ = true;  // this rank's call never ran: its sequence numbers no longer agree with the peers'
+  std::string message = std::string("EpGroup::") + call + " on rank " + std::to_string(rank_) +
+                        ": the kernel's launch failed: " + hipGetErrorName(status) + " (" +
+                        hipGetErrorString(status) + ")";
+  if (status == hipErrorCooperativeLaunchTooLarge) {
+    message += "; its grid of " + std::to_string(grid_.blocks) +
+               " blocks (EpConfig.num_sms = " + std::to_string(config_.num_sms) +
+               ") cannot be resident at once on this GPU, as the kernel needs: lower num_sms";
+  }
+  throw GpuRuntimeError(message);
 }
 
 device::Status GpuEp::read_status(hipStream_t stream) {

@@ -18,12 +18,15 @@ class GpuEp final : public EpBackend {
  public:
   // Collective over `world`, failure-atomic (every step agreed: the ranks throw together). Uses the calling
   // thread's current device. Throws ConfigError if the ranks are not all on one node, two of the node's GPUs
-  // cannot reach each other peer-to-peer, or the shape exceeds what the kernels support.
+  // cannot reach each other peer-to-peer, the shape exceeds what the kernels support, or config.num_sms
+  // exceeds this rank's share of its GPU's multiprocessors (comm_policy.hpp sm_budget).
   GpuEp(Bootstrap& world, const EpConfig& config);
-  // Waits for this device, closes the mappings of the peers' memory, then waits (bounded by the timeout) for
-  // every peer to have closed theirs before this rank's memory is freed. After a timeout nobody is waited
-  // for, and this rank's exported memory is deliberately not freed (a peer may still store into it): the
-  // process keeps it until it exits.
+  // Waits for this device, closes the mappings of the peers' memory, then waits for every peer to have
+  // closed theirs (a barrier bounded by the timeout) before this rank's memory is freed. If the group is
+  // broken (broken(), e.g. after a timeout), nobody is waited for; if the barrier times out or fails, the
+  // wait ends there. In both cases this rank's exported memory (its dispatch and combine regions and its
+  // signals) is deliberately not freed, since a peer may still store into it: the process keeps it until it
+  // exits. The rest is freed.
   ~GpuEp() override;
   GpuEp(const GpuEp&) = delete;
   GpuEp& operator=(const GpuEp&) = delete;
@@ -50,6 +53,9 @@ class GpuEp final : public EpBackend {
   device::DispatchSendArgs dispatch_send_args(const DispatchInputs& inputs) const;
   device::DispatchRecvArgs dispatch_recv_args(const DispatchOutputs& outputs) const;
   device::CombineArgs combine_kernel_args(const CombineArgs& args) const;
+  // Throws GpuRuntimeError naming `call` (and, for a grid that cannot be resident, EpConfig::num_sms) unless
+  // `status`, a kernel launch's, is hipSuccess; the group is then broken (this rank's call never ran).
+  void check_launch(const char* call, hipError_t status);
   // The status record as the kernels left it, copied on `stream` and waited for.
   device::Status read_status(hipStream_t stream);
 
@@ -60,7 +66,7 @@ class GpuEp final : public EpBackend {
   DeviceBuffer combine_region_;
   DeviceBuffer signals_;
   DeviceBuffer state_;
-  DeviceBuffer block_calls_;  // [blocks_] device::BlockCalls
+  DeviceBuffer block_calls_;  // [grid_.blocks] device::BlockCalls
   DeviceBuffer status_;
   DeviceBuffer token_rows_;
   DeviceBuffer expert_rows_;
@@ -75,7 +81,7 @@ class GpuEp final : public EpBackend {
   PinnedHostBuffer status_mirror_;
   Stream poll_stream_;
   device::GroupView view_{};
-  int blocks_ = 0;
+  device::LaunchGrid grid_{};  // every kernel's: one block per multiprocessor of the SM budget
   std::size_t memory_bytes_ = 0;
   bool broken_ = false;
 };

@@ -1,5 +1,10 @@
 // Sharing device buffers between the processes of one node: export a handle, send its bytes through the
-// bootstrap, open it in the peer. The mapping is closed when its owner is destroyed.
+// bootstrap, open it in the peer. A buffer is named by (allocation, offset): the runtimes hand out small
+// buffers from larger pooled allocations, and an imported handle always maps the start of its allocation,
+// not the buffer inside it (seen on H200: a peer's flag store landed elsewhere and the flag never arrived).
+// So the exporter names the allocation that holds the buffer (its base, from hipMemGetAddressRange) and the
+// buffer's offset in it; the importer maps the allocation and adds the offset. Any DeviceBuffer can be
+// shared, of any size.
 #pragma once
 
 #include <cstddef>
@@ -12,34 +17,29 @@
 
 namespace rocep {
 
-// Bytes to allocate for a buffer that will be exported: whole 2 MiB units. The runtimes pool smaller
-// allocations, and an imported handle maps the start of the pooled block, not the buffer inside it (seen on
-// H200: a peer's flag store landed elsewhere and the flag never arrived). A buffer of whole units is its
-// own block, so the importer's pointer is the buffer itself.
-inline constexpr std::size_t kIpcGranularity = std::size_t{2} << 20;
-inline std::size_t ipc_allocation_bytes(std::size_t bytes) {
-  return (bytes + kIpcGranularity - 1) / kIpcGranularity * kIpcGranularity;
-}
-
-// What travels between processes to name one buffer: the runtime's handle plus the buffer's size (so the
-// importer can bound its accesses).
+// What travels between processes to name one buffer.
 struct IpcBufferHandle {
-  hipIpcMemHandle_t handle;
-  std::size_t bytes;
+  hipIpcMemHandle_t handle;  // of the runtime allocation that holds the buffer (exported at its base)
+  std::size_t offset;        // of the buffer from the allocation's base
+  std::size_t bytes;         // of the buffer (so the importer can bound its accesses)
 };
 
-// Throws ConfigError unless the buffer was allocated with ipc_allocation_bytes().
+// Throws ConfigError for an empty buffer, GpuRuntimeError if the runtime refuses.
 IpcBufferHandle export_ipc(const DeviceBuffer& buffer);
 
-// A peer's buffer mapped into this process.
+// A peer's buffer mapped into this process. Mappings of buffers that share an allocation share one opened
+// handle (the runtimes refuse to open a handle twice in one process), closed with the last of them.
 class IpcMapping {
  public:
   IpcMapping() = default;
   explicit IpcMapping(const IpcBufferHandle& handle);
   ~IpcMapping();
   IpcMapping(IpcMapping&& other) noexcept
-      : pointer_(std::exchange(other.pointer_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+      : allocation_(std::exchange(other.allocation_, nullptr)),
+        pointer_(std::exchange(other.pointer_, nullptr)),
+        bytes_(std::exchange(other.bytes_, 0)) {}
   IpcMapping& operator=(IpcMapping&& other) noexcept {
+    std::swap(allocation_, other.allocation_);
     std::swap(pointer_, other.pointer_);
     std::swap(bytes_, other.bytes_);
     return *this;
@@ -47,10 +47,11 @@ class IpcMapping {
   IpcMapping(const IpcMapping&) = delete;
   IpcMapping& operator=(const IpcMapping&) = delete;
 
-  void* get() const { return pointer_; }
+  void* get() const { return pointer_; }  // the buffer: the mapped allocation plus the offset
   std::size_t bytes() const { return bytes_; }
 
  private:
+  void* allocation_ = nullptr;  // the peer's allocation as mapped here
   void* pointer_ = nullptr;
   std::size_t bytes_ = 0;
 };

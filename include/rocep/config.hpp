@@ -24,8 +24,21 @@ struct EpConfig {
   TokenFormat dispatch_format = TokenFormat::kBf16;
   Fp8Encoding fp8_encoding = Fp8Encoding::kAuto;  // for kFp8Block128 (and the SiLU kernels' fp8 output)
   CombineDtype combine_dtype = CombineDtype::kBf16;
-  int gpus_per_node = 0;          // ranks that share a node (and reach each other by IPC); 0 = detect
-  int num_blocks = 0;             // blocks per communication kernel; 0 = every block that stays resident
+  int gpus_per_node = 0;  // ranks that share a node (and reach each other by IPC); 0 = detect
+  // The multiprocessors (SMs; CUs on AMD) that this rank's dispatch / combine kernels may occupy, so that
+  // the experts' kernels keep the rest. kDefaultSms: the default share, 3/16 of the GPU's multiprocessors
+  // rounded down (24 of an H100's or H200's 132 SMs, DeepEP's budget there; 57 of an MI300X's 304 CUs).
+  // kAllSms: every multiprocessor. N >= 1: N of them. Each kernel runs one block per multiprocessor of the
+  // budget (the hardware spreads a grid over idle multiprocessors first, so more blocks would occupy more of
+  // them), all of them resident at once: on NVIDIA the kernels that wait on their own grid are launched
+  // cooperatively, so a grid that cannot be resident fails at launch (GpuRuntimeError naming num_sms; the
+  // group is then unusable) instead of spinning. Ranks that share a GPU (MPS) share its multiprocessors:
+  // each rank's budget is at most multiprocessors / (ranks on that GPU) (kAllSms gives that, kDefaultSms
+  // the default share divided likewise), and a larger N throws ConfigError at group creation. The CPU
+  // reference ignores it.
+  static constexpr int kDefaultSms = 0;
+  static constexpr int kAllSms = -1;
+  int num_sms = kDefaultSms;
   int expert_alignment = 1;       // each expert's rows padded to a multiple of this (padding rows invalid)
   double timeout_seconds = 10.0;  // bound on every device-side wait
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "hip/scale_layout.hpp"
+#include "host/comm_policy.hpp"
 #include "rocep/errors.hpp"
 
 namespace {
@@ -94,7 +95,8 @@ const Rejection kRejections[] = {
     {"GpusPerNodeNegative", [](EpConfig& c) { c.gpus_per_node = -1; }, 4, "gpus_per_node", "-1"},
     {"GpusPerNodeAboveWorld", [](EpConfig& c) { c.gpus_per_node = 8; }, 4, "gpus_per_node", "8"},
     {"GpusPerNodeNotDividingWorld", [](EpConfig& c) { c.gpus_per_node = 3; }, 4, "gpus_per_node", "3"},
-    {"NumBlocksNegative", [](EpConfig& c) { c.num_blocks = -1; }, 2, "num_blocks", "-1"},
+    {"NumSmsBelowAllSms", [](EpConfig& c) { c.num_sms = -2; }, 2, "num_sms", "-2"},
+    {"NumSmsTooLarge", [](EpConfig& c) { c.num_sms = (1 << 12) + 1; }, 2, "num_sms", "4097"},
     {"ExpertAlignmentZero", [](EpConfig& c) { c.expert_alignment = 0; }, 2, "expert_alignment", "0"},
     {"TimeoutZero", [](EpConfig& c) { c.timeout_seconds = 0.0; }, 2, "timeout_seconds", "0"},
     {"TimeoutNegative", [](EpConfig& c) { c.timeout_seconds = -1.5; }, 2, "timeout_seconds", "-1.5"},
@@ -209,6 +211,45 @@ TEST(EpConfigTest, MaxRecvRowsIsWorldTimesTokensTimesTopKPlusPadding) {
   EXPECT_EQ(config.max_recv_rows(2), std::size_t{2 * 128 * 8});
   config.expert_alignment = 4;  // 128 local experts, each padded by at most 3 rows
   EXPECT_EQ(config.max_recv_rows(2), std::size_t{2 * 128 * 8 + 128 * 3});
+}
+
+// The SM budget: the default share (3/16 of the multiprocessors, rounded down), every multiprocessor, or N,
+// each within the rank's share of a GPU that ranks_on_gpu ranks share.
+TEST(SmBudgetTest, DefaultAllAndExplicitBudgetsResolveWithinTheRanksShare) {
+  const rocep::CommPolicy policy;
+  EXPECT_EQ(rocep::sm_budget(EpConfig::kDefaultSms, 132, 1, policy), 24);  // H100, H200
+  EXPECT_EQ(rocep::sm_budget(EpConfig::kDefaultSms, 304, 1, policy), 57);  // MI300X
+  EXPECT_EQ(rocep::sm_budget(EpConfig::kDefaultSms, 132, 2, policy), 12);  // the GPU's share, split by MPS
+  EXPECT_EQ(rocep::sm_budget(EpConfig::kDefaultSms, 4, 1, policy), 1);     // at least one
+  EXPECT_EQ(rocep::sm_budget(EpConfig::kAllSms, 132, 1, policy), 132);
+  EXPECT_EQ(rocep::sm_budget(EpConfig::kAllSms, 132, 4, policy), 33);
+  EXPECT_EQ(rocep::sm_budget(8, 132, 1, policy), 8);
+  EXPECT_EQ(rocep::sm_budget(66, 132, 2, policy), 66);
+  EXPECT_EQ(EpConfig().num_sms, EpConfig::kDefaultSms);
+  EXPECT_NE(EpConfig().describe().find("sms=default"), std::string::npos) << EpConfig().describe();
+}
+
+TEST(SmBudgetTest, BudgetAboveTheRanksShareThrowsConfigErrorNamingNumSmsAndTheLimit) {
+  const rocep::CommPolicy policy;
+  struct Refused {
+    int num_sms;
+    int multiprocessors;
+    int ranks_on_gpu;
+    const char* expected;  // in the message
+  };
+  for (const Refused& refused :
+       {Refused{133, 132, 1, "allowed range is [1, 132]"}, Refused{67, 132, 2, "allowed range is [1, 66]"},
+        Refused{EpConfig::kAllSms, 2, 4, "less than one multiprocessor per rank"}}) {
+    try {
+      rocep::sm_budget(refused.num_sms, refused.multiprocessors, refused.ranks_on_gpu, policy);
+      ADD_FAILURE() << "num_sms " << refused.num_sms << " accepted on " << refused.multiprocessors
+                    << " multiprocessors shared by " << refused.ranks_on_gpu;
+    } catch (const rocep::ConfigError& error) {
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring, "EpConfig.num_sms = " + std::to_string(refused.num_sms),
+                          error.what());
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring, refused.expected, error.what());
+    }
+  }
 }
 
 TEST(EpConfigTest, MaxRecvRowsCapsTopKAtLocalExperts) {

@@ -1,0 +1,415 @@
+// The contract of EpGroup (include/rocep/ep_group.hpp) on the GPU backend, against the CPU reference bit for
+// bit: a rank's bad inputs stay on that rank, data errors are recorded for poll_error() / synchronize(),
+// weighted and unweighted combines mixed across ranks are caught on the device; and one group called again
+// and again (new counts, routings, fused and split calls, graph replays with new data), two groups in one
+// process, and the receive's in-place ranking. Every call gets fresh random inputs and freshly poisoned
+// outputs.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "ep_cases.hpp"
+#include "hip/ep_kernels.hpp"
+#include "host/device.hpp"
+#include "host/device_memory.hpp"
+#include "host/gpu_check.hpp"
+#include "mpi_support.hpp"
+#include "rocep/mpi.hpp"
+#include "rocep/rocep.hpp"
+
+namespace {
+
+using rocep::testing::check_against_reference;
+using rocep::testing::combine_on;
+using rocep::testing::DeviceCombine;
+using rocep::testing::DeviceInputs;
+using rocep::testing::DeviceOutputs;
+using rocep::testing::dispatch_on;
+using rocep::testing::expect_combined_matches;
+using rocep::testing::expect_dispatch_matches;
+using rocep::testing::Expected;
+using rocep::testing::ExpertData;
+using rocep::testing::Inputs;
+using rocep::testing::make_config;
+using rocep::testing::make_expert_data;
+using rocep::testing::make_inputs;
+using rocep::testing::reference_results;
+using rocep::testing::Routing;
+using rocep::testing::routing_name;
+using rocep::testing::seed_trace;
+using rocep::testing::shared_seed;
+using rocep::testing::world_rank;
+using rocep::testing::world_size;
+
+using rocep::EpConfig;
+using rocep::RecordedError;
+
+using GpuEpContract = rocep::testing::GpuTest;
+
+// True when `message` names `what` `number` ("rank 1", "token 3"), not as the start of a longer number.
+bool names(const std::string& message, const std::string& what, int number) {
+  const std::string words = what + " " + std::to_string(number);
+  for (std::size_t at = message.find(words); at != std::string::npos; at = message.find(words, at + 1)) {
+    const std::size_t end = at + words.size();
+    if (end == message.size() || message[end] < '0' || message[end] > '9') {
+      return true;
+    }
+  }
+  return false;
+}
+
+// One step of a group: what this rank passes and how the calls are made.
+struct Step {
+  Routing routing;
+  int num_tokens;       // -1: as the routing draws it
+  bool split_dispatch;  // dispatch_send + dispatch_recv, else dispatch
+  bool split_combine;   // combine_send + combine_recv, else combine
+  bool weighted;  // weighted (by the dispatched weights, plus the shared expert's rows), else unweighted
+};
+
+std::string describe(const Step& step) {
+  return std::string(routing_name(step.routing)) + ", num_tokens " +
+         (step.num_tokens < 0 ? std::string("drawn") : std::to_string(step.num_tokens)) +
+         (step.split_dispatch ? ", dispatch_send + dispatch_recv" : ", dispatch") +
+         (step.split_combine ? ", combine_send + combine_recv" : ", combine") +
+         (step.weighted ? ", weighted + shared expert" : ", unweighted");
+}
+
+// Runs `step` on `group` with fresh inputs and compares its dispatch and combine with the reference's.
+// Collective.
+void expect_step_matches_reference(rocep::EpGroup& group, hipStream_t stream, const Step& step) {
+  // group.config(): the fp8 encoding as the GPU resolved it, which the reference then uses too.
+  const EpConfig& config = group.config();
+  const uint64_t seed = shared_seed();
+  SCOPED_TRACE(seed_trace(seed) + ", " + describe(step) + ", " + config.describe());
+  const Inputs inputs = make_inputs(config, step.routing, seed, step.num_tokens);
+  const ExpertData experts = make_expert_data(config, seed);
+  const Expected expected = reference_results(config, inputs.view(), &experts);
+  const DeviceInputs device_inputs(inputs);
+  const DeviceOutputs outputs(config);
+  const DeviceCombine combine(config, experts);
+  dispatch_on(group, device_inputs.view(), outputs.view(), step.split_dispatch, stream);
+  combine_on(group, combine.args(outputs, step.weighted), step.split_combine, stream);
+  EXPECT_NO_THROW(group.synchronize(stream));
+  EXPECT_FALSE(group.poll_error()) << group.poll_error().message;
+  expect_dispatch_matches(config, outputs, expected);
+  expect_combined_matches(combine.out, step.weighted ? expected.combined : expected.unreduced);
+}
+
+// The step every test below ends with: the group is usable and correct again.
+constexpr Step kValidStep{Routing::kUniform, -1, false, false, true};
+
+// Call A: the last rank passes num_tokens = max + 1 (fused calls); call B: a null topk_weights with tokens
+// (split calls). That rank throws InvalidInputError naming itself, after taking part as a rank with zero
+// tokens: every rank's dispatch and combine equal the reference's with that rank at zero tokens (its own
+// combine writes nothing). Call C, valid everywhere, is correct on every rank.
+TEST_F(GpuEpContract, BadInputsOfOneRankStayOnThatRank) {
+  const int world = world_size();
+  const EpConfig config = make_config(2048, 8, 64 / world, 96, 4);
+  const int bad_rank = world - 1;
+  const bool bad = world_rank() == bad_rank;
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::Stream stream;
+  for (int call = 0; call < 2; ++call) {
+    const bool split = call == 1;
+    const uint64_t seed = shared_seed();
+    SCOPED_TRACE(seed_trace(seed) +
+                 (split ? ", call B: null topk_weights" : ", call A: num_tokens = max + 1"));
+    // kMasked: one token at least, so that the null pointer of call B comes with tokens.
+    const Inputs inputs = make_inputs(config, Routing::kMasked, seed);
+    const ExpertData experts = make_expert_data(config, seed);
+    // The group computes with the bad rank's tokens counted as none.
+    const Expected expected = reference_results(config, bad ? Inputs{}.view() : inputs.view(), &experts);
+    const DeviceInputs device_inputs(inputs);
+    rocep::DispatchInputs passed = device_inputs.view();
+    if (bad && !split) {
+      passed.num_tokens = config.max_tokens_per_rank + 1;
+    }
+    if (bad && split) {
+      passed.topk_weights = nullptr;
+    }
+    const DeviceOutputs outputs(config);
+    const DeviceCombine combine(config, experts);
+    std::string message;  // of the InvalidInputError this rank got, if any
+    try {
+      if (split) {
+        group.dispatch_send(passed, stream.get());
+      } else {
+        group.dispatch(passed, outputs.view(), stream.get());
+      }
+    } catch (const rocep::InvalidInputError& error) {
+      message = error.what();
+    }
+    // The calls stay collective: the bad rank goes on as every rank does.
+    if (split) {
+      group.dispatch_recv(outputs.view(), stream.get());
+    }
+    combine_on(group, combine.args(outputs, /*weighted=*/true), split, stream.get());
+    EXPECT_NO_THROW(group.synchronize(stream.get())) << "refused inputs are not recorded";
+    EXPECT_EQ(message.empty(), !bad) << message;
+    if (bad) {
+      EXPECT_TRUE(names(message, "rank", bad_rank)) << message;
+      const std::string words =
+          split ? "null" : "num_tokens = " + std::to_string(config.max_tokens_per_rank + 1);
+      EXPECT_NE(message.find(words), std::string::npos) << message;
+    }
+    expect_dispatch_matches(config, outputs, expected);
+    expect_combined_matches(combine.out, expected.combined);
+  }
+  SCOPED_TRACE("call C: valid on every rank");
+  expect_step_matches_reference(group, stream.get(), kValidStep);
+}
+
+// An expert id out of range on the last rank (token 3, slot 2): once the stream has finished, poll_error()
+// reports it on that rank only, naming rank, token and slot, and reads the same twice (it does not clear);
+// synchronize() then throws it once. The rest of the call is the reference's (which drops that slot too).
+TEST_F(GpuEpContract, PollErrorReportsAnInvalidExpertIdWithoutClearingIt) {
+  const int world = world_size();
+  const EpConfig config = make_config(2048, 4, 32 / world, 32);
+  const int bad_rank = world - 1;
+  const bool bad = world_rank() == bad_rank;
+  const uint64_t seed = shared_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  Inputs inputs = make_inputs(config, Routing::kFull, seed);
+  if (bad) {
+    inputs.topk_ids[3 * config.top_k + 2] = config.num_experts;  // token 3, slot 2
+  }
+  const ExpertData experts = make_expert_data(config, seed);
+  const Expected expected = reference_results(config, inputs.view(), &experts);
+
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::Stream stream;
+  const DeviceInputs device_inputs(inputs);
+  const DeviceOutputs outputs(config);
+  const DeviceCombine combine(config, experts);
+  group.dispatch(device_inputs.view(), outputs.view(), stream.get());
+  group.combine(combine.args(outputs, /*weighted=*/true), stream.get());
+  ROCEP_GPU_CHECK(hipStreamSynchronize(stream.get()));  // the kernels ended; group.synchronize() not called
+  const RecordedError first = group.poll_error();
+  const RecordedError second = group.poll_error();
+  EXPECT_EQ(first.kind, second.kind) << "poll_error() must not clear";
+  EXPECT_EQ(first.message, second.message) << "poll_error() must not clear";
+  if (bad) {
+    EXPECT_EQ(first.kind, RecordedError::Kind::kInvalidInput) << first.message;
+    EXPECT_TRUE(names(first.message, "rank", bad_rank)) << first.message;
+    EXPECT_TRUE(names(first.message, "token", 3)) << first.message;
+    EXPECT_TRUE(names(first.message, "slot", 2)) << first.message;
+    EXPECT_THROW(group.synchronize(stream.get()), rocep::InvalidInputError);
+  } else {
+    EXPECT_EQ(first.kind, RecordedError::Kind::kNone) << first.message;
+  }
+  EXPECT_NO_THROW(group.synchronize(stream.get())) << "synchronize() clears what it threw";
+  EXPECT_FALSE(group.poll_error()) << group.poll_error().message;
+  expect_dispatch_matches(config, outputs, expected);
+  expect_combined_matches(combine.out, expected.combined);
+  SCOPED_TRACE("the step after");
+  expect_step_matches_reference(group, stream.get(), kValidStep);
+}
+
+// Rank 0 combines weighted, the others unweighted: every rank records InvalidInputError about row_weights
+// (checked on the device from Signals::combine_weighted), naming itself; synchronize() throws it; the next
+// whole step, weighted on every rank, is correct.
+TEST_F(GpuEpContract, MixedWeightedAndUnweightedCombineIsRecordedOnEveryRank) {
+  if (world_size() < 2) {
+    GTEST_SKIP() << "needs 2 ranks to disagree";
+  }
+  const EpConfig config = make_config(2048, 8, 64 / world_size(), 64);
+  const uint64_t seed = shared_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  const Inputs inputs = make_inputs(config, Routing::kUniform, seed);
+  const ExpertData experts = make_expert_data(config, seed);
+  const Expected expected = reference_results(config, inputs.view(), &experts);
+
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::Stream stream;
+  const DeviceInputs device_inputs(inputs);
+  const DeviceOutputs outputs(config);
+  const DeviceCombine combine(config, experts);  // out has room for the unweighted combine
+  group.dispatch(device_inputs.view(), outputs.view(), stream.get());
+  group.combine(combine.args(outputs, /*weighted=*/world_rank() == 0), stream.get());
+  ROCEP_GPU_CHECK(hipStreamSynchronize(stream.get()));
+  const RecordedError recorded = group.poll_error();
+  EXPECT_EQ(recorded.kind, RecordedError::Kind::kInvalidInput) << recorded.message;
+  EXPECT_NE(recorded.message.find("row_weights"), std::string::npos) << recorded.message;
+  EXPECT_TRUE(names(recorded.message, "rank", world_rank())) << recorded.message;
+  EXPECT_THROW(group.synchronize(stream.get()), rocep::InvalidInputError);
+  EXPECT_FALSE(group.poll_error()) << group.poll_error().message;
+  expect_dispatch_matches(config, outputs, expected);  // the dispatch before it was valid
+  SCOPED_TRACE("the step after");
+  expect_step_matches_reference(group, stream.get(), kValidStep);
+}
+
+// One group per format, called again and again with new data: token counts full, 1, 0, full, then drawn;
+// a different routing every call; fused and split dispatch and combine; weighted with the shared expert
+// (one call unweighted). What one call leaves in the group's memory must not leak into the next.
+TEST_F(GpuEpContract, OneGroupCalledAgainAndAgainMatchesReferenceEveryCall) {
+  const int world = world_size();
+  EpConfig bf16 = make_config(7168, 8, 256 / world, 128);
+  EpConfig fp8 = make_config(2048, 8, 64 / world, 128, 4);
+  fp8.dispatch_format = rocep::TokenFormat::kFp8Block128;
+  fp8.fp8_encoding = rocep::Fp8Encoding::kE4m3fn;
+  for (const EpConfig& config : {bf16, fp8}) {
+    const int full = config.max_tokens_per_rank;
+    const Step steps[] = {
+        {Routing::kUniform, full, false, false, true},  {Routing::kMasked, 1, true, true, true},
+        {Routing::kHotExpert, 0, true, false, true},    {Routing::kUniform, full, false, true, true},
+        {Routing::kUnevenCounts, -1, true, true, true}, {Routing::kMasked, -1, false, false, false},
+        {Routing::kHotExpert, -1, true, false, true},
+    };
+    rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+    rocep::Stream stream;
+    for (std::size_t call = 0; call < std::size(steps); ++call) {
+      SCOPED_TRACE("call " + std::to_string(call));
+      expect_step_matches_reference(group, stream.get(), steps[call]);
+    }
+  }
+}
+
+// One dispatch + combine step captured with the token count in device memory, replayed 20 times, each time
+// with new tokens, ids, weights, count and expert outputs written into the captured buffers first (counts
+// full, 1, 0, then drawn; routings in turn): every replay equals the reference for its own data.
+TEST_F(GpuEpContract, GraphReplaysWithNewDataAndCountsMatchReference) {
+  const EpConfig config = make_config(2048, 8, 64 / world_size(), 96, 4);
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::Stream stream;
+  const uint64_t capture_seed = shared_seed();
+  // Made for a full call: every replay's inputs fit.
+  DeviceInputs device_inputs(make_inputs(config, Routing::kFull, capture_seed),
+                             /*read_count_on_device=*/true);
+  const DeviceOutputs outputs(config);
+  const DeviceCombine combine(config, make_expert_data(config, capture_seed));
+
+  hipGraph_t graph;
+  hipGraphExec_t executable;
+  ROCEP_GPU_CHECK(hipStreamBeginCapture(stream.get(), hipStreamCaptureModeThreadLocal));
+  group.dispatch(device_inputs.view(), outputs.view(), stream.get());
+  group.combine(combine.args(outputs, /*weighted=*/true), stream.get());
+  ROCEP_GPU_CHECK(hipStreamEndCapture(stream.get(), &graph));
+  ROCEP_GPU_CHECK(hipGraphInstantiate(&executable, graph, nullptr, nullptr, 0));
+
+  const Routing routings[] = {Routing::kUniform, Routing::kMasked, Routing::kHotExpert,
+                              Routing::kUnevenCounts, Routing::kFull};
+  for (int replay = 0; replay < 20; ++replay) {
+    const uint64_t seed = shared_seed();
+    const Routing routing = routings[replay % std::size(routings)];
+    const int num_tokens =
+        replay == 0 ? config.max_tokens_per_rank : (replay == 1 ? 1 : (replay == 2 ? 0 : -1));
+    SCOPED_TRACE("replay " + std::to_string(replay) + ", " + seed_trace(seed) + ", " + routing_name(routing));
+    const Inputs inputs = make_inputs(config, routing, seed, num_tokens);
+    const ExpertData experts = make_expert_data(config, seed);
+    const Expected expected = reference_results(config, inputs.view(), &experts);
+    device_inputs.overwrite(inputs);
+    combine.overwrite(experts);
+    outputs.poison();
+    ROCEP_GPU_CHECK(hipGraphLaunch(executable, stream.get()));
+    EXPECT_NO_THROW(group.synchronize(stream.get()));
+    expect_dispatch_matches(config, outputs, expected);
+    expect_combined_matches(combine.out, expected.combined);
+  }
+  ROCEP_GPU_CHECK(hipGraphExecDestroy(executable));
+  ROCEP_GPU_CHECK(hipGraphDestroy(graph));
+}
+
+// Two groups of different shapes on the same ranks, each on a stream of its own, their calls interleaved
+// (A dispatch, B dispatch, B combine, A combine; then B first): both equal the reference. Each group takes
+// its default share of multiprocessors, so both groups' grids are resident at once whichever kernel a GPU
+// starts first (with every multiprocessor each, a rank whose GPU ran group A's kernel and a peer whose GPU
+// ran group B's would wait on each other).
+TEST_F(GpuEpContract, TwoGroupsOnTwoStreamsInterleaved) {
+  const int world = world_size();
+  const EpConfig config_a = make_config(2048, 8, 64 / world, 96);
+  const EpConfig config_b = make_config(7168, 4, 256 / world, 64, 4);
+  rocep::EpGroup group_a(MPI_COMM_WORLD, config_a, rocep::Backend::kGpu);
+  rocep::EpGroup group_b(MPI_COMM_WORLD, config_b, rocep::Backend::kGpu);
+  rocep::Stream stream_a;
+  rocep::Stream stream_b;
+  for (const bool a_first : {true, false}) {
+    const uint64_t seed_a = shared_seed();
+    const uint64_t seed_b = shared_seed();
+    SCOPED_TRACE(std::string(a_first ? "A first" : "B first") + ", A: " + seed_trace(seed_a) +
+                 ", B: " + seed_trace(seed_b));
+    const Inputs inputs_a = make_inputs(config_a, Routing::kMasked, seed_a);
+    const Inputs inputs_b = make_inputs(config_b, Routing::kUniform, seed_b);
+    const ExpertData experts_a = make_expert_data(config_a, seed_a);
+    const ExpertData experts_b = make_expert_data(config_b, seed_b);
+    const Expected expected_a = reference_results(config_a, inputs_a.view(), &experts_a);
+    const Expected expected_b = reference_results(config_b, inputs_b.view(), &experts_b);
+    const DeviceInputs device_inputs_a(inputs_a);
+    const DeviceInputs device_inputs_b(inputs_b);
+    const DeviceOutputs outputs_a(config_a);
+    const DeviceOutputs outputs_b(config_b);
+    const DeviceCombine combine_a(config_a, experts_a);
+    const DeviceCombine combine_b(config_b, experts_b);
+    auto dispatch_a = [&] { group_a.dispatch(device_inputs_a.view(), outputs_a.view(), stream_a.get()); };
+    auto dispatch_b = [&] {
+      dispatch_on(group_b, device_inputs_b.view(), outputs_b.view(), true, stream_b.get());
+    };
+    auto combine_of_a = [&] { combine_on(group_a, combine_a.args(outputs_a, true), true, stream_a.get()); };
+    auto combine_of_b = [&] { group_b.combine(combine_b.args(outputs_b, true), stream_b.get()); };
+    if (a_first) {
+      dispatch_a();
+      dispatch_b();
+      combine_of_b();
+      combine_of_a();
+    } else {
+      dispatch_b();
+      dispatch_a();
+      combine_of_a();
+      combine_of_b();
+    }
+    EXPECT_NO_THROW(group_b.synchronize(stream_b.get()));
+    EXPECT_NO_THROW(group_a.synchronize(stream_a.get()));
+    {
+      SCOPED_TRACE("group A");
+      expect_dispatch_matches(config_a, outputs_a, expected_a);
+      expect_combined_matches(combine_a.out, expected_a.combined);
+    }
+    {
+      SCOPED_TRACE("group B");
+      expect_dispatch_matches(config_b, outputs_b, expected_b);
+      expect_combined_matches(combine_b.out, expected_b.combined);
+    }
+  }
+}
+
+// The receive's third way of ranking its rows (lay_out_rows in hip/dispatch.hip): the chunk masks do not fit
+// a block's shared memory (not ranked_in_block: dispatch_chunks x local experts > kBlockRankingMasks), yet
+// there are few enough chunks (dispatch_chunks <= kChunksSummedInPlace = 16, a constant of dispatch.hip)
+// that each block sums the earlier chunks' masks in global memory where it needs them, with no prefix pass
+// and no grid barrier. 128 local experts and 5 chunks of 64 tokens per source at EP2 (256 experts, 320
+// tokens: 10 chunks, 1280 masks); fewer chunks at more ranks. bf16 and fp8 block-128 (which at EP2, top-8,
+// also lays its scales out after the expansion).
+TEST_F(GpuEpContract, InPlaceRankingFromGlobalMasksMatchesReference) {
+  const int world = world_size();
+  constexpr int kLocalExperts = 128;
+  const int chunks_per_source = std::min(5, 16 / world);
+  if (chunks_per_source == 0) {
+    GTEST_SKIP() << "more than 16 ranks: every source has a chunk, more than the in-place sum takes";
+  }
+  const int max_tokens = rocep::device::kChunkTokens * chunks_per_source;
+  rocep::device::Shape shape{};
+  shape.world = world;
+  shape.max_tokens = max_tokens;
+  shape.local_experts = kLocalExperts;
+  ASSERT_FALSE(rocep::device::ranked_in_block(shape));
+  ASSERT_LE(rocep::device::dispatch_chunks(shape), 16) << "kChunksSummedInPlace in hip/dispatch.hip";
+
+  EpConfig bf16 = make_config(2048, 8, kLocalExperts, max_tokens);
+  EpConfig bf16_aligned = make_config(2048, 8, kLocalExperts, max_tokens, 4, 8);
+  EpConfig fp8 = make_config(2048, 8, kLocalExperts, max_tokens);
+  fp8.dispatch_format = rocep::TokenFormat::kFp8Block128;
+  fp8.fp8_encoding = rocep::Fp8Encoding::kE4m3fn;
+  for (const EpConfig& config : {bf16, bf16_aligned, fp8}) {
+    for (const Routing routing :
+         {Routing::kUniform, Routing::kMasked, Routing::kUnevenCounts, Routing::kFull}) {
+      check_against_reference(config, routing);
+    }
+  }
+}
+
+}  // namespace
