@@ -14,6 +14,7 @@ namespace rocep {
 // A grid is one block of kBlockThreads per multiprocessor of the budget, never more: the hardware block
 // scheduler spreads a launch over idle multiprocessors first, so k blocks per multiprocessor would occupy
 // k x num_sms of them. More bytes in flight per multiprocessor come from wider blocks, not more of them.
+// The exception is EpConfig::kAllSms, where nothing is left to share: every resident block runs.
 struct CommPolicy {
   // EpConfig::kDefaultSms: this share of the GPU's multiprocessors, rounded down (at least 1). 3/16 is
   // DeepEP's budget on H100 (24 of 132 SMs for its normal kernels, 108 left to the experts' GEMMs), kept as

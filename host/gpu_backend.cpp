@@ -87,7 +87,9 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
       throw GpuRuntimeError(std::string("EpGroup: ") + properties.name +
                             " does not support cooperative launches, which keep the kernels' grids resident");
     }
-    grid_ = {sms, policy.cooperative_launch};
+    // With the whole share the kernels own it: every block that stays resident there, more bytes in flight.
+    const int blocks = config.num_sms == EpConfig::kAllSms ? sms * resident_per_multiprocessor : sms;
+    grid_ = {blocks, policy.cooperative_launch};
   });
 
   device::Shape& shape = view_.shape;

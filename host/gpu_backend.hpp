@@ -81,7 +81,7 @@ class GpuEp final : public EpBackend {
   PinnedHostBuffer status_mirror_;
   Stream poll_stream_;
   device::GroupView view_{};
-  device::LaunchGrid grid_{};  // every kernel's: one block per multiprocessor of the SM budget
+  device::LaunchGrid grid_{};  // every kernel's: from the SM budget (comm_policy.hpp)
   std::size_t memory_bytes_ = 0;
   bool broken_ = false;
 };

@@ -28,14 +28,15 @@ struct EpConfig {
   // The multiprocessors (SMs; CUs on AMD) that this rank's dispatch / combine kernels may occupy, so that
   // the experts' kernels keep the rest. kDefaultSms: the default share, 3/16 of the GPU's multiprocessors
   // rounded down (24 of an H100's or H200's 132 SMs, DeepEP's budget there; 57 of an MI300X's 304 CUs).
-  // kAllSms: every multiprocessor. N >= 1: N of them. Each kernel runs one block per multiprocessor of the
-  // budget (the hardware spreads a grid over idle multiprocessors first, so more blocks would occupy more of
-  // them), all of them resident at once: on NVIDIA the kernels that wait on their own grid are launched
-  // cooperatively, so a grid that cannot be resident fails at launch (GpuRuntimeError naming num_sms; the
-  // group is then unusable) instead of spinning. Ranks that share a GPU (MPS) share its multiprocessors:
-  // each rank's budget is at most multiprocessors / (ranks on that GPU) (kAllSms gives that, kDefaultSms
-  // the default share divided likewise), and a larger N throws ConfigError at group creation. The CPU
-  // reference ignores it.
+  // N >= 1: N of them; each kernel then runs one block per multiprocessor of the budget (the hardware
+  // spreads a grid over idle multiprocessors first, so more blocks would occupy more of them). kAllSms: the
+  // kernels own every multiprocessor, and run every block that stays resident there (several per
+  // multiprocessor: the fastest when nothing runs beside them). Either way all blocks are resident at once:
+  // on NVIDIA the kernels that wait on their own grid are launched cooperatively, so a grid that cannot be
+  // resident fails at launch (GpuRuntimeError naming num_sms; the group is then unusable) instead of
+  // spinning. Ranks that share a GPU (MPS) share its multiprocessors: each rank's budget is at most
+  // multiprocessors / (ranks on that GPU) (kAllSms gives that, kDefaultSms the default share divided
+  // likewise), and a larger N throws ConfigError at group creation. The CPU reference ignores it.
   static constexpr int kDefaultSms = 0;
   static constexpr int kAllSms = -1;
   int num_sms = kDefaultSms;
