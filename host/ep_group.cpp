@@ -106,9 +106,9 @@ struct EpGroup::Impl {
   // Checks that the group can take `call` now: not broken, and in order.
   void require(Call call) const {
     if (implementation->broken()) {
-      throw Error(std::string("EpGroup::") + contract::to_string(call) + " on rank " +
-                  std::to_string(rank()) +
-                  ": a previous call timed out; this group is unusable and must be destroyed");
+      throw Error(
+          std::string("EpGroup::") + contract::to_string(call) + " on rank " + std::to_string(rank()) +
+          ": a previous call timed out or failed to launch; this group is unusable and must be destroyed");
     }
     order.require(call, rank());
   }

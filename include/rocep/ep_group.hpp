@@ -19,7 +19,8 @@
 //   [-1, num_experts) or named twice: that slot is not dispatched; a device-side token count out of range:
 //   no token is sent; weighted and unweighted combines mixed across ranks: out is invalid; a peer that never
 //   signals: TimeoutError). poll_error() reads it without waiting; synchronize() throws it.
-// - After a TimeoutError the group is unusable: every call throws Error; it can still be destroyed.
+// - After a TimeoutError, or a kernel launch the runtime refused (GpuRuntimeError from the call), the group
+//   is unusable: every call throws Error; it can still be destroyed.
 #pragma once
 
 #include <cstddef>
@@ -51,8 +52,9 @@ class EpGroup {
   // rank reports) whose GPUs reach each other peer to peer.
   // Failure-atomic: either every rank returns, or every rank throws, naming the first rank that failed and
   // the step: ConfigError if config.validate(bootstrap size) fails, if the configs of the ranks differ, if
-  // kGpu is asked for and this build or machine has no GPU, or if two GPUs of the node cannot reach each
-  // other; GpuRuntimeError / BootstrapError if allocation, the IPC exchange or a bootstrap collective fails.
+  // kGpu is asked for and this build or machine has no GPU, if two GPUs of the node cannot reach each
+  // other, or if config.num_sms exceeds the rank's share of its GPU; GpuRuntimeError / BootstrapError if
+  // allocation, the IPC exchange or a bootstrap collective fails.
   EpGroup(std::shared_ptr<Bootstrap> bootstrap, const EpConfig& config, Backend backend = Backend::kAuto);
   // The same over an MPI communicator (duplicated; the caller may free its handle afterwards). Defined in
   // <rocep/mpi.hpp>, which a caller of this constructor includes.
