@@ -333,24 +333,16 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
   const Shape& shape = group.shape;
   const bool arrived = block_wait_for_peers(group.signals->combine_arrived, sequence, shape.world,
                                             group.timeout_ticks, group.status, Operation::kCombineRecv);
-  // Partials laid out by a combine weighted otherwise than this one cannot be read: the call is then
-  // recorded as failed and out is not written. Thread r reads rank r's word after acquiring its arrival.
-  __shared__ bool weighting_agrees;
-  if (threadIdx.x == 0) {
-    weighting_agrees = true;
-  }
-  __syncthreads();
-  const int32_t weighted = args.row_weights != nullptr ? 1 : 0;
-  if (arrived && static_cast<int>(threadIdx.x) < shape.world) {
+  // Partials laid out by a combine weighted otherwise than this one are read as if they were this call's
+  // (within the region, so no access strays) and out is invalid: recorded as a failure of the call. Block 0
+  // checks, its thread r reading rank r's word after its own acquire of rank r's arrival, with no barrier.
+  if (arrived && blockIdx.x == 0 && static_cast<int>(threadIdx.x) < shape.world) {
     const int32_t peer_weighted = group.signals->combine_weighted[threadIdx.x];
-    if (peer_weighted != weighted) {
+    if (peer_weighted != (args.row_weights != nullptr ? 1 : 0)) {
       report_failure(group.status, StatusCode::kCombineWeightingMismatch, Operation::kCombineRecv,
                      static_cast<int>(threadIdx.x), -1, -1, peer_weighted);
-      weighting_agrees = false;
     }
   }
-  __syncthreads();
-  const bool readable = arrived && weighting_agrees;
   const int vectors = shape.hidden / kLanes;
   const int tokens = group.state->sent_tokens;
   // [token of the batch][input], world + 1 apart: the partials, then the shared expert's row
@@ -363,7 +355,7 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
   const int list_length = shape.world + 1;
   const int batch_tokens = combine_batch_items(shape, tokens, kBlockThreads / list_length);
   const auto* region = reinterpret_cast<const uint16_t*>(group.combine_region);
-  for (int first = blockIdx.x; readable && first < tokens; first += batch_tokens * gridDim.x) {
+  for (int first = blockIdx.x; arrived && first < tokens; first += batch_tokens * gridDim.x) {
     if (args.row_weights != nullptr) {
       // The partials in ascending rank order, then the shared expert's row, all with weight 1.
       const int token = first + static_cast<int>(threadIdx.x) * static_cast<int>(gridDim.x);
