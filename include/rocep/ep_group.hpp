@@ -94,10 +94,11 @@ class EpGroup {
   // none came yet); InvalidInputError for bad inputs, after this rank took part with zero tokens; recorded:
   // an invalid expert id (rank, token, slot), a device-side count out of range, TimeoutError naming the peer.
   // Streams: every call of a group goes on one stream (or on streams the caller orders, event by event, in
-  // the same call order); two groups may run on two streams at once. Every dispatch is followed by a combine
-  // before the next dispatch: the combine is what tells a rank that its peers are done reading its dispatch
-  // memory. Under graph capture the calls are checked in capture order, which is their replay order: capture
-  // whole dispatch + combine steps.
+  // the same call order); two groups may run on two streams at once when their SM budgets fit the GPU
+  // together (two default budgets do; two kAllSms groups do not, and are not supported). Every dispatch is
+  // followed by a combine before the next dispatch: the combine is what tells a rank that its peers are done
+  // reading its dispatch memory. Under graph capture the calls are checked in capture order, which is their
+  // replay order: capture whole dispatch + combine steps.
   void dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream = nullptr);
   // Sends every peer the ids and weights that concern it, and stages this rank's tokens (quantised if
   // asked) where the peers read them: each token crosses to each destination rank once, in that rank's
