@@ -121,7 +121,7 @@ hipError_t load_combine_kernels(int* resident_blocks);
 
 // The grid of every kernel of one group (the host's CommPolicy decides it).
 struct LaunchGrid {
-  int blocks;        // blocks of kBlockThreads: one per multiprocessor of the rank's SM budget
+  int blocks;  // blocks of kBlockThreads: one per multiprocessor of the budget, all resident for kAllSms
   bool cooperative;  // launch the kernels that need their whole grid resident cooperatively
 };
 
