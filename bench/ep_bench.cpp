@@ -180,8 +180,14 @@ struct Workload {
   std::vector<float> topk_weights;
   double remote_dispatch_bytes = 0;  // bytes this rank's dispatch sends to other ranks
   double remote_combine_bytes = 0;   // bytes this rank's combine receives from other ranks
+  // The bytes each call receives on this rank, its own included (the convention DeepEP's and MoRI's figures
+  // use): tokens from every rank that name one of this rank's experts; one row back per (token of this
+  // rank, rank that holds one of its experts).
+  double logical_dispatch_bytes = 0;
+  double logical_combine_bytes = 0;
 };
 
+// Collective (the received bytes are summed over the ranks).
 Workload make_workload(const rocep::EpConfig& config, int num_tokens, int rank, int world, unsigned seed) {
   std::mt19937 random(seed + 7919u * static_cast<unsigned>(rank));
   std::uniform_real_distribution<float> value(-4.0f, 4.0f);
@@ -196,6 +202,7 @@ Workload make_workload(const rocep::EpConfig& config, int num_tokens, int rank, 
       static_cast<double>(rocep::format_payload_bytes(config.dispatch_format, config.hidden) +
                           rocep::format_scale_bytes(config.dispatch_format, config.hidden));
   const double row_bytes = static_cast<double>(config.hidden) * sizeof(rocep::bf16_bits);
+  std::vector<double> dispatch_bytes_to(world, 0.0);  // [rank]: of this rank's tokens
   for (int token = 0; token < num_tokens; ++token) {
     for (int e = 0; e < config.num_experts; ++e)
       experts[e] = e;
@@ -208,12 +215,18 @@ Workload make_workload(const rocep::EpConfig& config, int num_tokens, int rank, 
       destination[experts[k] / local_experts] = true;
     }
     for (int peer = 0; peer < world; ++peer) {
+      if (destination[peer]) {
+        dispatch_bytes_to[peer] += message_bytes;
+        workload.logical_combine_bytes += row_bytes;
+      }
       if (destination[peer] && peer != rank) {
         workload.remote_dispatch_bytes += message_bytes;
         workload.remote_combine_bytes += row_bytes;
       }
     }
   }
+  MPI_Allreduce(MPI_IN_PLACE, dispatch_bytes_to.data(), world, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  workload.logical_dispatch_bytes = dispatch_bytes_to[rank];
   return workload;
 }
 
@@ -240,6 +253,7 @@ struct SummaryRow {
   double fastest_rank_us;  // the per-rank medians (each rank's own event times): fastest and slowest rank
   double slowest_rank_us;
   double remote_mb;
+  double logical_mb;
   double gb_per_s;
 };
 std::vector<SummaryRow> summary;
@@ -251,12 +265,12 @@ void print_summary(double link_peak) {
     std::printf("\nP2P link peak measured in this run: %.1f GB/s per rank (copy engine, all ranks at once)\n",
                 link_peak);
   }
-  std::printf("\n%-60s %-20s %12s %17s %12s %10s %10s\n", "case", "backend, SMs", "median [us]", "ranks [us]",
-              "remote [MB]", "GB/s", "of link");
+  std::printf("\n%-60s %-20s %12s %17s %12s %13s %10s %10s\n", "case", "backend, SMs", "median [us]",
+              "ranks [us]", "remote [MB]", "logical [MB]", "GB/s", "of link");
   for (const SummaryRow& row : summary) {
-    std::printf("%-60s %-20s %12.1f %8.1f-%-8.1f %12.3f %10.3f %9.0f%%\n", row.name.c_str(),
+    std::printf("%-60s %-20s %12.1f %8.1f-%-8.1f %12.3f %13.3f %10.3f %9.0f%%\n", row.name.c_str(),
                 row.backend.c_str(), row.median_us, row.fastest_rank_us, row.slowest_rank_us, row.remote_mb,
-                row.gb_per_s, link_peak > 0 ? 100 * row.gb_per_s / link_peak : 0.0);
+                row.logical_mb, row.gb_per_s, link_peak > 0 ? 100 * row.gb_per_s / link_peak : 0.0);
   }
   if (!overlap_summary.empty()) {
     std::printf(
@@ -531,16 +545,21 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
   state.SetLabel(backend);
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const Step& step = steps[i];
-    const double bytes = step.moves_data ? max_over_ranks(step.dispatching ? workload.remote_dispatch_bytes
-                                                                           : workload.remote_combine_bytes)
-                                         : 0.0;
+    // Both counts go to the step that moves the data (a split send or receive that only stages or sums
+    // gets none), the slowest rank's.
+    const auto step_bytes = [&](double dispatching_bytes, double combining_bytes) {
+      return step.moves_data ? max_over_ranks(step.dispatching ? dispatching_bytes : combining_bytes) : 0.0;
+    };
+    const double bytes = step_bytes(workload.remote_dispatch_bytes, workload.remote_combine_bytes);
+    const double logical_bytes = step_bytes(workload.logical_dispatch_bytes, workload.logical_combine_bytes);
     const double median_seconds = median(step_seconds[i]);
     const double own_median_seconds = median(own_step_seconds[i]);
     const double gb_per_s = median_seconds > 0 ? bytes / median_seconds / 1e9 : 0.0;
     state.counters[step.name + " [us]"] = median_seconds * 1e6;
     summary.push_back({step.name + name, backend, median_seconds * 1e6,
                        reduce_over_ranks(own_median_seconds, MPI_MIN) * 1e6,
-                       reduce_over_ranks(own_median_seconds, MPI_MAX) * 1e6, bytes / 1e6, gb_per_s});
+                       reduce_over_ranks(own_median_seconds, MPI_MAX) * 1e6, bytes / 1e6, logical_bytes / 1e6,
+                       gb_per_s});
   }
 }
 
@@ -645,20 +664,23 @@ void run_concurrent_case(benchmark::State& state, const std::string& name, rocep
   state.SetLabel(backend);
   const double remote_bytes =
       max_over_ranks(calls.workload.remote_dispatch_bytes + calls.workload.remote_combine_bytes);
+  const double logical_bytes =
+      max_over_ranks(calls.workload.logical_dispatch_bytes + calls.workload.logical_combine_bytes);
   const auto add_row = [&](const std::string& what, const std::vector<double>& all,
-                           const std::vector<double>& own, double bytes) {
+                           const std::vector<double>& own, bool moves_data) {
     const double median_seconds = median(all);
+    const double bytes = moves_data ? remote_bytes : 0.0;
     state.counters[what + " [us]"] = median_seconds * 1e6;
-    summary.push_back({name + " " + what, backend, median_seconds * 1e6,
-                       reduce_over_ranks(median(own), MPI_MIN) * 1e6,
-                       reduce_over_ranks(median(own), MPI_MAX) * 1e6, bytes / 1e6,
-                       median_seconds > 0 ? bytes / median_seconds / 1e9 : 0.0});
+    summary.push_back(
+        {name + " " + what, backend, median_seconds * 1e6, reduce_over_ranks(median(own), MPI_MIN) * 1e6,
+         reduce_over_ranks(median(own), MPI_MAX) * 1e6, bytes / 1e6, moves_data ? logical_bytes / 1e6 : 0.0,
+         median_seconds > 0 ? bytes / median_seconds / 1e9 : 0.0});
     return median_seconds;
   };
-  const double step_seconds = add_row("dispatch+combine", all_step, own_step, remote_bytes);
+  const double step_seconds = add_row("dispatch+combine", all_step, own_step, true);
   const double load_seconds =
-      add_row("compute on " + std::to_string(split.compute) + " SMs", all_load, own_load, 0.0);
-  const double both_seconds = add_row("both", all_both, own_both, remote_bytes);
+      add_row("compute on " + std::to_string(split.compute) + " SMs", all_load, own_load, false);
+  const double both_seconds = add_row("both", all_both, own_both, true);
   std::ostringstream line;
   line.precision(2);
   line << std::fixed << name << ": both " << both_seconds * 1e6
