@@ -357,10 +357,6 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
                    &Signals::dispatch_arrived);
 }
 
-// The most chunks for which blocks add up the rows of earlier chunks where they need them instead of
-// prefix_chunk_rows: that pass and its grid barrier cost ~2.5 us of a 128-token receive on H200.
-inline constexpr int kChunksSummedInPlace = 16;
-
 // The rows of one receive as a block sees them: offsets[e] is the first row of local expert e (padded,
 // every block, shared memory, kMaxLocalExperts + 1 entries); masks[chunk][e] (the chunks of all sources in
 // order, chunk s * chunks_per_source + c for chunk c of source s) has bit t % kChunkTokens set when token t

@@ -27,6 +27,11 @@ ROCEP_HOST_DEVICE inline int dispatch_chunks(const Shape& shape) {
 // barrier and row offsets 2.7 us).
 inline constexpr int kBlockRankingMasks = 1024;  // 8 KB
 
+// The most chunks for which the receive's blocks add up the rows of earlier chunks where they need them
+// instead of taking the prefix over chunks in a pass (prefix_chunk_rows in hip/dispatch.hip): that pass and
+// its grid barrier cost ~2.5 us of a 128-token receive on H200.
+inline constexpr int kChunksSummedInPlace = 16;
+
 ROCEP_HOST_DEVICE inline bool ranked_in_block(const Shape& shape) {
   return dispatch_chunks(shape) * shape.local_experts <= kBlockRankingMasks;
 }

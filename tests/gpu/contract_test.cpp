@@ -379,7 +379,7 @@ TEST_F(GpuEpContract, TwoGroupsOnTwoStreamsInterleaved) {
 
 // The receive's third way of ranking its rows (lay_out_rows in hip/dispatch.hip): the chunk masks do not fit
 // a block's shared memory (not ranked_in_block: dispatch_chunks x local experts > kBlockRankingMasks), yet
-// there are few enough chunks (dispatch_chunks <= kChunksSummedInPlace = 16, a constant of dispatch.hip)
+// there are few enough chunks (dispatch_chunks <= kChunksSummedInPlace)
 // that each block sums the earlier chunks' masks in global memory where it needs them, with no prefix pass
 // and no grid barrier. 128 local experts and 5 chunks of 64 tokens per source at EP2 (256 experts, 320
 // tokens: 10 chunks, 1280 masks); fewer chunks at more ranks. bf16 and fp8 block-128 (which at EP2, top-8,
@@ -387,9 +387,10 @@ TEST_F(GpuEpContract, TwoGroupsOnTwoStreamsInterleaved) {
 TEST_F(GpuEpContract, InPlaceRankingFromGlobalMasksMatchesReference) {
   const int world = world_size();
   constexpr int kLocalExperts = 128;
-  const int chunks_per_source = std::min(5, 16 / world);
+  const int chunks_per_source = std::min(5, rocep::device::kChunksSummedInPlace / world);
   if (chunks_per_source == 0) {
-    GTEST_SKIP() << "more than 16 ranks: every source has a chunk, more than the in-place sum takes";
+    GTEST_SKIP() << "more ranks than kChunksSummedInPlace: every source has a chunk, more than the in-place "
+                    "sum takes";
   }
   const int max_tokens = rocep::device::kChunkTokens * chunks_per_source;
   rocep::device::Shape shape{};
@@ -397,7 +398,7 @@ TEST_F(GpuEpContract, InPlaceRankingFromGlobalMasksMatchesReference) {
   shape.max_tokens = max_tokens;
   shape.local_experts = kLocalExperts;
   ASSERT_FALSE(rocep::device::ranked_in_block(shape));
-  ASSERT_LE(rocep::device::dispatch_chunks(shape), 16) << "kChunksSummedInPlace in hip/dispatch.hip";
+  ASSERT_LE(rocep::device::dispatch_chunks(shape), rocep::device::kChunksSummedInPlace);
 
   EpConfig bf16 = make_config(2048, 8, kLocalExperts, max_tokens);
   EpConfig bf16_aligned = make_config(2048, 8, kLocalExperts, max_tokens, 4, 8);
