@@ -206,15 +206,16 @@ GpuEp::~GpuEp() {
   }
 }
 
-void* GpuEp::dispatch_input_buffer() {
+uint8_t* GpuEp::messages() const {
   return dispatch_region_.as<uint8_t>() + device::DispatchRegion::message_offset(view_.shape, 0);
 }
 
+void* GpuEp::dispatch_input_buffer() {
+  return messages();
+}
+
 contract::DispatchMemory GpuEp::dispatch_memory() const {
-  const void* input_buffer =
-      config_.dispatch_format == TokenFormat::kBf16
-          ? dispatch_region_.as<uint8_t>() + device::DispatchRegion::message_offset(view_.shape, 0)
-          : nullptr;
+  const void* input_buffer = config_.dispatch_format == TokenFormat::kBf16 ? messages() : nullptr;
   return {dispatch_region_.get(), dispatch_region_.bytes(), input_buffer};
 }
 

@@ -49,6 +49,8 @@ class GpuEp final : public EpBackend {
   bool broken() const override { return broken_; }
 
  private:
+  // The message area of this rank's dispatch region: [T][message_bytes], the input buffer in bf16 groups.
+  uint8_t* messages() const;
   // The kernels' arguments (checked by the contract before they get here).
   device::DispatchSendArgs dispatch_send_args(const DispatchInputs& inputs) const;
   device::DispatchRecvArgs dispatch_recv_args(const DispatchOutputs& outputs) const;
