@@ -33,6 +33,12 @@ struct CommPolicy {
   // each rank's share, every kernel keeping at least one resident), so the grids of the ranks sharing a GPU
   // fit it together; a kernel of another stream that holds multiprocessors can only delay them.
   bool cooperative_launch = false;
+
+  // Whether the grid of a group with budget `num_sms` is launched cooperatively. Not at kAllSms: that grid
+  // is every block the occupancy check at creation found resident on the rank's share, which nothing else
+  // is meant to use (a kernel of another stream can only delay it), and the cooperative launch's own cost
+  // then shows in the shortest calls (docs/performance-notes.md, perf-sms-5).
+  bool launch_cooperatively(int num_sms) const { return cooperative_launch && num_sms != EpConfig::kAllSms; }
 };
 
 // The policy of the platform this build targets.

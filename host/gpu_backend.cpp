@@ -89,7 +89,7 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
     }
     // With the whole share the kernels own it: every block that stays resident there, more bytes in flight.
     const int blocks = config.num_sms == EpConfig::kAllSms ? sms * resident_per_multiprocessor : sms;
-    grid_ = {blocks, policy.cooperative_launch};
+    grid_ = {blocks, policy.launch_cooperatively(config.num_sms)};
   });
 
   device::Shape& shape = view_.shape;

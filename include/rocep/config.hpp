@@ -32,8 +32,9 @@ struct EpConfig {
   // spreads a grid over idle multiprocessors first, so more blocks would occupy more of them). kAllSms: the
   // kernels own every multiprocessor, and run every block that stays resident there (several per
   // multiprocessor: the fastest when nothing runs beside them). Either way all blocks are resident at once:
-  // on NVIDIA the kernels that wait on their own grid are launched cooperatively, so a grid that cannot be
-  // resident fails at launch (GpuRuntimeError naming num_sms; the group is then unusable) instead of
+  // the grid is sized at creation from the kernels' occupancy, and on NVIDIA, below kAllSms, the kernels
+  // that wait on their own grid are also launched cooperatively, so a grid that cannot be resident beside
+  // what else runs fails at launch (GpuRuntimeError naming num_sms; the group is then unusable) instead of
   // spinning. Ranks that share a GPU (MPS) share its multiprocessors: each rank's budget is at most
   // multiprocessors / (ranks on that GPU) (kAllSms gives that, kDefaultSms the default share divided
   // likewise), and a larger N throws ConfigError at group creation. The CPU reference ignores it.

@@ -229,6 +229,19 @@ TEST(SmBudgetTest, DefaultAllAndExplicitBudgetsResolveWithinTheRanksShare) {
   EXPECT_NE(EpConfig().describe().find("sms=default"), std::string::npos) << EpConfig().describe();
 }
 
+// A budget that shares the GPU is launched cooperatively where the platform's policy says so; kAllSms
+// never is (its grid is sized by the occupancy check), nor is any budget where the policy says no.
+TEST(SmBudgetTest, OnlyBudgetsThatShareTheGpuLaunchCooperatively) {
+  rocep::CommPolicy policy;
+  policy.cooperative_launch = true;
+  EXPECT_TRUE(policy.launch_cooperatively(EpConfig::kDefaultSms));
+  EXPECT_TRUE(policy.launch_cooperatively(24));
+  EXPECT_FALSE(policy.launch_cooperatively(EpConfig::kAllSms));
+  policy.cooperative_launch = false;
+  EXPECT_FALSE(policy.launch_cooperatively(EpConfig::kDefaultSms));
+  EXPECT_FALSE(policy.launch_cooperatively(24));
+}
+
 TEST(SmBudgetTest, BudgetAboveTheRanksShareThrowsConfigErrorNamingNumSmsAndTheLimit) {
   const rocep::CommPolicy policy;
   struct Refused {
