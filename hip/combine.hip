@@ -180,7 +180,7 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
     }
     const int source = index % shape.world;
     const int token = index / shape.world;
-    auto* region = reinterpret_cast<uint16_t*>(group.peers.combine_region(source));
+    auto* region = reinterpret_cast<uint16_t*>(group.peers.write_window(PeerRegion::kCombine, source));
     // The token's rows on this rank in ascending k, with their weights (1 when unweighted): every slot is
     // loaded at once, then thread 0 compacts them from shared memory.
     if (static_cast<int>(threadIdx.x) < shape.top_k) {
@@ -208,13 +208,17 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
       input_count = count;
     }
     __syncthreads();
+    const std::size_t row_bytes = CombineRegion::row_bytes(shape);
     if (weighted && input_count > 0) {
-      auto* partial = reinterpret_cast<Vector16*>(
-          region + (static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * shape.hidden);
-      reduce_rows(partial, inputs, weights, input_count, vectors, threadIdx.x, blockDim.x);
+      const std::size_t partial_row = static_cast<std::size_t>(shape.rank) * shape.max_tokens + token;
+      reduce_rows(reinterpret_cast<Vector16*>(region + partial_row * shape.hidden), inputs, weights,
+                  input_count, vectors, threadIdx.x, blockDim.x);
+      group.peers.publish_block(PeerRegion::kCombine, source, partial_row * row_bytes, row_bytes);
     } else {
       for (int j = 0; j < input_count; ++j) {
-        copy_bytes16(destinations[j], inputs[j], CombineRegion::row_bytes(shape), threadIdx.x, blockDim.x);
+        copy_bytes16(destinations[j], inputs[j], row_bytes, threadIdx.x, blockDim.x);
+        group.peers.publish_block(PeerRegion::kCombine, source,
+                                  destinations[j] - reinterpret_cast<uint8_t*>(region), row_bytes);
       }
     }
     if (threadIdx.x == 0) {
@@ -277,22 +281,25 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
       const int b_index = first + b * static_cast<int>(gridDim.x);
       const int source = b_index % shape.world;
       const int token = b_index / shape.world;
-      auto* region = reinterpret_cast<uint16_t*>(group.peers.combine_region(source));
+      auto* region = reinterpret_cast<uint16_t*>(group.peers.write_window(PeerRegion::kCombine, source));
+      const std::size_t row_bytes = CombineRegion::row_bytes(shape);
       const int list = b * shape.top_k;
       if (weighted) {
         if (input_counts[b] > 0) {
-          auto* partial = reinterpret_cast<Vector16*>(
-              region + (static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * shape.hidden);
-          reduce_rows(partial, inputs + list, weights + list, input_counts[b], vectors, threadIdx.x,
-                      blockDim.x);
+          const std::size_t partial_row = static_cast<std::size_t>(shape.rank) * shape.max_tokens + token;
+          reduce_rows(reinterpret_cast<Vector16*>(region + partial_row * shape.hidden), inputs + list,
+                      weights + list, input_counts[b], vectors, threadIdx.x, blockDim.x);
+          group.peers.publish_block(PeerRegion::kCombine, source, partial_row * row_bytes, row_bytes);
         }
       } else {
         for (int slot = 0; slot < shape.top_k; ++slot) {
           const int32_t input_row = slot_rows[list + slot];
           if (input_row >= 0) {
-            copy_bytes16(region + (static_cast<std::size_t>(token) * shape.top_k + slot) * shape.hidden,
-                         args.expert_outputs + static_cast<std::size_t>(input_row) * shape.hidden,
-                         CombineRegion::row_bytes(shape), threadIdx.x, blockDim.x);
+            const std::size_t output_row = static_cast<std::size_t>(token) * shape.top_k + slot;
+            copy_bytes16(region + output_row * shape.hidden,
+                         args.expert_outputs + static_cast<std::size_t>(input_row) * shape.hidden, row_bytes,
+                         threadIdx.x, blockDim.x);
+            group.peers.publish_block(PeerRegion::kCombine, source, output_row * row_bytes, row_bytes);
           }
         }
       }
@@ -311,7 +318,8 @@ __device__ void send_partials(const GroupView& group, const rocep::device::Combi
   // Whether this combine is weighted, for the receivers to check: released to them with the partials by
   // signal_grid_done (block 0's stores reach the last block through the blocks' count).
   if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < shape.world) {
-    group.peers.peer_signals(threadIdx.x)->combine_weighted[shape.rank] = args.row_weights != nullptr ? 1 : 0;
+    group.peers.signal_store(static_cast<int>(threadIdx.x), &Signals::combine_weighted, shape.rank,
+                             args.row_weights != nullptr ? 1 : 0);
   }
   signal_grid_done(&group.state->combine_blocks_sent, &group.state->combine_claims, group.peers, shape.world,
                    shape.rank, &Signals::combine_arrived);

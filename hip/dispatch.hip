@@ -264,12 +264,21 @@ __device__ void send_batch_ids(const GroupView& group, int first_token, int toke
       atomic_set_bit(&destinations[thread / shape.top_k], id / shape.local_experts);
     }
     for (int peer = 0; peer < shape.world; ++peer) {
-      uint8_t* region = group.peers.dispatch_region(peer);
+      uint8_t* region = group.peers.write_window(PeerRegion::kDispatch, peer);
       region_ids(region, shape, shape.rank, slot.token)[slot.k] =
           id >= 0 && id / shape.local_experts == peer ? id : -1;
       region_weights(region, shape, shape.rank, slot.token)[slot.k] = slot.weight;
     }
     group.sent_ids[static_cast<std::size_t>(slot.token) * shape.top_k + slot.k] = id;
+  }
+  const std::size_t slots_bytes = static_cast<std::size_t>(count) * shape.top_k;
+  for (int peer = 0; peer < shape.world; ++peer) {
+    group.peers.publish_block(PeerRegion::kDispatch, peer,
+                              DispatchRegion::ids_offset(shape, shape.rank, first_token),
+                              slots_bytes * sizeof(int32_t));
+    group.peers.publish_block(PeerRegion::kDispatch, peer,
+                              DispatchRegion::weights_offset(shape, shape.rank, first_token),
+                              slots_bytes * sizeof(float));
   }
   __syncthreads();
   if (thread < count) {
@@ -292,9 +301,16 @@ __device__ void send_batch_ids(const GroupView& group, int first_token, int toke
     __syncthreads();
     for (int word = thread; word < words; word += blockDim.x) {
       const int peer = first_peer + word / shape.local_experts;
-      store_mask_bits(region_masks(group.peers.dispatch_region(peer), shape, shape.rank, chunk) +
-                          (word - (peer - first_peer) * shape.local_experts),
-                      first_token % kChunkTokens, tokens, scratch[word]);
+      const int expert = word - (peer - first_peer) * shape.local_experts;
+      const int first_bit = first_token % kChunkTokens;
+      store_mask_bits(
+          region_masks(group.peers.write_window(PeerRegion::kDispatch, peer), shape, shape.rank, chunk) +
+              expert,
+          first_bit, tokens, scratch[word]);
+      group.peers.publish(PeerRegion::kDispatch, peer,
+                          DispatchRegion::masks_offset(shape, shape.rank, chunk) +
+                              static_cast<std::size_t>(expert) * sizeof(uint64_t) + first_bit / 8,
+                          min(tokens, kChunkTokens) / 8);
     }
     __syncthreads();  // the scratch is cleared for the next peers
   }
@@ -335,18 +351,22 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     group.state->sent_tokens = num_tokens;
     for (int peer = 0; peer < shape.world; ++peer) {
-      group.peers.peer_signals(peer)->tokens_from[shape.rank] = num_tokens;
+      group.peers.signal_store(peer, &Signals::tokens_from, shape.rank, num_tokens);
     }
   }
   const int stride = static_cast<int>(gridDim.x);
   const int tokens = batch_tokens(shape);
-  int staged = args.tokens_in_place ? num_tokens : static_cast<int>(blockIdx.x);  // next token to stage
+  int staged = static_cast<int>(blockIdx.x);  // next token to stage (or, in place, to share)
   for (int first = static_cast<int>(blockIdx.x) * tokens;; first += stride * tokens) {
     const bool batch = first < chunks_per_source(shape) * kChunkTokens;
     const int count = max(0, min(tokens, num_tokens - first));
     const BatchSlot slot = load_batch_slot(shape, args, first, batch ? count : 0);
     for (; staged < num_tokens; staged += stride) {
-      stage_token(group, args, staged);
+      if (!args.tokens_in_place) {
+        stage_token(group, args, staged);
+      }
+      group.peers.share_block(PeerRegion::kDispatch, DispatchRegion::message_offset(shape, staged),
+                              shape.message_bytes);
     }
     if (!batch) {
       break;
@@ -617,9 +637,9 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
 
   __shared__ int32_t batch_rows[kBlockThreads];  // [item of the batch][k]: batch_slot_row
   // The sources' regions, loaded with the first batch's rows: each item's payload loads wait on none.
-  __shared__ uint8_t* source_regions[kMaxWorld];
+  __shared__ const uint8_t* source_regions[kMaxWorld];
   for (int source = threadIdx.x; source < shape.world; source += blockDim.x) {
-    source_regions[source] = group.peers.dispatch_region(source);
+    source_regions[source] = group.peers.read_window(PeerRegion::kDispatch, source);
   }
   __shared__ uint8_t* row_starts[kMaxTopK];
   __shared__ int row_count;
@@ -666,7 +686,7 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
       const uint32_t part_vectors =
           it.half == 0 ? vectors : (it.half == 1 ? vectors / 2 : vectors - vectors / 2);
       const bool first_part = it.half != 2;  // stores the token's scales
-      const uint8_t* message = region_message(source_regions[it.source], shape, it.token);
+      const uint8_t* message = source_regions[it.source] + DispatchRegion::message_offset(shape, it.token);
       StagedVectors head{};
       head.load(message + first_vector * kVectorBytes, threadIdx.x, part_vectors, blockDim.x);
       // Whole words: the message is padded to 16 bytes past its scales. Read once with the payload's first
