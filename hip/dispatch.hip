@@ -356,15 +356,19 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
   }
   const int stride = static_cast<int>(gridDim.x);
   const int tokens = batch_tokens(shape);
-  int staged = static_cast<int>(blockIdx.x);  // next token to stage (or, in place, to share)
+  if (args.tokens_in_place) {  // written there by the caller: shared as they are
+    for (int token = static_cast<int>(blockIdx.x); token < num_tokens; token += static_cast<int>(gridDim.x)) {
+      group.peers.share_block(PeerRegion::kDispatch, DispatchRegion::message_offset(shape, token),
+                              shape.message_bytes);
+    }
+  }
+  int staged = args.tokens_in_place ? num_tokens : static_cast<int>(blockIdx.x);  // next token to stage
   for (int first = static_cast<int>(blockIdx.x) * tokens;; first += stride * tokens) {
     const bool batch = first < chunks_per_source(shape) * kChunkTokens;
     const int count = max(0, min(tokens, num_tokens - first));
     const BatchSlot slot = load_batch_slot(shape, args, first, batch ? count : 0);
     for (; staged < num_tokens; staged += stride) {
-      if (!args.tokens_in_place) {
-        stage_token(group, args, staged);
-      }
+      stage_token(group, args, staged);
       group.peers.share_block(PeerRegion::kDispatch, DispatchRegion::message_offset(shape, staged),
                               shape.message_bytes);
     }
