@@ -9,6 +9,7 @@
 //   mpirun -np 2 rocep_bench [--tokens=128,4096] [--formats=bf16,fp8,mxfp8,mxfp4,nvfp4] [--hidden=7168]
 //                            [--top_k=8] [--experts=256] [--iterations=20] [--sms=default,all,N]
 //                            [--cases=fused,split,concurrent] [--concurrent_tokens=4096]
+//                            [--layouts=expanded,per-token]
 //                            [--inputs=copied,input_buffer] [benchmark flags]
 //
 // --inputs=input_buffer also times bf16 dispatch from tokens written into EpGroup::dispatch_input_buffer().
@@ -75,6 +76,7 @@ struct BenchOptions {
   // Where bf16 tokens come from: false = a buffer of the caller's (dispatch stages them), true = the group's
   // input buffer (EpGroup::dispatch_input_buffer); other formats always take the first.
   std::vector<bool> input_buffer{false};
+  std::vector<rocep::Layout> layouts{rocep::Layout::kExpanded};  // EpConfig::layout of every case
 };
 
 // Removes --name=value from argv (so Google Benchmark does not see it) and returns the value.
@@ -145,6 +147,16 @@ BenchOptions parse_options(int& argc, char** argv) {
         throw rocep::ConfigError("--cases: '" + item + "' is invalid: allowed are fused, split, concurrent");
       }
       (item == "fused" ? options.fused : item == "split" ? options.split : options.concurrent) = true;
+    }
+  }
+  if (take_flag(argc, argv, "layouts", value)) {
+    options.layouts.clear();
+    std::stringstream list(value);
+    for (std::string item; std::getline(list, item, ',');) {
+      if (item != "expanded" && item != "per-token") {
+        throw rocep::ConfigError("--layouts: '" + item + "' is invalid: allowed are expanded, per-token");
+      }
+      options.layouts.push_back(item == "expanded" ? rocep::Layout::kExpanded : rocep::Layout::kPerToken);
     }
   }
   if (take_flag(argc, argv, "concurrent_tokens", value))
@@ -404,6 +416,29 @@ CaseCalls::CaseCalls(rocep::EpGroup& group, int num_tokens, bool in_input_buffer
   }
   // nvfp4: a global scale that keeps the block scales of values in [-4, 4] inside e4m3's range.
   inputs.global_scale = memory.make(std::vector<float>{448.0f * 6.0f / 4.0f});
+  if (config.layout == rocep::Layout::kPerToken) {
+    // A row per received token; sorted_token_ids and its blocks sized by the expanded row bound.
+    const std::size_t token_rows = config.max_recv_tokens(group.world_size());
+    auto* token_payloads =
+        memory.make<uint8_t>(token_rows * rocep::format_payload_bytes(config.dispatch_format, config.hidden));
+    outputs.recv_tokens = token_payloads;
+    outputs.row_offsets = memory.make<uint32_t>(group.num_local_experts() + 1);
+    outputs.src_info = memory.make<rocep::SrcInfo>(token_rows);
+    outputs.recv_topk_ids = memory.make<int32_t>(token_rows * config.top_k);
+    outputs.recv_topk_weights = memory.make<float>(token_rows * config.top_k);
+    outputs.num_recv_tokens = memory.make<int32_t>(1);
+    outputs.sorted_token_ids = memory.make<int32_t>(rows);
+    outputs.block_expert_ids = memory.make<int32_t>(rows / config.expert_alignment);
+    if (!bf16) {
+      outputs.recv_scales =
+          memory.make<uint8_t>(token_rows * rocep::format_scale_bytes(config.dispatch_format, config.hidden));
+    }
+    combine_args = {bf16 ? static_cast<const void*>(token_payloads)
+                         : memory.make<rocep::bf16_bits>(token_rows * config.hidden),
+                    nullptr, nullptr,
+                    memory.make<rocep::bf16_bits>(std::size_t{1} * num_tokens * config.hidden)};
+    return;
+  }
   outputs = {recv_tokens,
              memory.make<uint32_t>(group.num_local_experts() + 1),
              memory.make<int32_t>(group.num_local_experts()),
@@ -750,46 +785,50 @@ int main(int argc, char** argv) {
     }
 #endif
     for (std::size_t budget = 0; budget < options.sms.size(); ++budget) {
-      const std::string sms = "/sms:" + sms_name(options.sms[budget]);
-      for (const rocep::TokenFormat format : options.formats) {
-        rocep::EpConfig format_config = config;
-        format_config.dispatch_format = format;
-        format_config.num_sms = options.sms[budget];
-        format_config.validate(world);
-        for (const bool input_buffer : options.input_buffer) {
-          if (input_buffer && format != rocep::TokenFormat::kBf16) {
-            continue;
-          }
-          for (const int tokens : options.tokens) {
-            for (const Sequence sequence : {Sequence::kFused, Sequence::kSplit}) {
-              if (!(sequence == Sequence::kFused ? options.fused : options.split)) {
-                continue;
+      for (const rocep::Layout layout : options.layouts) {
+        const std::string sms = std::string(layout == rocep::Layout::kPerToken ? "/per-token" : "") +
+                                "/sms:" + sms_name(options.sms[budget]);
+        for (const rocep::TokenFormat format : options.formats) {
+          rocep::EpConfig format_config = config;
+          format_config.layout = layout;
+          format_config.dispatch_format = format;
+          format_config.num_sms = options.sms[budget];
+          format_config.validate(world);
+          for (const bool input_buffer : options.input_buffer) {
+            if (input_buffer && format != rocep::TokenFormat::kBf16) {
+              continue;
+            }
+            for (const int tokens : options.tokens) {
+              for (const Sequence sequence : {Sequence::kFused, Sequence::kSplit}) {
+                if (!(sequence == Sequence::kFused ? options.fused : options.split)) {
+                  continue;
+                }
+                const std::string name = std::string("/") + rocep::to_string(format) +
+                                         (input_buffer ? "/input_buffer" : "") +
+                                         "/tokens:" + std::to_string(tokens) + sms;
+                // A fixed iteration count: every rank must run the same number of collective calls.
+                const std::string case_name = (sequence == Sequence::kFused ? "fused" : "split") + name;
+                benchmark::RegisterBenchmark(case_name.c_str(), run_case, name, sequence, format_config,
+                                             tokens, input_buffer)
+                    ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
+                    ->UseManualTime()
+                    ->Unit(benchmark::kMicrosecond);
               }
-              const std::string name = std::string("/") + rocep::to_string(format) +
-                                       (input_buffer ? "/input_buffer" : "") +
-                                       "/tokens:" + std::to_string(tokens) + sms;
-              // A fixed iteration count: every rank must run the same number of collective calls.
-              const std::string case_name = (sequence == Sequence::kFused ? "fused" : "split") + name;
-              benchmark::RegisterBenchmark(case_name.c_str(), run_case, name, sequence, format_config, tokens,
-                                           input_buffer)
-                  ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
-                  ->UseManualTime()
-                  ->Unit(benchmark::kMicrosecond);
             }
           }
-        }
 #if defined(ROCEP_GPU_BUILD)
-        // Beside a compute kernel: only where the budget leaves multiprocessors over.
-        if (options.concurrent && compute_sms[budget] > 0) {
-          const std::string name = std::string("concurrent/") + rocep::to_string(format) +
-                                   "/tokens:" + std::to_string(options.concurrent_tokens) + sms;
-          benchmark::RegisterBenchmark(name.c_str(), run_concurrent_case, name, format_config,
-                                       options.concurrent_tokens)
-              ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
-              ->UseManualTime()
-              ->Unit(benchmark::kMicrosecond);
-        }
+          // Beside a compute kernel: only where the budget leaves multiprocessors over.
+          if (options.concurrent && compute_sms[budget] > 0) {
+            const std::string name = std::string("concurrent/") + rocep::to_string(format) +
+                                     "/tokens:" + std::to_string(options.concurrent_tokens) + sms;
+            benchmark::RegisterBenchmark(name.c_str(), run_concurrent_case, name, format_config,
+                                         options.concurrent_tokens)
+                ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
+                ->UseManualTime()
+                ->Unit(benchmark::kMicrosecond);
+          }
 #endif
+        }
       }
     }
     if (rank == 0) {

@@ -7,6 +7,8 @@
 //   rocep_combine_recv  source rank, blocks over its tokens: wait for every rank, then sum the partials in
 //                       ascending rank order (+ shared expert), or copy the rows; store bf16.
 //   rocep_combine       both halves in one kernel (the fused call)
+// In the per-token layout a rank's row of a token is already its partial (weighted and summed over its
+// experts by the caller): it travels as the weighted combine's partial does, and is summed alike.
 #include "bf16.hpp"
 #include "ep_kernels.hpp"
 #include "group_sync.hpp"
@@ -17,6 +19,12 @@ using namespace rocep::device;
 namespace {
 
 constexpr int kLanes = 8;  // bf16 elements per 16-byte vector
+
+// Whether each rank sends one partial row per token (weighted, or the per-token layout), else each slot's
+// row (unweighted). The receivers check that every rank agrees (Signals::combine_weighted).
+__device__ inline bool sends_partials(const Shape& shape, const rocep::device::CombineArgs& args) {
+  return args.row_weights != nullptr || shape.per_token != 0;
+}
 
 struct Lanes {
   float value[kLanes];
@@ -152,6 +160,7 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
                         ? allowed
                         : shape.world * most_tokens_sent(group.signals, shape.world);
   const bool weighted = args.row_weights != nullptr;
+  const bool partials = sends_partials(shape, args);
   __shared__ const Vector16* inputs[kMaxTopK];
   __shared__ float weights[kMaxTopK];
   __shared__ uint8_t* destinations[kMaxTopK];
@@ -209,7 +218,7 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
     }
     __syncthreads();
     const std::size_t row_bytes = CombineRegion::row_bytes(shape);
-    if (weighted && input_count > 0) {
+    if (partials && input_count > 0) {
       const std::size_t partial_row = static_cast<std::size_t>(shape.rank) * shape.max_tokens + token;
       reduce_rows(reinterpret_cast<Vector16*>(region + partial_row * shape.hidden), inputs, weights,
                   input_count, vectors, threadIdx.x, blockDim.x);
@@ -240,6 +249,7 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
   const int vectors = shape.hidden / kLanes;
   const int total = shape.world * shape.max_tokens;
   const bool weighted = args.row_weights != nullptr;
+  const bool partials = sends_partials(shape, args);
   const int batch_pairs = kBlockThreads / shape.top_k;
   // [pair of the batch][slot k]: each slot's row and weight; then [pair][input] the pair's inputs
   __shared__ int32_t slot_rows[kBlockThreads];
@@ -284,7 +294,7 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
       auto* region = reinterpret_cast<uint16_t*>(group.peers.write_window(PeerRegion::kCombine, source));
       const std::size_t row_bytes = CombineRegion::row_bytes(shape);
       const int list = b * shape.top_k;
-      if (weighted) {
+      if (partials) {
         if (input_counts[b] > 0) {
           const std::size_t partial_row = static_cast<std::size_t>(shape.rank) * shape.max_tokens + token;
           reduce_rows(reinterpret_cast<Vector16*>(region + partial_row * shape.hidden), inputs + list,
@@ -319,7 +329,7 @@ __device__ void send_partials(const GroupView& group, const rocep::device::Combi
   // signal_grid_done (block 0's stores reach the last block through the blocks' count).
   if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < shape.world) {
     group.peers.signal_store(static_cast<int>(threadIdx.x), &Signals::combine_weighted, shape.rank,
-                             args.row_weights != nullptr ? 1 : 0);
+                             sends_partials(shape, args) ? 1 : 0);
   }
   signal_grid_done(&group.state->combine_blocks_sent, &group.state->combine_claims, group.peers, shape.world,
                    shape.rank, &Signals::combine_arrived);
@@ -346,7 +356,7 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
   // checks, its thread r reading rank r's word after its own acquire of rank r's arrival, with no barrier.
   if (arrived && blockIdx.x == 0 && static_cast<int>(threadIdx.x) < shape.world) {
     const int32_t peer_weighted = group.signals->combine_weighted[threadIdx.x];
-    if (peer_weighted != (args.row_weights != nullptr ? 1 : 0)) {
+    if (peer_weighted != (sends_partials(shape, args) ? 1 : 0)) {
       report_failure(group.status, StatusCode::kCombineWeightingMismatch, Operation::kCombineRecv,
                      static_cast<int>(threadIdx.x), -1, -1, peer_weighted);
     }
@@ -364,7 +374,7 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
   const int batch_tokens = combine_batch_items(shape, tokens, kBlockThreads / list_length);
   const auto* region = reinterpret_cast<const uint16_t*>(group.combine_region);
   for (int first = blockIdx.x; arrived && first < tokens; first += batch_tokens * gridDim.x) {
-    if (args.row_weights != nullptr) {
+    if (sends_partials(shape, args)) {
       // The partials in ascending rank order, then the shared expert's row, all with weight 1.
       const int token = first + static_cast<int>(threadIdx.x) * static_cast<int>(gridDim.x);
       if (static_cast<int>(threadIdx.x) < batch_tokens && token < tokens) {

@@ -41,6 +41,11 @@ __device__ inline unsigned long long* region_masks(uint8_t* region, const Shape&
                                                    int chunk) {
   return reinterpret_cast<unsigned long long*>(region + DispatchRegion::masks_offset(shape, source, chunk));
 }
+__device__ inline unsigned long long* region_token_masks(uint8_t* region, const Shape& shape, int source,
+                                                         int chunk) {
+  return reinterpret_cast<unsigned long long*>(region +
+                                               DispatchRegion::token_masks_offset(shape, source, chunk));
+}
 __device__ inline uint8_t* region_message(uint8_t* region, const Shape& shape, int token) {
   return region + DispatchRegion::message_offset(shape, token);
 }
@@ -241,6 +246,7 @@ __device__ inline void store_mask_bits(unsigned long long* mask, int first_bit, 
 // receivers rank their rows without reading the ids. All slots at once: the 4096-token send on H200 spent 27
 // us on the ids alone when a block checked one token after another. `scratch`: shared, kBlockRankingMasks
 // words.
+template <bool kPerToken>
 __device__ void send_batch_ids(const GroupView& group, int first_token, int tokens, int count,
                                const BatchSlot& slot, int32_t* given, unsigned long long* destinations,
                                unsigned long long* scratch) {
@@ -284,10 +290,23 @@ __device__ void send_batch_ids(const GroupView& group, int first_token, int toke
   if (thread < count) {
     group.sent_masks[first_token + thread] = destinations[thread];
   }
+  const int chunk = first_token / kChunkTokens;
+  if (kPerToken && thread < shape.world) {  // the batch's bits of peer `thread`'s token masks
+    unsigned long long bits = 0;
+    for (int i = 0; i < count; ++i) {
+      bits |= ((destinations[i] >> thread) & 1ull) << i;
+    }
+    const int first_bit = first_token % kChunkTokens;
+    store_mask_bits(
+        region_token_masks(group.peers.write_window(PeerRegion::kDispatch, thread), shape, shape.rank, chunk),
+        first_bit, tokens, bits);
+    group.peers.publish(PeerRegion::kDispatch, thread,
+                        DispatchRegion::token_masks_offset(shape, shape.rank, chunk) + first_bit / 8,
+                        min(tokens, kChunkTokens) / 8);
+  }
   // The mask bits of as many peers at a time as `scratch` holds (all of them for up to 1024 experts).
   static_assert(kMaxLocalExperts <= kBlockRankingMasks);
   const int round_peers = kBlockRankingMasks / shape.local_experts;
-  const int chunk = first_token / kChunkTokens;
   for (int first_peer = 0; first_peer < shape.world; first_peer += round_peers) {
     const int first_expert = first_peer * shape.local_experts;
     const int words = min(round_peers, shape.world - first_peer) * shape.local_experts;
@@ -338,6 +357,7 @@ __device__ void stage_token(const GroupView& group, const DispatchSendArgs& args
 // the caller wrote them there), whether or not any rank wants it, while a block's first batch of ids is
 // loaded. Block 0 first tells every peer the token count, and the grid's last block then signals the peers'
 // dispatch_arrived[rank] words. `scratch`: shared, kBlockRankingMasks words.
+template <bool kPerToken>
 __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args,
                             unsigned long long* scratch) {
   const Shape& shape = group.shape;
@@ -375,7 +395,7 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
     if (!batch) {
       break;
     }
-    send_batch_ids(group, first, tokens, count, slot, given, destinations, scratch);
+    send_batch_ids<kPerToken>(group, first, tokens, count, slot, given, destinations, scratch);
   }
   signal_grid_done(&group.state->dispatch_blocks_sent, nullptr, group.peers, shape.world, shape.rank,
                    &Signals::dispatch_arrived);
@@ -466,7 +486,9 @@ __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvAr
       offsets[expert] = offset + position;
       if (blockIdx.x == 0) {
         args.row_offsets[expert] = offset + position;
-        args.expert_ids[expert] = expert;
+        if (args.expert_ids != nullptr) {  // the expanded layout's identity (not kept per token)
+          args.expert_ids[expert] = expert;
+        }
         if (args.expert_token_counts != nullptr) {
           args.expert_token_counts[expert] += rows;
         }
@@ -902,12 +924,220 @@ __device__ void receive_kernel(const GroupView& group, const DispatchRecvArgs& a
   receive_tokens<kScalesLater>(group, args, group.block_calls[blockIdx.x].dispatches + 1, &memory);
 }
 
+// --- the per-token layout -------------------------------------------------------------------------------
+
+// Up to this many (source, chunk) entries of the token masks, every block keeps the received tokens before
+// each entry in shared memory; past it, each token counts them itself.
+inline constexpr int kTokenBaseEntries = 2048;
+
+// The per-token row of token `token` of `source` (which names an expert of this rank): the received tokens
+// before it in (source, token) order, from the senders' token masks. `bases`: the exclusive prefix of the
+// masks' counts per (source, chunk) entry, or null past kTokenBaseEntries.
+__device__ inline int32_t token_row(const GroupView& group, const uint32_t* bases, int source, int token) {
+  const Shape& shape = group.shape;
+  const int entry = source * chunks_per_source(shape) + token / kChunkTokens;
+  const unsigned long long* masks = region_token_masks(group.dispatch_region, shape, 0, 0);
+  uint32_t before = 0;
+  if (bases != nullptr) {
+    before = bases[entry];
+  } else {
+    for (int earlier = 0; earlier < entry; ++earlier) {
+      before += __popcll(masks[earlier]);
+    }
+  }
+  return static_cast<int32_t>(before + __popcll(masks[entry] & ((1ull << (token % kChunkTokens)) - 1)));
+}
+
+// Every block: bases[entry] = received tokens before (source, chunk) entry `entry` (when the entries fit),
+// and the total; block 0 publishes the total as num_recv_tokens.
+__device__ uint32_t count_received_tokens(const GroupView& group, const DispatchRecvArgs& args,
+                                          uint32_t* bases) {
+  const Shape& shape = group.shape;
+  const int entries = dispatch_chunks(shape);
+  const unsigned long long* masks = region_token_masks(group.dispatch_region, shape, 0, 0);
+  uint32_t total = 0;
+  for (int first = 0; first < entries; first += kScanBlockThreads) {
+    const int entry = first + static_cast<int>(threadIdx.x);
+    const auto count = entry < entries ? static_cast<uint32_t>(__popcll(masks[entry])) : 0u;
+    uint32_t block_count = 0;
+    const uint32_t before = block_exclusive_scan(count, &block_count);
+    if (entry < entries && entries <= kTokenBaseEntries) {
+      bases[entry] = total + before;
+    }
+    total += block_count;
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *args.num_recv_tokens = static_cast<int32_t>(total);
+  }
+  __syncthreads();
+  return total;
+}
+
+// One batch of a block's received tokens: where each comes from and the row it goes to.
+struct TokenBatch {
+  const uint8_t* messages[PerTokenTuning::kBatchTokens];
+  int32_t rows[PerTokenTuning::kBatchTokens];
+  int count;
+};
+
+// Copies the batch's payloads (and, for scaled formats, scales) into their rows, every thread keeping
+// PerTokenTuning::kVectorsInFlight loads in flight before it stores any of them.
+__device__ void copy_token_batch(const Shape& shape, const DispatchRecvArgs& args, const TokenBatch& batch) {
+  constexpr int kInFlight = PerTokenTuning::kVectorsInFlight;
+  const uint32_t payload_vectors = shape.payload_bytes / kVectorBytes;
+  const uint32_t total = static_cast<uint32_t>(batch.count) * payload_vectors;
+  for (uint32_t first = threadIdx.x; first < total; first += kInFlight * blockDim.x) {
+    Vector16 vectors[kInFlight];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const uint32_t index = first + i * blockDim.x;
+      if (index < total) {
+        const uint32_t item = index / payload_vectors;
+        vectors[i] = reinterpret_cast<const Vector16*>(batch.messages[item])[index - item * payload_vectors];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const uint32_t index = first + i * blockDim.x;
+      if (index < total) {
+        const uint32_t item = index / payload_vectors;
+        reinterpret_cast<Vector16*>(args.recv_tokens +
+                                    static_cast<std::size_t>(batch.rows[item]) *
+                                        shape.payload_bytes)[index - item * payload_vectors] = vectors[i];
+      }
+    }
+  }
+  if (shape.scale_bytes == 0) {
+    return;
+  }
+  // Scales row-major after the payload in the message, and so in their rows: words where they are whole.
+  const bool words = shape.scale_bytes % 4 == 0;
+  const uint32_t units = words ? shape.scale_bytes / 4 : shape.scale_bytes;
+  for (uint32_t index = threadIdx.x; index < static_cast<uint32_t>(batch.count) * units;
+       index += blockDim.x) {
+    const uint32_t item = index / units;
+    const uint32_t unit = index - item * units;
+    const uint8_t* from = batch.messages[item] + shape.payload_bytes;
+    uint8_t* to = args.recv_scales + static_cast<std::size_t>(batch.rows[item]) * shape.scale_bytes;
+    if (words) {
+      reinterpret_cast<uint32_t*>(to)[unit] = reinterpret_cast<const uint32_t*>(from)[unit];
+    } else {
+      to[unit] = from[unit];
+    }
+  }
+}
+
+// After a failed wait the call's tokens are not laid out: no rows, no pairs.
+__device__ inline void invalidate_per_token(const Shape& shape, const DispatchRecvArgs& args) {
+  invalidate_layout(shape, args);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *args.num_recv_tokens = 0;
+  }
+}
+
+// The per-token receive: once every source's ids and token masks are here, each block takes (source, token)
+// items round-robin (the sources interleaved, so that every link is busy), PerTokenTuning::kBatchTokens of
+// its received tokens at a time: their rows from the token masks, their ids mapped to local experts, their
+// weights and origin, each (row, slot) of a local expert into sorted_token_ids at its place among that
+// expert's pairs (the expanded layout's ranking), and their messages copied from the sources' regions (a
+// pull, each token crossing the link once). Then the padding of sorted_token_ids and block_expert_ids.
+__device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
+                                  RowLayoutMemory* memory) {
+  const Shape& shape = group.shape;
+  const RowLayout layout = row_layout(memory, group);
+  if (!block_wait_for_peers(group.signals->dispatch_arrived, sequence, shape.world, group.timeout_ticks,
+                            group.status, Operation::kDispatchRecv)) {
+    invalidate_per_token(shape, args);
+    return;
+  }
+  count_dispatch(group, sequence);
+  if (!lay_out_rows(group, args, memory, layout)) {
+    invalidate_per_token(shape, args);
+    return;
+  }
+  __shared__ uint32_t bases[kTokenBaseEntries];
+  count_received_tokens(group, args, bases);
+  const uint32_t* token_bases = dispatch_chunks(shape) <= kTokenBaseEntries ? bases : nullptr;
+  __shared__ const uint8_t* source_regions[kMaxWorld];
+  for (int source = threadIdx.x; source < shape.world; source += blockDim.x) {
+    source_regions[source] = group.peers.read_window(PeerRegion::kDispatch, source);
+  }
+  __shared__ TokenBatch batch;
+  const int items = shape.world * shape.max_tokens;
+  const int stride = static_cast<int>(gridDim.x);
+  const auto padding = static_cast<int32_t>(static_cast<std::size_t>(items) * shape.top_k);
+  const int batch_slots = PerTokenTuning::kBatchTokens * shape.top_k;
+  for (int first = static_cast<int>(blockIdx.x); first < items;
+       first += PerTokenTuning::kBatchTokens * stride) {
+    __syncthreads();  // the batch of the round before is copied
+    if (threadIdx.x == 0) {
+      batch.count = 0;
+    }
+    __syncthreads();
+    // A thread per (item, slot): item j of the batch is the block's item first + j * stride, token
+    // index / world of source index % world (the sources interleaved).
+    for (int slot_index = threadIdx.x; slot_index < batch_slots; slot_index += blockDim.x) {
+      const int index = first + slot_index / shape.top_k * stride;
+      const int k = slot_index % shape.top_k;
+      const int source = index % shape.world;
+      const int token = index / shape.world;
+      if (index >= items || token >= group.signals->tokens_from[source]) {
+        continue;
+      }
+      int32_t row = -1;  // a token that names no expert here has no row
+      const unsigned long long mask =
+          *region_token_masks(group.dispatch_region, shape, source, token / kChunkTokens);
+      if ((mask >> (token % kChunkTokens)) & 1) {
+        row = token_row(group, token_bases, source, token);
+        const int32_t id = region_ids(group.dispatch_region, shape, source, token)[k];
+        const std::size_t slot = static_cast<std::size_t>(row) * shape.top_k + k;
+        args.recv_topk_ids[slot] = id >= 0 ? id - shape.rank * shape.local_experts : -1;
+        args.recv_topk_weights[slot] = region_weights(group.dispatch_region, shape, source, token)[k];
+        if (id >= 0) {
+          args.sorted_token_ids[row_of(group, layout, source, token, id)] = row * shape.top_k + k;
+        }
+        if (k == 0) {
+          args.src_info[3 * static_cast<std::size_t>(row) + 0] = source;
+          args.src_info[3 * static_cast<std::size_t>(row) + 1] = token;
+          args.src_info[3 * static_cast<std::size_t>(row) + 2] = -1;
+          const int place = atomicAdd(&batch.count, 1);
+          batch.rows[place] = row;
+          batch.messages[place] = source_regions[source] + DispatchRegion::message_offset(shape, token);
+        }
+      }
+      // For combine: the token's row in slot 0, -1 in the others.
+      group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k + k] =
+          k == 0 ? row : -1;
+    }
+    __syncthreads();
+    copy_token_batch(shape, args, batch);
+  }
+  // The padding of each expert's segment of sorted_token_ids, and the expert of each of its blocks.
+  for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
+    const uint32_t first = layout.offsets[expert];
+    const uint32_t pairs = rows_before_chunk(group, layout, dispatch_chunks(shape), expert);
+    const uint32_t end = layout.offsets[expert + 1];
+    for (uint32_t entry = first + pairs + threadIdx.x; entry < end; entry += blockDim.x) {
+      args.sorted_token_ids[entry] = padding;
+    }
+    for (uint32_t block = first / shape.alignment + threadIdx.x; block < end / shape.alignment;
+         block += blockDim.x) {
+      args.block_expert_ids[block] = expert;
+    }
+  }
+}
+
+__device__ void receive_per_token_kernel(const GroupView& group, const DispatchRecvArgs& args) {
+  __shared__ RowLayoutMemory memory;
+  receive_per_token(group, args, group.block_calls[blockIdx.x].dispatches + 1, &memory);
+}
+
 template <bool kScalesLater>
 __device__ void dispatch_kernel(const GroupView& group, const DispatchSendArgs& send_args,
                                 const DispatchRecvArgs& recv_args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
   __shared__ RowLayoutMemory memory;
-  send_tokens(group, send_args, memory.masks);
+  send_tokens<false>(group, send_args, memory.masks);
   __syncthreads();  // the send's scratch is the receive's masks
   receive_tokens<kScalesLater>(group, recv_args, sequence, &memory);
 }
@@ -917,7 +1147,11 @@ __device__ void dispatch_kernel(const GroupView& group, const DispatchSendArgs& 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_dispatch_send(GroupView group, DispatchSendArgs args) {
   __shared__ unsigned long long scratch[kBlockRankingMasks];
-  send_tokens(group, args, scratch);
+  if (group.shape.per_token != 0) {
+    send_tokens<true>(group, args, scratch);
+  } else {
+    send_tokens<false>(group, args, scratch);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
@@ -928,6 +1162,20 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_dispatch(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
   dispatch_kernel<false>(group, send_args, recv_args);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_dispatch_recv_per_token(GroupView group, DispatchRecvArgs args) {
+  receive_per_token_kernel(group, args);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_dispatch_per_token(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
+  const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
+  __shared__ RowLayoutMemory memory;
+  send_tokens<true>(group, send_args, memory.masks);
+  __syncthreads();  // the send's scratch is the receive's masks
+  receive_per_token(group, recv_args, sequence, &memory);
 }
 
 // The same for receives that scales_laid_out_later: separate kernels, so that the pass leaves the others'
@@ -945,13 +1193,23 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 
 namespace rocep::device {
 
-hipError_t load_dispatch_kernels(int* resident_blocks) {
-  return load_kernels(
-      {reinterpret_cast<const void*>(&rocep_dispatch_send),
-       reinterpret_cast<const void*>(&rocep_dispatch_recv), reinterpret_cast<const void*>(&rocep_dispatch),
-       reinterpret_cast<const void*>(&rocep_dispatch_recv_scale_runs),
-       reinterpret_cast<const void*>(&rocep_dispatch_scale_runs)},
-      resident_blocks);
+hipError_t load_dispatch_kernels(bool per_token, int* resident_blocks) {
+  const std::initializer_list<const void*> expanded = {
+      reinterpret_cast<const void*>(&rocep_dispatch_recv), reinterpret_cast<const void*>(&rocep_dispatch),
+      reinterpret_cast<const void*>(&rocep_dispatch_recv_scale_runs),
+      reinterpret_cast<const void*>(&rocep_dispatch_scale_runs)};
+  const std::initializer_list<const void*> by_token = {
+      reinterpret_cast<const void*>(&rocep_dispatch_recv_per_token),
+      reinterpret_cast<const void*>(&rocep_dispatch_per_token)};
+  int unused = 1 << 30;  // the other layout's kernels are loaded too, but their residency is not the group's
+  hipError_t status = load_kernels({reinterpret_cast<const void*>(&rocep_dispatch_send)}, resident_blocks);
+  if (status == hipSuccess) {
+    status = load_kernels(per_token ? by_token : expanded, resident_blocks);
+  }
+  if (status == hipSuccess) {
+    status = load_kernels(per_token ? expanded : by_token, &unused);
+  }
+  return status;
 }
 
 // The send waits on nobody; the receive (a grid barrier where the whole grid ranks the rows or lays out the
@@ -963,6 +1221,9 @@ hipError_t launch_dispatch_send(const GroupView& group, const DispatchSendArgs& 
 
 hipError_t launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, const LaunchGrid& grid,
                                 hipStream_t stream) {
+  if (group.shape.per_token != 0) {
+    return launch_kernel(&rocep_dispatch_recv_per_token, grid, Residency::kWholeGrid, stream, group, args);
+  }
   return launch_kernel(
       scales_laid_out_later(group.shape) ? &rocep_dispatch_recv_scale_runs : &rocep_dispatch_recv, grid,
       Residency::kWholeGrid, stream, group, args);
@@ -970,6 +1231,10 @@ hipError_t launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& 
 
 hipError_t launch_dispatch(const GroupView& group, const DispatchSendArgs& send_args,
                            const DispatchRecvArgs& recv_args, const LaunchGrid& grid, hipStream_t stream) {
+  if (group.shape.per_token != 0) {
+    return launch_kernel(&rocep_dispatch_per_token, grid, Residency::kWholeGrid, stream, group, send_args,
+                         recv_args);
+  }
   return launch_kernel(scales_laid_out_later(group.shape) ? &rocep_dispatch_scale_runs : &rocep_dispatch,
                        grid, Residency::kWholeGrid, stream, group, send_args, recv_args);
 }

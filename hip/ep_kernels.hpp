@@ -91,6 +91,21 @@ struct DispatchRecvArgs {
   int32_t* src_info;  // [rows][3]: rank, token, k
   float* recv_weights;
   int64_t* expert_token_counts;  // optional
+  // The per-token layout (rocep/types.hpp): recv_tokens and recv_scales are [world * T] rows, src_info too.
+  int32_t* recv_topk_ids;     // [world * T][top_k]
+  float* recv_topk_weights;   // [world * T][top_k]
+  int32_t* num_recv_tokens;   // [1]
+  int32_t* sorted_token_ids;  // [scale_rows]: (row, slot) pairs expert by expert, padded per expert
+  int32_t* block_expert_ids;  // [scale_rows / alignment]
+};
+
+// How the per-token receive spreads its copies over a block: the tokens a block copies at once (their
+// rows found first, then every vector of all of them loaded before any is stored), and the 16-byte vectors
+// each thread keeps in flight. More of either keeps more bytes in flight per multiprocessor, which is what
+// a small SM budget needs. One set for every architecture until one is measured to want another.
+struct PerTokenTuning {
+  static constexpr int kBatchTokens = 4;
+  static constexpr int kVectorsInFlight = 8;
 };
 
 struct CombineArgs {
@@ -121,7 +136,8 @@ inline hipError_t load_kernels(std::initializer_list<const void*> kernels, int* 
   }
   return hipSuccess;
 }
-hipError_t load_dispatch_kernels(int* resident_blocks);
+// The kernels of both layouts are loaded; *resident_blocks counts those of the group's (`per_token`).
+hipError_t load_dispatch_kernels(bool per_token, int* resident_blocks);
 hipError_t load_combine_kernels(int* resident_blocks);
 
 // The grid of every kernel of one group (the host's CommPolicy decides it).

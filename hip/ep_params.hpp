@@ -57,7 +57,8 @@ struct Shape {
   uint32_t scale_bytes;    // bytes of one token's scales (0 for bf16)
   uint32_t message_bytes;  // payload then scales, padded to 16 bytes: what travels per token
   Format format;
-  Fp8 fp8_encoding;  // resolved (never auto)
+  Fp8 fp8_encoding;   // resolved (never auto)
+  int32_t per_token;  // 1: the per-token layout (EpConfig::Layout::kPerToken), 0: expanded
 };
 
 // Tokens of one source that are ranked together: one bit each in a 64-bit mask per local expert.
@@ -74,6 +75,8 @@ ROCEP_HOST_DEVICE inline int chunks_per_source(const Shape& shape) {
 //   masks   [world][chunks_per_source][local_experts] uint64: bit t % kChunkTokens of masks[s][t /
 //           kChunkTokens][e] is set when token t of s names this rank's local expert e (zero for tokens
 //           past s's count): the receiver ranks its rows from them without reading the ids
+//   token masks [world][chunks_per_source] uint64, per-token layout only: bit t % kChunkTokens of [s][t /
+//           kChunkTokens] is set when token t of s names any expert of this rank
 //   message [T][message_bytes]: this rank's own tokens, staged there by its send (the payload, then the
 //           scales row-major), or written there by the caller (bf16, EpGroup::dispatch_input_buffer); the
 //           receivers read them from there (pull).
@@ -92,9 +95,13 @@ struct DispatchRegion {
            (static_cast<std::size_t>(source) * chunks_per_source(shape) + chunk) * shape.local_experts *
                sizeof(uint64_t);
   }
+  ROCEP_HOST_DEVICE static std::size_t token_masks_offset(const Shape& shape, int source, int chunk) {
+    return masks_offset(shape, shape.world, 0) +
+           (static_cast<std::size_t>(source) * chunks_per_source(shape) + chunk) * sizeof(uint64_t);
+  }
   // 16-byte aligned: messages are read and written in 16-byte vectors.
   ROCEP_HOST_DEVICE static std::size_t message_offset(const Shape& shape, int token) {
-    return (masks_offset(shape, shape.world, 0) + 15) / 16 * 16 +
+    return (token_masks_offset(shape, shape.world, 0) + 15) / 16 * 16 +
            static_cast<std::size_t>(token) * shape.message_bytes;
   }
   ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) {

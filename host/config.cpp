@@ -46,6 +46,16 @@ const char* to_string(CombineDtype dtype) {
   return "unknown";
 }
 
+const char* to_string(Layout layout) {
+  switch (layout) {
+    case Layout::kExpanded:
+      return "expanded";
+    case Layout::kPerToken:
+      return "per-token";
+  }
+  return "unknown";
+}
+
 int format_block_elements(TokenFormat format) {
   switch (format) {
     case TokenFormat::kBf16:
@@ -153,6 +163,9 @@ void EpConfig::validate(int world_size) const {
           encoding_code, "allowed values are 0 (auto), 1 (e4m3fn), 2 (e4m3fnuz)");
   require(combine_dtype == CombineDtype::kBf16, "combine_dtype", static_cast<int>(combine_dtype),
           "allowed value is 0 (bf16)");
+  const int layout_code = static_cast<int>(layout);
+  require(layout_code >= 0 && layout_code <= static_cast<int>(Layout::kPerToken), "layout", layout_code,
+          "allowed values are 0 (expanded), 1 (per-token)");
   require(hidden >= 1 && hidden <= kMaxHidden, "hidden", hidden, range(1, kMaxHidden));
   const int multiple = format_column_multiple(dispatch_format);
   require(hidden % multiple == 0, "hidden", hidden,
@@ -187,12 +200,18 @@ std::size_t EpConfig::max_recv_rows(int world_size) const {
          static_cast<std::size_t>(local) * (expert_alignment - 1);
 }
 
+std::size_t EpConfig::max_recv_tokens(int world_size) const {
+  require_world_size(world_size);
+  return static_cast<std::size_t>(world_size) * max_tokens_per_rank;
+}
+
 std::string EpConfig::describe() const {
   std::ostringstream text;
   text << "hidden=" << hidden << " top_k=" << top_k << " experts=" << num_experts
        << " max_tokens_per_rank=" << max_tokens_per_rank << " format=" << to_string(dispatch_format)
        << (dispatch_format == TokenFormat::kFp8Block128 ? std::string("/") + to_string(fp8_encoding) : "")
-       << " combine=" << to_string(combine_dtype) << " alignment=" << expert_alignment;
+       << " combine=" << to_string(combine_dtype) << " layout=" << to_string(layout)
+       << " alignment=" << expert_alignment;
   text << " sms=";
   if (num_sms == kDefaultSms) {
     text << "default";

@@ -125,8 +125,18 @@ std::string dispatch_inputs_error(const EpConfig& config, int rank, const Dispat
 
 std::string dispatch_outputs_error(const EpConfig& config, int rank, const DispatchOutputs& outputs) {
   const std::string where = on_rank("dispatch_recv", rank);
-  if (outputs.recv_tokens == nullptr || outputs.row_offsets == nullptr || outputs.expert_ids == nullptr ||
-      outputs.src_info == nullptr || outputs.recv_weights == nullptr) {
+  if (config.layout == Layout::kPerToken) {
+    if (outputs.recv_tokens == nullptr || outputs.row_offsets == nullptr || outputs.src_info == nullptr ||
+        outputs.recv_topk_ids == nullptr || outputs.recv_topk_weights == nullptr ||
+        outputs.num_recv_tokens == nullptr || outputs.sorted_token_ids == nullptr ||
+        outputs.block_expert_ids == nullptr) {
+      return where +
+             " passed a null recv_tokens/row_offsets/src_info/recv_topk_ids/recv_topk_weights/"
+             "num_recv_tokens/sorted_token_ids/block_expert_ids pointer (layout per-token)";
+    }
+  } else if (outputs.recv_tokens == nullptr || outputs.row_offsets == nullptr ||
+             outputs.expert_ids == nullptr || outputs.src_info == nullptr ||
+             outputs.recv_weights == nullptr) {
     return where + " passed a null recv_tokens/row_offsets/expert_ids/src_info/recv_weights pointer";
   }
   if (config.dispatch_format != TokenFormat::kBf16 && outputs.recv_scales == nullptr) {
@@ -136,9 +146,14 @@ std::string dispatch_outputs_error(const EpConfig& config, int rank, const Dispa
   return {};
 }
 
-std::string combine_args_error(int rank, const CombineArgs& args) {
+std::string combine_args_error(const EpConfig& config, int rank, const CombineArgs& args) {
   if (args.expert_outputs == nullptr || args.out == nullptr) {
     return on_rank("combine", rank) + " passed a null expert_outputs/out pointer";
+  }
+  if (config.layout == Layout::kPerToken && args.row_weights != nullptr) {
+    return on_rank("combine", rank) +
+           " passed row_weights, but in the per-token layout each row is already weighted and summed over "
+           "the rank's experts (row_weights must be null)";
   }
   return {};
 }

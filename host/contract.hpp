@@ -57,7 +57,7 @@ struct DispatchMemory {
 std::string dispatch_inputs_error(const EpConfig& config, int rank, const DispatchInputs& inputs,
                                   const DispatchMemory& memory);
 std::string dispatch_outputs_error(const EpConfig& config, int rank, const DispatchOutputs& outputs);
-std::string combine_args_error(int rank, const CombineArgs& args);
+std::string combine_args_error(const EpConfig& config, int rank, const CombineArgs& args);
 // Empty when config.dispatch_format has an input buffer (bf16), else the ConfigError's message.
 std::string input_buffer_error(const EpConfig& config);
 

@@ -199,7 +199,7 @@ void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
 void EpGroup::combine(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine");
   impl_->require(Call::kCombine);
-  Impl::refuse(contract::combine_args_error(rank(), args));
+  Impl::refuse(contract::combine_args_error(impl_->config, rank(), args));
   impl_->implementation->combine(args, stream);
   impl_->order.advance(Call::kCombine);
 }
@@ -207,7 +207,7 @@ void EpGroup::combine(const CombineArgs& args, void* stream) {
 void EpGroup::combine_send(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine_send");
   impl_->require(Call::kCombineSend);
-  Impl::refuse(contract::combine_args_error(rank(), args));
+  Impl::refuse(contract::combine_args_error(impl_->config, rank(), args));
   impl_->implementation->combine_send(args, stream);
   impl_->order.advance(Call::kCombineSend);
 }
@@ -215,7 +215,7 @@ void EpGroup::combine_send(const CombineArgs& args, void* stream) {
 void EpGroup::combine_recv(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine_recv");
   impl_->require(Call::kCombineRecv);
-  Impl::refuse(contract::combine_args_error(rank(), args));
+  Impl::refuse(contract::combine_args_error(impl_->config, rank(), args));
   impl_->implementation->combine_recv(args, stream);
   impl_->order.advance(Call::kCombineRecv);
 }

@@ -64,7 +64,8 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   int device = 0;
   run_agreed(world, "loading the kernels", [&] {
     int resident_per_multiprocessor = 1 << 30;
-    ROCEP_GPU_CHECK(device::load_dispatch_kernels(&resident_per_multiprocessor));
+    ROCEP_GPU_CHECK(
+        device::load_dispatch_kernels(config.layout == Layout::kPerToken, &resident_per_multiprocessor));
     ROCEP_GPU_CHECK(device::load_combine_kernels(&resident_per_multiprocessor));
     device = current_device();
     hipDeviceProp_t properties;
@@ -106,6 +107,7 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   shape.message_bytes = shape.payload_bytes + (shape.scale_bytes + 15) / 16 * 16;
   shape.format = static_cast<device::Format>(config.dispatch_format);
   shape.fp8_encoding = static_cast<device::Fp8>(config.fp8_encoding);  // resolved by EpGroup
+  shape.per_token = config.layout == Layout::kPerToken ? 1 : 0;
 
   run_agreed(world, "allocating the group's memory", [&] {
     const std::size_t slots = static_cast<std::size_t>(shape.max_tokens) * shape.top_k;
@@ -240,7 +242,12 @@ device::DispatchRecvArgs GpuEp::dispatch_recv_args(const DispatchOutputs& output
           outputs.expert_ids,
           reinterpret_cast<int32_t*>(outputs.src_info),
           outputs.recv_weights,
-          outputs.expert_token_counts};
+          outputs.expert_token_counts,
+          outputs.recv_topk_ids,
+          outputs.recv_topk_weights,
+          outputs.num_recv_tokens,
+          outputs.sorted_token_ids,
+          outputs.block_expert_ids};
 }
 
 void GpuEp::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {

@@ -214,42 +214,112 @@ void ReferenceEp::dispatch_send(const DispatchInputs& inputs, void* /*stream*/) 
   received_messages_ = exchange_messages(bootstrap_, messages);
 }
 
-void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs, void* /*stream*/) {
-  const int world = world_size();
+std::vector<std::vector<ReferenceEp::Arrival>> ReferenceEp::decode_arrivals() const {
   const int top_k = config_.top_k;
-  // Decode the messages: per source rank, in the order sent (ascending token).
-  struct Arrival {
-    int32_t token;
-    std::vector<int32_t> ids;
-    std::vector<float> weights;
-    const uint8_t* payload;
-  };
-  const TokenFormat format = config_.dispatch_format;
-  const int hidden = config_.hidden;
-  const std::size_t payload_bytes = format_payload_bytes(format, hidden);
-  const std::size_t scale_bytes = format_scale_bytes(format, hidden);
-  std::vector<std::vector<Arrival>> arrivals(world);
-  for (int source = 0; source < world; ++source) {
+  const std::size_t message_bytes = format_payload_bytes(config_.dispatch_format, config_.hidden) +
+                                    format_scale_bytes(config_.dispatch_format, config_.hidden);
+  std::vector<std::vector<Arrival>> arrivals(world_size());
+  for (int source = 0; source < world_size(); ++source) {
     MessageReader reader(received_messages_[source]);
     while (!reader.done()) {
       Arrival arrival{reader.read_one<int32_t>(), std::vector<int32_t>(top_k), std::vector<float>(top_k),
                       nullptr};
       reader.read(arrival.ids.data(), top_k);
       reader.read(arrival.weights.data(), top_k);
-      arrival.payload = reader.skip(payload_bytes + scale_bytes);
+      arrival.payload = reader.skip(message_bytes);
       arrivals[source].push_back(std::move(arrival));
     }
   }
+  return arrivals;
+}
 
-  received_tokens_.assign(world, {});
-  for (int source = 0; source < world; ++source) {
+void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs, void* /*stream*/) {
+  const std::vector<std::vector<Arrival>> arrivals = decode_arrivals();
+  received_tokens_.assign(world_size(), {});
+  for (int source = 0; source < world_size(); ++source) {
     for (const Arrival& arrival : arrivals[source]) {
-      received_tokens_[source].push_back({arrival.token, std::vector<int32_t>(top_k, -1)});
+      received_tokens_[source].push_back({arrival.token, std::vector<int32_t>(config_.top_k, -1), -1});
     }
   }
+  if (config_.layout == Layout::kPerToken) {
+    lay_out_per_token(arrivals, outputs);
+  } else {
+    lay_out_expanded(arrivals, outputs);
+  }
+  received_messages_.clear();
+}
 
-  // Rows expert by expert; inside an expert by source rank, source token, then k; each expert's segment
-  // padded to a multiple of expert_alignment with zero rows.
+// A row per received token in (source, token) order; then, expert by expert, its (row, slot) pairs in row
+// order as row * top_k + slot, each expert's segment padded to the alignment with world * T * top_k.
+void ReferenceEp::lay_out_per_token(const std::vector<std::vector<Arrival>>& arrivals,
+                                    const DispatchOutputs& outputs) {
+  const int world = world_size();
+  const int top_k = config_.top_k;
+  const std::size_t payload_bytes = format_payload_bytes(config_.dispatch_format, config_.hidden);
+  const std::size_t scale_bytes = format_scale_bytes(config_.dispatch_format, config_.hidden);
+  const int32_t first_expert = rank() * local_experts_;
+  struct Pair {
+    int32_t row;
+    int k;
+  };
+  std::vector<std::vector<Pair>> expert_pairs(local_experts_);
+  int32_t row = 0;
+  for (int source = 0; source < world; ++source) {
+    for (std::size_t index = 0; index < arrivals[source].size(); ++index) {
+      const Arrival& arrival = arrivals[source][index];
+      std::memcpy(static_cast<uint8_t*>(outputs.recv_tokens) + row * payload_bytes, arrival.payload,
+                  payload_bytes);
+      if (scale_bytes > 0) {
+        std::memcpy(static_cast<uint8_t*>(outputs.recv_scales) + row * scale_bytes,
+                    arrival.payload + payload_bytes, scale_bytes);
+      }
+      outputs.src_info[row] = {source, arrival.token, -1};
+      for (int k = 0; k < top_k; ++k) {
+        const int32_t id = arrival.ids[k];
+        const std::size_t slot = static_cast<std::size_t>(row) * top_k + k;
+        outputs.recv_topk_ids[slot] = id >= 0 ? id - first_expert : -1;
+        outputs.recv_topk_weights[slot] = arrival.weights[k];
+        if (id >= 0) {
+          expert_pairs[id - first_expert].push_back({row, k});
+        }
+      }
+      received_tokens_[source][index].token_row = row;
+      ++row;
+    }
+  }
+  *outputs.num_recv_tokens = row;
+  const auto padding = static_cast<int32_t>(config_.max_recv_tokens(world) * top_k);
+  const int alignment = config_.expert_alignment;
+  uint32_t entry = 0;
+  for (int expert = 0; expert < local_experts_; ++expert) {
+    outputs.row_offsets[expert] = entry;
+    const uint32_t first_entry = entry;
+    for (const Pair& pair : expert_pairs[expert]) {
+      outputs.sorted_token_ids[entry++] = pair.row * top_k + pair.k;
+    }
+    if (outputs.expert_token_counts != nullptr) {
+      outputs.expert_token_counts[expert] += entry - first_entry;
+    }
+    while ((entry - first_entry) % alignment != 0) {
+      outputs.sorted_token_ids[entry++] = padding;
+    }
+    for (uint32_t block = first_entry / alignment; block < entry / alignment; ++block) {
+      outputs.block_expert_ids[block] = expert;
+    }
+  }
+  outputs.row_offsets[local_experts_] = entry;
+}
+
+// Rows expert by expert; inside an expert by source rank, source token, then k; each expert's segment
+// padded to a multiple of expert_alignment with zero rows.
+void ReferenceEp::lay_out_expanded(const std::vector<std::vector<Arrival>>& arrivals,
+                                   const DispatchOutputs& outputs) {
+  const int world = world_size();
+  const int top_k = config_.top_k;
+  const TokenFormat format = config_.dispatch_format;
+  const int hidden = config_.hidden;
+  const std::size_t payload_bytes = format_payload_bytes(format, hidden);
+  const std::size_t scale_bytes = format_scale_bytes(format, hidden);
   auto* recv_tokens = static_cast<uint8_t*>(outputs.recv_tokens);
   // Row `row`'s scales from `scales` (row-major, as they travel), or zeros when null.
   const auto device_format = static_cast<device::Format>(format);
@@ -301,18 +371,18 @@ void ReferenceEp::dispatch_recv(const DispatchOutputs& outputs, void* /*stream*/
     }
   }
   outputs.row_offsets[local_experts_] = row;
-  received_messages_.clear();
 }
 
 void ReferenceEp::combine_send(const CombineArgs& args, void* /*stream*/) {
   const int world = world_size();
   const int top_k = config_.top_k;
   const int hidden = config_.hidden;
-  // Every message starts with whether this rank's combine is weighted, so that the receivers can check that
-  // every rank agrees. Weighted: one partial row per received token, reduced here in ascending k.
-  // Unweighted: one row per (token, k), prefixed by k.
+  // Every message starts with whether this rank's combine sends partials (weighted, or the per-token
+  // layout), so that the receivers can check that every rank agrees. Weighted: one partial row per received
+  // token, reduced here in ascending k. Per-token: the token's row as given. Unweighted: one row per
+  // (token, k).
   const auto* expert_outputs = static_cast<const bf16_bits*>(args.expert_outputs);
-  const int32_t weighted = args.row_weights != nullptr ? 1 : 0;
+  const int32_t weighted = sends_partials(args) ? 1 : 0;
   std::vector<ByteVector> messages(world);
   for (ByteVector& message : messages) {
     append(message, &weighted, 1);
@@ -323,7 +393,9 @@ void ReferenceEp::combine_send(const CombineArgs& args, void* /*stream*/) {
     for (const ReceivedToken& received : received_tokens_[source]) {
       ByteVector& message = messages[source];
       append(message, &received.token, 1);
-      if (args.row_weights != nullptr) {
+      if (config_.layout == Layout::kPerToken) {
+        append(message, expert_outputs + static_cast<std::size_t>(received.token_row) * hidden, hidden);
+      } else if (args.row_weights != nullptr) {
         std::fill(accumulator.begin(), accumulator.end(), 0.0f);
         for (int k = 0; k < top_k; ++k) {
           const int32_t row = received.rows[k];
@@ -352,7 +424,7 @@ void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
   const int top_k = config_.top_k;
   const int hidden = config_.hidden;
   std::vector<MessageReader> readers;
-  const int32_t weighted = args.row_weights != nullptr ? 1 : 0;
+  const int32_t weighted = sends_partials(args) ? 1 : 0;
   for (int source = 0; source < world; ++source) {
     readers.emplace_back(combine_messages_[source]);
     const auto source_weighted = readers.back().read_one<int32_t>();
@@ -374,7 +446,7 @@ void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
   auto* out = static_cast<bf16_bits*>(args.out);
   const auto* shared = static_cast<const bf16_bits*>(args.shared_expert_output);
 
-  if (args.row_weights != nullptr) {
+  if (weighted != 0) {
     std::vector<float> accumulator(hidden);
     std::vector<bf16_bits> partial(hidden);
     for (int token = 0; token < sent_tokens_; ++token) {

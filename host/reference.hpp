@@ -42,11 +42,26 @@ class ReferenceEp final : public EpBackend {
   bool broken() const override { return false; }  // nothing here waits, so nothing times out
 
  private:
-  // One token as it reached this rank, and the rows dispatch_recv expanded it into.
+  // One token as it reached this rank, and the rows dispatch_recv laid it out in.
   struct ReceivedToken {
     int32_t token = 0;
-    std::vector<int32_t> rows;  // [top_k]: row of slot k on this rank, -1 if slot k is elsewhere
+    std::vector<int32_t> rows;  // expanded [top_k]: row of slot k on this rank, -1 if slot k is elsewhere
+    int32_t token_row = -1;     // per-token: the token's row
   };
+  // One message of a dispatch as received: per source rank, in the order sent (ascending token).
+  struct Arrival {
+    int32_t token;
+    std::vector<int32_t> ids;  // [top_k]: the ids that concern this rank, -1 elsewhere
+    std::vector<float> weights;
+    const uint8_t* payload;  // then the scales, row-major
+  };
+  std::vector<std::vector<Arrival>> decode_arrivals() const;
+  // Whether combine sends one partial row per (token, rank): weighted, or the per-token layout.
+  bool sends_partials(const CombineArgs& args) const {
+    return args.row_weights != nullptr || config_.layout == Layout::kPerToken;
+  }
+  void lay_out_expanded(const std::vector<std::vector<Arrival>>& arrivals, const DispatchOutputs& outputs);
+  void lay_out_per_token(const std::vector<std::vector<Arrival>>& arrivals, const DispatchOutputs& outputs);
 
   // Records a failure unless one is recorded already (the first is the cause).
   void record(device::StatusCode code, device::Operation operation, int peer, int token, int slot, int value);

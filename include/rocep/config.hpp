@@ -16,6 +16,18 @@ enum class CombineDtype : int32_t {
 
 const char* to_string(CombineDtype dtype);
 
+// How dispatch lays out what a rank receives (DispatchOutputs says what each field holds in each).
+enum class Layout : int32_t {
+  // A row per (token, local expert) pair, grouped expert by expert: what a grouped GEMM reads directly.
+  kExpanded = 0,
+  // A row per received token, with its top-k ids mapped to local experts and its weights, plus the
+  // grouping a fused-MoE kernel reads (sorted_token_ids, block_expert_ids): what vLLM's and SGLang's EP
+  // backends consume. Writes each token once, however many local experts it names.
+  kPerToken = 1,
+};
+
+const char* to_string(Layout layout);
+
 struct EpConfig {
   int hidden = 7168;              // elements per token
   int top_k = 8;                  // experts per token
@@ -41,7 +53,11 @@ struct EpConfig {
   static constexpr int kDefaultSms = 0;
   static constexpr int kAllSms = -1;
   int num_sms = kDefaultSms;
-  int expert_alignment = 1;       // each expert's rows padded to a multiple of this (padding rows invalid)
+  Layout layout = Layout::kExpanded;
+  // Expanded: each expert's rows padded to a multiple of this (padding rows invalid). Per-token: each
+  // expert's segment of sorted_token_ids padded to a multiple of this: the block size (BLOCK_SIZE_M) of
+  // the fused-MoE kernel that reads it.
+  int expert_alignment = 1;
   double timeout_seconds = 10.0;  // bound on every device-side wait
 
   // Throws ConfigError naming the first offending field, its value and the allowed range. `world_size` is
@@ -53,7 +69,11 @@ struct EpConfig {
   // Upper bound on the rows dispatch can produce on one rank, whatever the routing:
   // world_size * max_tokens_per_rank * min(top_k, L) + L * (expert_alignment - 1). A token names each
   // expert at most once, so it yields at most min(top_k, L) rows on one rank.
+  // Expanded: the rows to allocate. Per-token: the entries of sorted_token_ids to allocate (one per
+  // (token, local expert) pair, plus the padding).
   std::size_t max_recv_rows(int world_size) const;
+  // Per-token: the rows to allocate, one per token a rank can receive: world_size * max_tokens_per_rank.
+  std::size_t max_recv_tokens(int world_size) const;
 
   std::string describe() const;  // one line, for logs and benchmark headers
 };

@@ -40,31 +40,57 @@ struct DispatchInputs {
   const float* global_scale = nullptr;
 };
 
-// Where dispatch writes on the receiving rank. Sizes use R = EpConfig::max_recv_rows(world_size) and
-// L = EpConfig::num_local_experts(world_size).
+// Where dispatch writes on the receiving rank. Sizes use R = EpConfig::max_recv_rows(world_size),
+// P = EpConfig::max_recv_tokens(world_size) and L = EpConfig::num_local_experts(world_size).
 //
-// Row order: expert by expert (local expert 0 first); inside one expert by source rank, then source token,
-// then k. Expert e's rows are [row_offsets[e], row_offsets[e+1]); with expert_alignment > 1 each expert's
-// segment ends with zeroed padding rows whose src_info is {-1, -1, -1} and whose weight is 0.
+// Expanded layout (EpConfig::layout = kExpanded): a row per (token, local expert) pair. Row order: expert
+// by expert (local expert 0 first); inside one expert by source rank, then source token, then k. Expert
+// e's rows are [row_offsets[e], row_offsets[e+1]); with expert_alignment > 1 each expert's segment ends
+// with zeroed padding rows whose src_info is {-1, -1, -1} and whose weight is 0. Fields: recv_tokens,
+// row_offsets, expert_ids, src_info, recv_weights, recv_scales (scaled formats), expert_token_counts.
+//
+// Per-token layout (kPerToken): a row per received token, in source rank order, then source token order;
+// *num_recv_tokens rows are valid. A row holds the payload (recv_tokens, [P, format_payload_bytes]), its
+// scales (recv_scales, [P, format_scale_bytes] row-major, as DispatchInputs::token_scales), its top-k ids
+// mapped to this rank's experts (recv_topk_ids [P, top_k]: the local expert, -1 for a slot of another
+// rank or none), the token's router weights (recv_topk_weights [P, top_k], every slot) and its origin
+// (src_info [P], k = -1). For a fused-MoE kernel that gathers rows by sorted ids (vLLM's and aiter's
+// moe_align_block_size outputs): sorted_token_ids [R] holds, expert by expert and in row order inside an
+// expert, row * top_k + k for each (row, slot) whose id is local expert e, each expert's segment padded to
+// a multiple of expert_alignment with P * top_k (so every padding entry is >= the entries of
+// recv_topk_ids); row_offsets [L + 1] are the segments' starts and row_offsets[L] the padded total
+// (num_tokens_post_padded); block_expert_ids [R / expert_alignment] is the local expert of each block of
+// expert_alignment entries. Entries past row_offsets[L] are not written. expert_token_counts (optional)
+// adds each expert's (row, slot) pairs. expert_ids and recv_weights are not used.
 struct DispatchOutputs {
-  void* recv_tokens = nullptr;      // [R, format_payload_bytes] in the dispatch format
+  void* recv_tokens = nullptr;      // expanded [R, ...], per-token [P, format_payload_bytes]
   uint32_t* row_offsets = nullptr;  // [L + 1]
-  int32_t* expert_ids = nullptr;    // [L]: local expert of each group (identity)
-  SrcInfo* src_info = nullptr;      // [R]
-  float* recv_weights = nullptr;    // [R]: router weight of the row's (token, expert) pair
-  // Optional [L]: every call adds the rows each local expert received (padding excluded).
+  int32_t* expert_ids = nullptr;    // expanded [L]: local expert of each group (identity)
+  SrcInfo* src_info = nullptr;      // expanded [R], per-token [P]
+  float* recv_weights = nullptr;    // expanded [R]: router weight of the row's (token, expert) pair
+  // Optional [L]: every call adds the (token, expert) pairs each local expert received (padding excluded).
   int64_t* expert_token_counts = nullptr;
-  // Scaled formats: format_scale_tensor_bytes(format, R, hidden) bytes in the layout formats.hpp gives
-  // (fp8 block-128 transposed [hidden/128][R] float32, MX [R][hidden/32], nvfp4 swizzled tiles). Padding
-  // rows get payload and scales 0.
+  // Scaled formats. Expanded: format_scale_tensor_bytes(format, R, hidden) bytes in the layout
+  // formats.hpp gives (fp8 block-128 transposed [hidden/128][R] float32, MX [R][hidden/32], nvfp4 swizzled
+  // tiles); padding rows get payload and scales 0. Per-token: [P, format_scale_bytes] row-major.
   void* recv_scales = nullptr;
+  // Per-token layout only (see above).
+  int32_t* recv_topk_ids = nullptr;     // [P, top_k]
+  float* recv_topk_weights = nullptr;   // [P, top_k]
+  int32_t* num_recv_tokens = nullptr;   // [1]
+  int32_t* sorted_token_ids = nullptr;  // [R]
+  int32_t* block_expert_ids = nullptr;  // [R / expert_alignment]
 };
 
 // What combine reads and writes on every rank.
 struct CombineArgs {
-  // [R, hidden] bf16: one expert output row per dispatched row, in the order dispatch produced them.
+  // Expanded: [R, hidden] bf16, one expert output row per dispatched row, in the order dispatch produced
+  // them. Per-token: [P, hidden] bf16, one row per received token (its local experts' outputs already
+  // weighted and summed by the caller); out[t] = the rows of t from every rank that received it, summed in
+  // float32 in ascending rank order (+ the shared expert), rounded to bf16 once.
   const void* expert_outputs = nullptr;
-  // [R] weight of each dispatched row, normally DispatchOutputs::recv_weights of the matching dispatch.
+  // Expanded only (null in the per-token layout): [R] weight of each dispatched row, normally
+  // DispatchOutputs::recv_weights of the matching dispatch.
   // Set: out[t] = sum_k w[t,k] * y[t,k], out is [num_tokens, hidden].
   // Null: the rows come back unreduced, out is [num_tokens, top_k, hidden]; slots with id -1 are zero.
   const float* row_weights = nullptr;

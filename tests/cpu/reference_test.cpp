@@ -563,6 +563,220 @@ INSTANTIATE_TEST_SUITE_P(Routings, ReferenceEpRoutingTest,
                                   to_string(std::get<1>(param_info.param));
                          });
 
+// --- the per-token layout ------------------------------------------------------------------------------
+
+Problem per_token(Problem problem) {
+  problem.config.layout = rocep::Layout::kPerToken;
+  return problem;
+}
+
+// Where a per-token dispatch writes on this rank, poisoned before the call.
+struct PerTokenBuffers {
+  explicit PerTokenBuffers(const Problem& problem)
+      : rows(problem.config.max_recv_tokens(problem.world)),
+        recv_tokens(poisoned<bf16_bits>(rows * problem.config.hidden)),
+        row_offsets(poisoned<uint32_t>(problem.local_experts() + 1)),
+        src_info(poisoned<SrcInfo>(rows)),
+        topk_ids(poisoned<int32_t>(rows * problem.config.top_k)),
+        topk_weights(poisoned<float>(rows * problem.config.top_k)),
+        num_recv_tokens(poisoned<int32_t>(1)),
+        sorted_token_ids(poisoned<int32_t>(problem.max_recv_rows())),
+        block_expert_ids(poisoned<int32_t>(problem.max_recv_rows() / problem.config.expert_alignment)) {}
+
+  rocep::DispatchOutputs view() {
+    rocep::DispatchOutputs outputs;
+    outputs.recv_tokens = recv_tokens.data();
+    outputs.row_offsets = row_offsets.data();
+    outputs.src_info = src_info.data();
+    outputs.recv_topk_ids = topk_ids.data();
+    outputs.recv_topk_weights = topk_weights.data();
+    outputs.num_recv_tokens = num_recv_tokens.data();
+    outputs.sorted_token_ids = sorted_token_ids.data();
+    outputs.block_expert_ids = block_expert_ids.data();
+    return outputs;
+  }
+
+  std::size_t rows;  // P
+  std::vector<bf16_bits> recv_tokens;
+  std::vector<uint32_t> row_offsets;
+  std::vector<SrcInfo> src_info;
+  std::vector<int32_t> topk_ids;
+  std::vector<float> topk_weights;
+  std::vector<int32_t> num_recv_tokens;
+  std::vector<int32_t> sorted_token_ids;
+  std::vector<int32_t> block_expert_ids;
+};
+
+// The per-token layout by its naive definition: a row per (source, token) in that order for every token
+// that names an expert of this rank; sorted_token_ids by a stable sort of every (row, slot) pair by its
+// local expert, each expert's run padded with P * top_k to the alignment.
+void expect_per_token_matches(const PerTokenBuffers& got, const Problem& problem) {
+  const int top_k = problem.config.top_k;
+  const int hidden = problem.config.hidden;
+  const int local_experts = problem.local_experts();
+  const int first_expert = problem.rank * local_experts;
+  struct Pair {
+    int expert;
+    int32_t entry;  // row * top_k + k
+  };
+  std::vector<Pair> pairs;
+  int32_t row = 0;
+  for (int source = 0; source < problem.world; ++source) {
+    const RankInputs& in = problem.inputs[source];
+    for (int token = 0; token < in.num_tokens; ++token) {
+      const int32_t* ids = in.topk_ids.data() + token * top_k;
+      if (std::none_of(ids, ids + top_k,
+                       [&](int32_t id) { return id >= first_expert && id < first_expert + local_experts; })) {
+        continue;
+      }
+      ASSERT_EQ(std::memcmp(got.recv_tokens.data() + row * hidden, in.tokens.data() + token * hidden,
+                            hidden * sizeof(bf16_bits)),
+                0)
+          << "row " << row << " (source " << source << ", token " << token << ") payload";
+      ASSERT_EQ(got.src_info[row].rank, source) << "row " << row;
+      ASSERT_EQ(got.src_info[row].token, token) << "row " << row;
+      ASSERT_EQ(got.src_info[row].k, -1) << "row " << row;
+      for (int k = 0; k < top_k; ++k) {
+        const bool local = ids[k] >= first_expert && ids[k] < first_expert + local_experts;
+        ASSERT_EQ(got.topk_ids[row * top_k + k], local ? ids[k] - first_expert : -1) << "row " << row;
+        ASSERT_EQ(got.topk_weights[row * top_k + k], in.topk_weights[token * top_k + k]) << "row " << row;
+        if (local) {
+          pairs.push_back({ids[k] - first_expert, row * top_k + k});
+        }
+      }
+      ++row;
+    }
+  }
+  EXPECT_EQ(got.num_recv_tokens[0], row);
+  EXPECT_TRUE(still_poisoned(got.recv_tokens, static_cast<std::size_t>(row) * hidden));
+  EXPECT_TRUE(still_poisoned(got.src_info, row));
+  std::stable_sort(pairs.begin(), pairs.end(),
+                   [](const Pair& a, const Pair& b) { return a.expert < b.expert; });
+  const int alignment = problem.config.expert_alignment;
+  const auto padding = static_cast<int32_t>(got.rows * top_k);
+  std::vector<int32_t> sorted;
+  std::vector<uint32_t> offsets;
+  std::vector<int32_t> blocks;
+  std::size_t next = 0;
+  for (int expert = 0; expert < local_experts; ++expert) {
+    offsets.push_back(static_cast<uint32_t>(sorted.size()));
+    const std::size_t first = sorted.size();
+    for (; next < pairs.size() && pairs[next].expert == expert; ++next) {
+      sorted.push_back(pairs[next].entry);
+    }
+    while ((sorted.size() - first) % alignment != 0) {
+      sorted.push_back(padding);
+    }
+    blocks.insert(blocks.end(), (sorted.size() - first) / alignment, expert);
+  }
+  offsets.push_back(static_cast<uint32_t>(sorted.size()));
+  EXPECT_EQ(got.row_offsets, offsets);
+  EXPECT_EQ(std::vector<int32_t>(got.sorted_token_ids.begin(), got.sorted_token_ids.begin() + sorted.size()),
+            sorted);
+  EXPECT_TRUE(still_poisoned(got.sorted_token_ids, sorted.size()));
+  EXPECT_EQ(std::vector<int32_t>(got.block_expert_ids.begin(), got.block_expert_ids.begin() + blocks.size()),
+            blocks);
+}
+
+// This rank's per-token rows [P, hidden]: a hash of (this rank, source, token) per received row; NaN past
+// the rows, which combine must not read.
+std::vector<bf16_bits> per_token_rows(const Problem& problem, const PerTokenBuffers& dispatched) {
+  const int hidden = problem.config.hidden;
+  std::vector<bf16_bits> rows(dispatched.rows * hidden, kBf16NaN);
+  for (int32_t row = 0; row < dispatched.num_recv_tokens[0]; ++row) {
+    const SrcInfo& origin = dispatched.src_info[row];
+    for (int column = 0; column < hidden; ++column) {
+      rows[row * hidden + column] =
+          hashed_bf16(problem.seed, {3, problem.rank, origin.rank, origin.token, column});
+    }
+  }
+  return rows;
+}
+
+// out[t] = the rows of t from every rank that received it, summed in float32 in ascending rank order, plus
+// the shared expert, rounded once.
+std::vector<bf16_bits> naive_per_token_combine(const Problem& problem) {
+  const RankInputs& in = problem.mine();
+  const int top_k = problem.config.top_k;
+  std::vector<bf16_bits> out;
+  for (int token = 0; token < in.num_tokens; ++token) {
+    for (int column = 0; column < problem.config.hidden; ++column) {
+      float sum = 0.0f;
+      for (int destination = 0; destination < problem.world; ++destination) {
+        const int32_t* ids = in.topk_ids.data() + token * top_k;
+        if (std::any_of(ids, ids + top_k,
+                        [&](int32_t id) { return id >= 0 && id / problem.local_experts() == destination; })) {
+          sum +=
+              rocep::bf16_to_float(hashed_bf16(problem.seed, {3, destination, problem.rank, token, column}));
+        }
+      }
+      sum += rocep::bf16_to_float(shared_expert_output(problem.seed, problem.rank, token, column));
+      out.push_back(rocep::float_to_bf16(sum));
+    }
+  }
+  return out;
+}
+
+class ReferenceEpPerTokenTest : public ::testing::TestWithParam<std::tuple<Routing, Shape>> {
+ protected:
+  ReferenceEpPerTokenTest()
+      : problem_(per_token(Problem(std::get<1>(GetParam()), std::get<0>(GetParam())))),
+        trace_(__FILE__, __LINE__, problem_.trace()),
+        ep_(world_bootstrap(), problem_.config) {}
+
+  Problem problem_;
+  ::testing::ScopedTrace trace_;
+  ReferenceEp ep_;
+};
+
+TEST_P(ReferenceEpPerTokenTest, DispatchAndCombineMatchTheNaiveDefinition) {
+  PerTokenBuffers dispatched(problem_);
+  ep_.dispatch_send(problem_.mine().view(), nullptr);
+  ep_.dispatch_recv(dispatched.view(), nullptr);
+  expect_per_token_matches(dispatched, problem_);
+  const std::vector<bf16_bits> rows = per_token_rows(problem_, dispatched);
+  const std::vector<bf16_bits> shared = shared_expert_outputs(problem_);
+  std::vector<bf16_bits> out =
+      poisoned<bf16_bits>(std::size_t{1} * problem_.config.max_tokens_per_rank * problem_.config.hidden);
+  rocep::CombineArgs args;
+  args.expert_outputs = rows.data();
+  args.shared_expert_output = shared.data();
+  args.out = out.data();
+  ep_.combine_send(args, nullptr);
+  ep_.combine_recv(args, nullptr);
+  expect_combine_matches(out, naive_per_token_combine(problem_), problem_.config.hidden);
+}
+
+INSTANTIATE_TEST_SUITE_P(Routings, ReferenceEpPerTokenTest,
+                         ::testing::Combine(::testing::ValuesIn(kRoutings), ::testing::ValuesIn(kShapes)),
+                         [](const ::testing::TestParamInfo<std::tuple<Routing, Shape>>& param_info) {
+                           return std::string(to_string(std::get<0>(param_info.param))) + "_" +
+                                  to_string(std::get<1>(param_info.param));
+                         });
+
+// Row weights in the per-token layout are refused on the calling rank (each row is already weighted).
+TEST(ReferenceEpPerTokenContract, RowWeightsAreRefused) {
+  Problem problem = per_token(Problem(kShapes[1], Routing::kUniform));
+  rocep::EpGroup group(MPI_COMM_WORLD, problem.config, rocep::Backend::kCpuReference);
+  PerTokenBuffers dispatched(problem);
+  group.dispatch(problem.mine().view(), dispatched.view());
+  std::vector<bf16_bits> rows = per_token_rows(problem, dispatched);
+  std::vector<float> weights(dispatched.rows, 1.0f);
+  std::vector<bf16_bits> out(std::size_t{1} * problem.config.max_tokens_per_rank * problem.config.hidden);
+  rocep::CombineArgs args;
+  args.expert_outputs = rows.data();
+  args.row_weights = weights.data();
+  args.out = out.data();
+  try {
+    group.combine(args);
+    ADD_FAILURE() << "a per-token combine with row_weights was accepted";
+  } catch (const rocep::InvalidInputError& error) {
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "row_weights", error.what());
+  }
+  args.row_weights = nullptr;
+  group.combine(args);  // the group goes on
+}
+
 // --- calls, repeats and the EpGroup wrapper ------------------------------------------------------------
 
 constexpr Shape kSmallShape = {64, 4, 4, 16, 4};

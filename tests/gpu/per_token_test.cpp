@@ -1,0 +1,357 @@
+// The per-token layout on the GPU against the CPU reference, bit for bit: every output of dispatch (rows,
+// scales, ids, weights, origins, the count, sorted_token_ids and its blocks) and of combine, on fresh random
+// inputs, every output poisoned before each call and checked to keep its poison past what the call wrote.
+// Then calls that change count and routing on one group, eagerly and as graph replays, and SM budgets.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ep_cases.hpp"
+#include "hip/bf16.hpp"
+#include "host/device_memory.hpp"
+#include "host/gpu_check.hpp"
+#include "mpi_support.hpp"
+#include "rocep/mpi.hpp"
+#include "rocep/rocep.hpp"
+
+namespace {
+
+using rocep::testing::all_poison;
+using rocep::testing::copy_into;
+using rocep::testing::download;
+using rocep::testing::fill_bytes;
+using rocep::testing::Inputs;
+using rocep::testing::kPoison;
+using rocep::testing::make_config;
+using rocep::testing::make_inputs;
+using rocep::testing::poisoned;
+using rocep::testing::Routing;
+using rocep::testing::routing_name;
+using rocep::testing::same_bytes;
+using rocep::testing::seed_trace;
+using rocep::testing::shared_seed;
+using rocep::testing::upload;
+using rocep::testing::world_size;
+
+using rocep::bf16_bits;
+using rocep::DeviceBuffer;
+using rocep::EpConfig;
+using rocep::SrcInfo;
+
+using GpuPerToken = rocep::testing::GpuTest;
+
+constexpr float kGlobalScale = 0.75f;  // nvfp4's, on both backends
+
+EpConfig per_token(EpConfig config, rocep::TokenFormat format = rocep::TokenFormat::kBf16) {
+  config.layout = rocep::Layout::kPerToken;
+  config.dispatch_format = format;
+  return config;
+}
+
+std::size_t scale_bytes(const EpConfig& config) {
+  return rocep::format_scale_bytes(config.dispatch_format, config.hidden);
+}
+
+// The sizes of one rank's per-token outputs.
+struct Sizes {
+  explicit Sizes(const EpConfig& config)
+      : rows(config.max_recv_tokens(world_size())),
+        entries(config.max_recv_rows(world_size())),
+        local_experts(config.num_local_experts(world_size())),
+        payload_bytes(rocep::format_payload_bytes(config.dispatch_format, config.hidden)),
+        scale_bytes(::scale_bytes(config)),
+        top_k(config.top_k),
+        hidden(config.hidden),
+        alignment(config.expert_alignment) {}
+  std::size_t rows, entries;
+  int local_experts;
+  std::size_t payload_bytes, scale_bytes;
+  int top_k, hidden, alignment;
+};
+
+// One rank's per-token outputs in host memory (the reference's).
+struct HostOutputs {
+  explicit HostOutputs(const Sizes& sizes)
+      : recv_tokens(sizes.rows * sizes.payload_bytes),
+        recv_scales(std::max<std::size_t>(sizes.rows * sizes.scale_bytes, 1)),
+        row_offsets(sizes.local_experts + 1),
+        src_info(sizes.rows),
+        topk_ids(sizes.rows * sizes.top_k),
+        topk_weights(sizes.rows * sizes.top_k),
+        num_recv_tokens(1),
+        sorted_token_ids(sizes.entries),
+        block_expert_ids(sizes.entries / sizes.alignment) {}
+  rocep::DispatchOutputs view(const Sizes& sizes) {
+    rocep::DispatchOutputs outputs;
+    outputs.recv_tokens = recv_tokens.data();
+    outputs.recv_scales = sizes.scale_bytes > 0 ? recv_scales.data() : nullptr;
+    outputs.row_offsets = row_offsets.data();
+    outputs.src_info = src_info.data();
+    outputs.recv_topk_ids = topk_ids.data();
+    outputs.recv_topk_weights = topk_weights.data();
+    outputs.num_recv_tokens = num_recv_tokens.data();
+    outputs.sorted_token_ids = sorted_token_ids.data();
+    outputs.block_expert_ids = block_expert_ids.data();
+    return outputs;
+  }
+  std::vector<uint8_t> recv_tokens, recv_scales;
+  std::vector<uint32_t> row_offsets;
+  std::vector<SrcInfo> src_info;
+  std::vector<int32_t> topk_ids;
+  std::vector<float> topk_weights;
+  std::vector<int32_t> num_recv_tokens, sorted_token_ids, block_expert_ids;
+};
+
+// The same in device memory, poisoned.
+struct DeviceOutputs {
+  explicit DeviceOutputs(const Sizes& sizes)
+      : recv_tokens(poisoned(sizes.rows * sizes.payload_bytes)),
+        recv_scales(poisoned(std::max<std::size_t>(sizes.rows * sizes.scale_bytes, 1))),
+        row_offsets(poisoned((sizes.local_experts + 1) * sizeof(uint32_t))),
+        src_info(poisoned(sizes.rows * sizeof(SrcInfo))),
+        topk_ids(poisoned(sizes.rows * sizes.top_k * sizeof(int32_t))),
+        topk_weights(poisoned(sizes.rows * sizes.top_k * sizeof(float))),
+        num_recv_tokens(poisoned(sizeof(int32_t))),
+        sorted_token_ids(poisoned(sizes.entries * sizeof(int32_t))),
+        block_expert_ids(
+            poisoned(std::max<std::size_t>(sizes.entries / sizes.alignment, 1) * sizeof(int32_t))) {}
+  rocep::DispatchOutputs view(const Sizes& sizes) const {
+    rocep::DispatchOutputs outputs;
+    outputs.recv_tokens = recv_tokens.get();
+    outputs.recv_scales = sizes.scale_bytes > 0 ? recv_scales.get() : nullptr;
+    outputs.row_offsets = row_offsets.as<uint32_t>();
+    outputs.src_info = src_info.as<SrcInfo>();
+    outputs.recv_topk_ids = topk_ids.as<int32_t>();
+    outputs.recv_topk_weights = topk_weights.as<float>();
+    outputs.num_recv_tokens = num_recv_tokens.as<int32_t>();
+    outputs.sorted_token_ids = sorted_token_ids.as<int32_t>();
+    outputs.block_expert_ids = block_expert_ids.as<int32_t>();
+    return outputs;
+  }
+  void poison() const {
+    for (const DeviceBuffer* buffer :
+         {&recv_tokens, &recv_scales, &row_offsets, &src_info, &topk_ids, &topk_weights, &num_recv_tokens,
+          &sorted_token_ids, &block_expert_ids}) {
+      fill_bytes(*buffer, kPoison);
+    }
+  }
+  DeviceBuffer recv_tokens, recv_scales, row_offsets, src_info, topk_ids, topk_weights, num_recv_tokens,
+      sorted_token_ids, block_expert_ids;
+};
+
+// `count` elements of `got` (device) equal the first `count` of `expected`, and the rest of `got` holds the
+// poison.
+template <typename T>
+void expect_prefix(const char* what, const DeviceBuffer& got, const std::vector<T>& expected,
+                   std::size_t count) {
+  const auto bytes = download<uint8_t>(got, got.bytes());
+  const std::size_t used = count * sizeof(T);
+  ASSERT_LE(used, bytes.size()) << what;
+  EXPECT_TRUE(same_bytes(bytes.data(), expected.data(), used)) << what << " differ";
+  EXPECT_TRUE(all_poison(bytes.data() + used, bytes.data() + bytes.size()))
+      << what << " written past the end";
+}
+
+void expect_dispatch_matches(const Sizes& sizes, const DeviceOutputs& got, const HostOutputs& expected) {
+  const auto count = download<int32_t>(got.num_recv_tokens, 1);
+  ASSERT_EQ(count[0], expected.num_recv_tokens[0]) << "num_recv_tokens";
+  const auto rows = static_cast<std::size_t>(count[0]);
+  expect_prefix("recv_tokens", got.recv_tokens, expected.recv_tokens, rows * sizes.payload_bytes);
+  if (sizes.scale_bytes > 0) {
+    expect_prefix("recv_scales", got.recv_scales, expected.recv_scales, rows * sizes.scale_bytes);
+  }
+  expect_prefix("src_info", got.src_info, expected.src_info, rows);
+  expect_prefix("recv_topk_ids", got.topk_ids, expected.topk_ids, rows * sizes.top_k);
+  expect_prefix("recv_topk_weights", got.topk_weights, expected.topk_weights, rows * sizes.top_k);
+  expect_prefix("row_offsets", got.row_offsets, expected.row_offsets, expected.row_offsets.size());
+  const std::size_t entries = expected.row_offsets.back();
+  expect_prefix("sorted_token_ids", got.sorted_token_ids, expected.sorted_token_ids, entries);
+  const auto blocks = download<int32_t>(got.block_expert_ids, entries / sizes.alignment);
+  EXPECT_TRUE(std::equal(blocks.begin(), blocks.end(), expected.block_expert_ids.begin()))
+      << "block_expert_ids differ";
+}
+
+// One call's inputs and expert rows, on both backends.
+struct Call {
+  Inputs inputs;
+  std::vector<bf16_bits> rows;    // [P, hidden]: what the experts return per received token
+  std::vector<bf16_bits> shared;  // [T, hidden]
+};
+
+Call make_call(const EpConfig& config, Routing routing, uint64_t seed, int num_tokens = -1) {
+  Call call{make_inputs(config, routing, seed, num_tokens), {}, {}};
+  std::mt19937 random(static_cast<unsigned>(seed ^ (0x51ull * (rocep::testing::world_rank() + 1))));
+  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+  call.rows.resize(config.max_recv_tokens(world_size()) * config.hidden);
+  call.shared.resize(static_cast<std::size_t>(config.max_tokens_per_rank) * config.hidden);
+  for (auto* values : {&call.rows, &call.shared}) {
+    for (auto& element : *values) {
+      element = rocep::float_to_bf16(value(random));
+    }
+  }
+  return call;
+}
+
+// The reference's dispatch and combine of `call` on `group` (a CPU reference group).
+std::vector<bf16_bits> reference_call(rocep::EpGroup& group, const Call& call, HostOutputs& outputs,
+                                      const Sizes& sizes) {
+  rocep::DispatchInputs inputs = call.inputs.view();
+  inputs.global_scale = &kGlobalScale;
+  group.dispatch(inputs, outputs.view(sizes));
+  std::vector<bf16_bits> out(std::max<std::size_t>(call.inputs.num_tokens, 1) * sizes.hidden);
+  group.combine({call.rows.data(), nullptr, call.shared.data(), out.data()});
+  out.resize(static_cast<std::size_t>(call.inputs.num_tokens) * sizes.hidden);
+  return out;
+}
+
+// The same call on the GPU group, from device buffers big enough for any call of the config.
+struct DeviceCall {
+  DeviceCall(const EpConfig& config, const Sizes& sizes)
+      : tokens(poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * config.hidden *
+                        sizeof(bf16_bits))),
+        ids(poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * config.top_k * sizeof(int32_t))),
+        weights(
+            poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * config.top_k * sizeof(float))),
+        num_tokens(poisoned(sizeof(int32_t))),
+        global_scale(upload(std::vector<float>{kGlobalScale})),
+        rows(poisoned(sizes.rows * config.hidden * sizeof(bf16_bits))),
+        shared(poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * config.hidden *
+                        sizeof(bf16_bits))),
+        out(poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * config.hidden *
+                     sizeof(bf16_bits))) {}
+  void load(const Call& call) {
+    copy_into(tokens, call.inputs.tokens);
+    copy_into(ids, call.inputs.topk_ids);
+    copy_into(weights, call.inputs.topk_weights);
+    copy_into(num_tokens, std::vector<int32_t>{call.inputs.num_tokens});
+    copy_into(rows, call.rows);
+    copy_into(shared, call.shared);
+    fill_bytes(out, kPoison);
+    host_num_tokens = call.inputs.num_tokens;
+  }
+  rocep::DispatchInputs inputs(bool count_on_device) const {
+    rocep::DispatchInputs view{tokens.get(), ids.as<int32_t>(), weights.as<float>(), host_num_tokens,
+                               count_on_device ? num_tokens.as<int32_t>() : nullptr};
+    view.global_scale = global_scale.as<float>();
+    return view;
+  }
+  rocep::CombineArgs combine() const { return {rows.get(), nullptr, shared.get(), out.get()}; }
+  DeviceBuffer tokens, ids, weights, num_tokens, global_scale, rows, shared, out;
+  int host_num_tokens = 0;
+};
+
+void expect_combined(const DeviceBuffer& out, const std::vector<bf16_bits>& expected) {
+  expect_prefix("combined tokens", out, expected, expected.size());
+}
+
+// Dispatch + combine of fresh inputs on a new GPU group and on the reference, split or fused.
+void check_per_token(const EpConfig& config, Routing routing, bool split) {
+  const uint64_t seed = shared_seed();
+  SCOPED_TRACE(seed_trace(seed) + ", routing " + routing_name(routing) + (split ? ", split" : ", fused") +
+               ", " + config.describe());
+  const Sizes sizes(config);
+  const Call call = make_call(config, routing, seed);
+  rocep::EpGroup reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
+  HostOutputs expected(sizes);
+  const std::vector<bf16_bits> combined = reference_call(reference, call, expected, sizes);
+
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::Stream stream;
+  DeviceCall device(config, sizes);
+  device.load(call);
+  const DeviceOutputs outputs(sizes);
+  rocep::testing::dispatch_on(group, device.inputs(false), outputs.view(sizes), split, stream.get());
+  EXPECT_NO_THROW(group.synchronize(stream.get()));
+  expect_dispatch_matches(sizes, outputs, expected);
+  rocep::testing::combine_on(group, device.combine(), split, stream.get());
+  EXPECT_NO_THROW(group.synchronize(stream.get()));
+  expect_combined(device.out, combined);
+}
+
+TEST_F(GpuPerToken, MatchesReferenceInEveryFormatAndRouting) {
+  const int world = world_size();
+  bool split = false;
+  for (const Routing routing :
+       {Routing::kUniform, Routing::kMasked, Routing::kHotExpert, Routing::kUnevenCounts, Routing::kFull}) {
+    check_per_token(per_token(make_config(7168, 8, 256 / world, 128)), routing, split = !split);
+    check_per_token(per_token(make_config(2048, 4, 64 / world, 96, 16)), routing, split = !split);
+  }
+  // 320 tokens from each rank: more (source, chunk) entries than a receive ranks in its blocks.
+  check_per_token(per_token(make_config(2048, 8, 256 / world, 320, 4)), Routing::kUniform, true);
+  check_per_token(per_token(make_config(1024, 1, std::max(8 / world, 1), 64)), Routing::kFull, false);
+  for (const auto format : {rocep::TokenFormat::kFp8Block128, rocep::TokenFormat::kMxfp8,
+                            rocep::TokenFormat::kMxfp4, rocep::TokenFormat::kNvfp4}) {
+    check_per_token(per_token(make_config(2048, 8, 64 / world, 64, 8), format), Routing::kMasked,
+                    split = !split);
+  }
+  EpConfig fnuz = per_token(make_config(7168, 8, 256 / world, 48), rocep::TokenFormat::kFp8Block128);
+  fnuz.fp8_encoding = rocep::Fp8Encoding::kE4m3fnuz;
+  check_per_token(fnuz, Routing::kUniform, true);
+}
+
+// One group, one call after another with new data, counts full -> 1 -> 0 -> full and a new routing every
+// time, eagerly; then as graph replays of one captured dispatch + combine with the count on the device.
+TEST_F(GpuPerToken, CallsThatChangeCountsAndRoutingsMatchTheReference) {
+  const EpConfig config = per_token(make_config(4096, 8, 128 / world_size(), 256, 16));
+  const Sizes sizes(config);
+  rocep::EpGroup reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::Stream stream;
+  DeviceCall device(config, sizes);
+  const DeviceOutputs outputs(sizes);
+  const uint64_t seed = shared_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  const int counts[] = {256, 1, 0, 256, 17};
+  const Routing routings[] = {Routing::kFull, Routing::kMasked, Routing::kUniform, Routing::kHotExpert,
+                              Routing::kUniform};
+  for (int i = 0; i < 5; ++i) {
+    SCOPED_TRACE("eager call " + std::to_string(i));
+    const Call call = make_call(config, routings[i], seed + i, counts[i]);
+    HostOutputs expected(sizes);
+    const std::vector<bf16_bits> combined = reference_call(reference, call, expected, sizes);
+    device.load(call);
+    outputs.poison();
+    group.dispatch(device.inputs(false), outputs.view(sizes), stream.get());
+    group.combine(device.combine(), stream.get());
+    EXPECT_NO_THROW(group.synchronize(stream.get()));
+    expect_dispatch_matches(sizes, outputs, expected);
+    expect_combined(device.out, combined);
+  }
+  hipGraph_t graph;
+  hipGraphExec_t executable;
+  ROCEP_GPU_CHECK(hipStreamBeginCapture(stream.get(), hipStreamCaptureModeThreadLocal));
+  group.dispatch_send(device.inputs(true), stream.get());
+  group.dispatch_recv(outputs.view(sizes), stream.get());
+  group.combine(device.combine(), stream.get());
+  ROCEP_GPU_CHECK(hipStreamEndCapture(stream.get(), &graph));
+  ROCEP_GPU_CHECK(hipGraphInstantiate(&executable, graph, nullptr, nullptr, 0));
+  for (int replay = 0; replay < 4; ++replay) {
+    SCOPED_TRACE("graph replay " + std::to_string(replay));
+    const Call call = make_call(config, routings[replay + 1], seed + 100 + replay, counts[replay]);
+    HostOutputs expected(sizes);
+    const std::vector<bf16_bits> combined = reference_call(reference, call, expected, sizes);
+    device.load(call);
+    outputs.poison();
+    ROCEP_GPU_CHECK(hipGraphLaunch(executable, stream.get()));
+    EXPECT_NO_THROW(group.synchronize(stream.get()));
+    expect_dispatch_matches(sizes, outputs, expected);
+    expect_combined(device.out, combined);
+  }
+  ROCEP_GPU_CHECK(hipGraphExecDestroy(executable));
+  ROCEP_GPU_CHECK(hipGraphDestroy(graph));
+}
+
+// 8 and 24 multiprocessors and the default share give the reference's outputs, so the same bits.
+TEST_F(GpuPerToken, SmBudgetsGiveTheSameBits) {
+  for (const int sms : {8, 24, EpConfig::kDefaultSms}) {
+    check_per_token(per_token(make_config(7168, 8, 256 / world_size(), 256, 1, sms)), Routing::kUniform,
+                    false);
+  }
+}
+
+}  // namespace
