@@ -28,6 +28,7 @@
 #include "hip/scale_layout.hpp"
 #include "host/codecs.hpp"
 #include "mpi_support.hpp"
+#include "per_token_outputs.hpp"
 #include "rocep/config.hpp"
 #include "rocep/ep_group.hpp"
 #include "rocep/errors.hpp"
@@ -571,40 +572,9 @@ Problem per_token(Problem problem) {
 }
 
 // Where a per-token dispatch writes on this rank, poisoned before the call.
-struct PerTokenBuffers {
+struct PerTokenBuffers : rocep::testing::PerTokenHostOutputs {
   explicit PerTokenBuffers(const Problem& problem)
-      : rows(problem.config.max_recv_tokens(problem.world)),
-        recv_tokens(poisoned<bf16_bits>(rows * problem.config.hidden)),
-        row_offsets(poisoned<uint32_t>(problem.local_experts() + 1)),
-        src_info(poisoned<SrcInfo>(rows)),
-        topk_ids(poisoned<int32_t>(rows * problem.config.top_k)),
-        topk_weights(poisoned<float>(rows * problem.config.top_k)),
-        num_recv_tokens(poisoned<int32_t>(1)),
-        sorted_token_ids(poisoned<int32_t>(problem.max_recv_rows())),
-        block_expert_ids(poisoned<int32_t>(problem.max_recv_rows() / problem.config.expert_alignment)) {}
-
-  rocep::DispatchOutputs view() {
-    rocep::DispatchOutputs outputs;
-    outputs.recv_tokens = recv_tokens.data();
-    outputs.row_offsets = row_offsets.data();
-    outputs.src_info = src_info.data();
-    outputs.recv_topk_ids = topk_ids.data();
-    outputs.recv_topk_weights = topk_weights.data();
-    outputs.num_recv_tokens = num_recv_tokens.data();
-    outputs.sorted_token_ids = sorted_token_ids.data();
-    outputs.block_expert_ids = block_expert_ids.data();
-    return outputs;
-  }
-
-  std::size_t rows;  // P
-  std::vector<bf16_bits> recv_tokens;
-  std::vector<uint32_t> row_offsets;
-  std::vector<SrcInfo> src_info;
-  std::vector<int32_t> topk_ids;
-  std::vector<float> topk_weights;
-  std::vector<int32_t> num_recv_tokens;
-  std::vector<int32_t> sorted_token_ids;
-  std::vector<int32_t> block_expert_ids;
+      : PerTokenHostOutputs(problem.config, problem.world, kPoison) {}
 };
 
 // The per-token layout by its naive definition: a row per (source, token) in that order for every token
@@ -629,8 +599,8 @@ void expect_per_token_matches(const PerTokenBuffers& got, const Problem& problem
                        [&](int32_t id) { return id >= first_expert && id < first_expert + local_experts; })) {
         continue;
       }
-      ASSERT_EQ(std::memcmp(got.recv_tokens.data() + row * hidden, in.tokens.data() + token * hidden,
-                            hidden * sizeof(bf16_bits)),
+      ASSERT_EQ(std::memcmp(got.recv_tokens.data() + row * hidden * sizeof(bf16_bits),
+                            in.tokens.data() + token * hidden, hidden * sizeof(bf16_bits)),
                 0)
           << "row " << row << " (source " << source << ", token " << token << ") payload";
       ASSERT_EQ(got.src_info[row].rank, source) << "row " << row;
@@ -648,7 +618,7 @@ void expect_per_token_matches(const PerTokenBuffers& got, const Problem& problem
     }
   }
   EXPECT_EQ(got.num_recv_tokens[0], row);
-  EXPECT_TRUE(still_poisoned(got.recv_tokens, static_cast<std::size_t>(row) * hidden));
+  EXPECT_TRUE(still_poisoned(got.recv_tokens, static_cast<std::size_t>(row) * hidden * sizeof(bf16_bits)));
   EXPECT_TRUE(still_poisoned(got.src_info, row));
   std::stable_sort(pairs.begin(), pairs.end(),
                    [](const Pair& a, const Pair& b) { return a.expert < b.expert; });

@@ -17,6 +17,7 @@
 #include "host/device_memory.hpp"
 #include "host/gpu_check.hpp"
 #include "mpi_support.hpp"
+#include "per_token_outputs.hpp"
 #include "rocep/mpi.hpp"
 #include "rocep/rocep.hpp"
 
@@ -76,36 +77,8 @@ struct Sizes {
 };
 
 // One rank's per-token outputs in host memory (the reference's).
-struct HostOutputs {
-  explicit HostOutputs(const Sizes& sizes)
-      : recv_tokens(sizes.rows * sizes.payload_bytes),
-        recv_scales(std::max<std::size_t>(sizes.rows * sizes.scale_bytes, 1)),
-        row_offsets(sizes.local_experts + 1),
-        src_info(sizes.rows),
-        topk_ids(sizes.rows * sizes.top_k),
-        topk_weights(sizes.rows * sizes.top_k),
-        num_recv_tokens(1),
-        sorted_token_ids(sizes.entries),
-        block_expert_ids(sizes.entries / sizes.alignment) {}
-  rocep::DispatchOutputs view(const Sizes& sizes) {
-    rocep::DispatchOutputs outputs;
-    outputs.recv_tokens = recv_tokens.data();
-    outputs.recv_scales = sizes.scale_bytes > 0 ? recv_scales.data() : nullptr;
-    outputs.row_offsets = row_offsets.data();
-    outputs.src_info = src_info.data();
-    outputs.recv_topk_ids = topk_ids.data();
-    outputs.recv_topk_weights = topk_weights.data();
-    outputs.num_recv_tokens = num_recv_tokens.data();
-    outputs.sorted_token_ids = sorted_token_ids.data();
-    outputs.block_expert_ids = block_expert_ids.data();
-    return outputs;
-  }
-  std::vector<uint8_t> recv_tokens, recv_scales;
-  std::vector<uint32_t> row_offsets;
-  std::vector<SrcInfo> src_info;
-  std::vector<int32_t> topk_ids;
-  std::vector<float> topk_weights;
-  std::vector<int32_t> num_recv_tokens, sorted_token_ids, block_expert_ids;
+struct HostOutputs : rocep::testing::PerTokenHostOutputs {
+  explicit HostOutputs(const EpConfig& config) : PerTokenHostOutputs(config, world_size(), 0) {}
 };
 
 // The same in device memory, poisoned.
@@ -203,7 +176,7 @@ std::vector<bf16_bits> reference_call(rocep::EpGroup& group, const Call& call, H
                                       const Sizes& sizes) {
   rocep::DispatchInputs inputs = call.inputs.view();
   inputs.global_scale = &kGlobalScale;
-  group.dispatch(inputs, outputs.view(sizes));
+  group.dispatch(inputs, outputs.view());
   std::vector<bf16_bits> out(std::max<std::size_t>(call.inputs.num_tokens, 1) * sizes.hidden);
   group.combine({call.rows.data(), nullptr, call.shared.data(), out.data()});
   out.resize(static_cast<std::size_t>(call.inputs.num_tokens) * sizes.hidden);
@@ -258,7 +231,7 @@ void check_per_token(const EpConfig& config, Routing routing, bool split) {
   const Sizes sizes(config);
   const Call call = make_call(config, routing, seed);
   rocep::EpGroup reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
-  HostOutputs expected(sizes);
+  HostOutputs expected(config);
   const std::vector<bf16_bits> combined = reference_call(reference, call, expected, sizes);
 
   rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
@@ -313,7 +286,7 @@ TEST_F(GpuPerToken, CallsThatChangeCountsAndRoutingsMatchTheReference) {
   for (int i = 0; i < 5; ++i) {
     SCOPED_TRACE("eager call " + std::to_string(i));
     const Call call = make_call(config, routings[i], seed + i, counts[i]);
-    HostOutputs expected(sizes);
+    HostOutputs expected(config);
     const std::vector<bf16_bits> combined = reference_call(reference, call, expected, sizes);
     device.load(call);
     outputs.poison();
@@ -334,7 +307,7 @@ TEST_F(GpuPerToken, CallsThatChangeCountsAndRoutingsMatchTheReference) {
   for (int replay = 0; replay < 4; ++replay) {
     SCOPED_TRACE("graph replay " + std::to_string(replay));
     const Call call = make_call(config, routings[replay + 1], seed + 100 + replay, counts[replay]);
-    HostOutputs expected(sizes);
+    HostOutputs expected(config);
     const std::vector<bf16_bits> combined = reference_call(reference, call, expected, sizes);
     device.load(call);
     outputs.poison();
