@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <ostream>
@@ -620,8 +621,13 @@ void expect_per_token_matches(const PerTokenBuffers& got, const Problem& problem
   EXPECT_EQ(got.num_recv_tokens[0], row);
   EXPECT_TRUE(still_poisoned(got.recv_tokens, static_cast<std::size_t>(row) * hidden * sizeof(bf16_bits)));
   EXPECT_TRUE(still_poisoned(got.src_info, row));
-  std::stable_sort(pairs.begin(), pairs.end(),
-                   [](const Pair& a, const Pair& b) { return a.expert < b.expert; });
+  // A stable sort by expert: the pairs of each expert in the order met (row, then slot).
+  std::vector<Pair> by_expert;
+  for (int expert = 0; expert < local_experts; ++expert) {
+    std::copy_if(pairs.begin(), pairs.end(), std::back_inserter(by_expert),
+                 [&](const Pair& pair) { return pair.expert == expert; });
+  }
+  pairs = by_expert;
   const int alignment = problem.config.expert_alignment;
   const auto padding = static_cast<int32_t>(got.rows * top_k);
   std::vector<int32_t> sorted;
