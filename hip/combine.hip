@@ -7,8 +7,9 @@
 //   rocep_combine_recv  source rank, blocks over its tokens: wait for every rank, then sum the partials in
 //                       ascending rank order (+ shared expert), or copy the rows; store bf16.
 //   rocep_combine       both halves in one kernel (the fused call)
-// In the per-token layout a rank's row of a token is already its partial (weighted and summed over its
-// experts by the caller): it travels as the weighted combine's partial does, and is summed alike.
+//   rocep_combine*_per_token  the same for the per-token layout, where a rank's row of a token is already
+//                       its partial (weighted and summed over its experts by the caller): rows of other
+//                       ranks' tokens cross as partials do; a rank's own tokens' rows stay in place.
 #include "bf16.hpp"
 #include "ep_kernels.hpp"
 #include "group_sync.hpp"
@@ -19,12 +20,6 @@ using namespace rocep::device;
 namespace {
 
 constexpr int kLanes = 8;  // bf16 elements per 16-byte vector
-
-// Whether each rank sends one partial row per token (weighted, or the per-token layout), else each slot's
-// row (unweighted). The receivers check that every rank agrees (Signals::combine_weighted).
-__device__ inline bool sends_partials(const Shape& shape, const rocep::device::CombineArgs& args) {
-  return args.row_weights != nullptr || shape.per_token != 0;
-}
 
 struct Lanes {
   float value[kLanes];
@@ -160,7 +155,6 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
                         ? allowed
                         : shape.world * most_tokens_sent(group.signals, shape.world);
   const bool weighted = args.row_weights != nullptr;
-  const bool partials = sends_partials(shape, args);
   __shared__ const Vector16* inputs[kMaxTopK];
   __shared__ float weights[kMaxTopK];
   __shared__ uint8_t* destinations[kMaxTopK];
@@ -218,7 +212,7 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
     }
     __syncthreads();
     const std::size_t row_bytes = CombineRegion::row_bytes(shape);
-    if (partials && input_count > 0) {
+    if (weighted && input_count > 0) {
       const std::size_t partial_row = static_cast<std::size_t>(shape.rank) * shape.max_tokens + token;
       reduce_rows(reinterpret_cast<Vector16*>(region + partial_row * shape.hidden), inputs, weights,
                   input_count, vectors, threadIdx.x, blockDim.x);
@@ -249,7 +243,6 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
   const int vectors = shape.hidden / kLanes;
   const int total = shape.world * shape.max_tokens;
   const bool weighted = args.row_weights != nullptr;
-  const bool partials = sends_partials(shape, args);
   const int batch_pairs = kBlockThreads / shape.top_k;
   // [pair of the batch][slot k]: each slot's row and weight; then [pair][input] the pair's inputs
   __shared__ int32_t slot_rows[kBlockThreads];
@@ -294,7 +287,7 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
       auto* region = reinterpret_cast<uint16_t*>(group.peers.write_window(PeerRegion::kCombine, source));
       const std::size_t row_bytes = CombineRegion::row_bytes(shape);
       const int list = b * shape.top_k;
-      if (partials) {
+      if (weighted) {
         if (input_counts[b] > 0) {
           const std::size_t partial_row = static_cast<std::size_t>(shape.rank) * shape.max_tokens + token;
           reduce_rows(reinterpret_cast<Vector16*>(region + partial_row * shape.hidden), inputs + list,
@@ -329,7 +322,7 @@ __device__ void send_partials(const GroupView& group, const rocep::device::Combi
   // signal_grid_done (block 0's stores reach the last block through the blocks' count).
   if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < shape.world) {
     group.peers.signal_store(static_cast<int>(threadIdx.x), &Signals::combine_weighted, shape.rank,
-                             sends_partials(shape, args) ? 1 : 0);
+                             args.row_weights != nullptr ? 1 : 0);
   }
   signal_grid_done(&group.state->combine_blocks_sent, &group.state->combine_claims, group.peers, shape.world,
                    shape.rank, &Signals::combine_arrived);
@@ -356,7 +349,7 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
   // checks, its thread r reading rank r's word after its own acquire of rank r's arrival, with no barrier.
   if (arrived && blockIdx.x == 0 && static_cast<int>(threadIdx.x) < shape.world) {
     const int32_t peer_weighted = group.signals->combine_weighted[threadIdx.x];
-    if (peer_weighted != (sends_partials(shape, args) ? 1 : 0)) {
+    if (peer_weighted != (args.row_weights != nullptr ? 1 : 0)) {
       report_failure(group.status, StatusCode::kCombineWeightingMismatch, Operation::kCombineRecv,
                      static_cast<int>(threadIdx.x), -1, -1, peer_weighted);
     }
@@ -374,7 +367,7 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
   const int batch_tokens = combine_batch_items(shape, tokens, kBlockThreads / list_length);
   const auto* region = reinterpret_cast<const uint16_t*>(group.combine_region);
   for (int first = blockIdx.x; arrived && first < tokens; first += batch_tokens * gridDim.x) {
-    if (sends_partials(shape, args)) {
+    if (args.row_weights != nullptr) {
       // The partials in ascending rank order, then the shared expert's row, all with weight 1.
       const int token = first + static_cast<int>(threadIdx.x) * static_cast<int>(gridDim.x);
       if (static_cast<int>(threadIdx.x) < batch_tokens && token < tokens) {
@@ -423,7 +416,185 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
   }
 }
 
+// --- the per-token layout -------------------------------------------------------------------------------
+
+// The per-token send: the row of every token this rank received from another rank, into that rank's combine
+// region at [rank][token] (where the weighted combine puts a partial), PerTokenTuning::kBatchTokens tokens
+// at a time with PerTokenTuning::kVectorsInFlight loads in flight per thread. Its own tokens' rows stay in
+// expert_outputs, where its receive reads them.
+__device__ void send_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
+  const Shape& shape = group.shape;
+  constexpr int kBatch = PerTokenTuning::kBatchTokens;
+  __shared__ const uint8_t* from[kBatch];
+  __shared__ uint8_t* to[kBatch];
+  __shared__ int sources[kBatch];
+  __shared__ std::size_t offsets[kBatch];
+  __shared__ int count;
+  const int others = shape.world - 1;
+  const int items = others * shape.max_tokens;  // (other rank, token): other ranks interleaved
+  const std::size_t row_bytes = CombineRegion::row_bytes(shape);
+  for (int first = static_cast<int>(blockIdx.x); first < items;
+       first += kBatch * static_cast<int>(gridDim.x)) {
+    __syncthreads();  // the batch of the round before is copied
+    if (threadIdx.x == 0) {
+      count = 0;
+    }
+    __syncthreads();
+    const int item = first + static_cast<int>(threadIdx.x) * static_cast<int>(gridDim.x);
+    if (static_cast<int>(threadIdx.x) < kBatch && item < items) {
+      const int other = item % others;
+      const int source = other + (other >= shape.rank ? 1 : 0);
+      const int token = item / others;
+      if (token < group.signals->tokens_from[source]) {
+        const int32_t row =
+            group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k];
+        if (row >= 0) {
+          const int place = atomicAdd(&count, 1);
+          const std::size_t offset =
+              (static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * row_bytes;
+          from[place] = reinterpret_cast<const uint8_t*>(args.expert_outputs) + row * row_bytes;
+          to[place] = group.peers.write_window(PeerRegion::kCombine, source) + offset;
+          sources[place] = source;
+          offsets[place] = offset;
+        }
+      }
+    }
+    __syncthreads();
+    copy_rows<PerTokenTuning::kVectorsInFlight>(from, to, count,
+                                                static_cast<uint32_t>(row_bytes / kVectorBytes));
+    for (int place = 0; place < count; ++place) {
+      group.peers.publish_block(PeerRegion::kCombine, sources[place], offsets[place], row_bytes);
+    }
+  }
+  // Partials, as a weighted combine's: released to the receivers with the rows by signal_grid_done.
+  if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < shape.world) {
+    group.peers.signal_store(static_cast<int>(threadIdx.x), &Signals::combine_weighted, shape.rank, 1);
+  }
+  signal_grid_done(&group.state->combine_blocks_sent, nullptr, group.peers, shape.world, shape.rank,
+                   &Signals::combine_arrived);
+}
+
+// Tokens of a batch of the per-token receive whose vectors each thread sums at once.
+inline constexpr int kSummedInFlight = 8;
+
+// The per-token receive: out[t] = the rows of t from every rank that received it, in ascending rank order
+// (this rank's own from expert_outputs, the others' from the combine region), plus the shared expert,
+// summed in float32 and rounded once; PerTokenTuning::kBatchTokens tokens at a time, their vectors one
+// sequence of which each thread sums kSummedInFlight at once, input by input.
+__device__ void receive_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
+                                       uint64_t sequence) {
+  const Shape& shape = group.shape;
+  constexpr int kBatch = PerTokenTuning::kBatchTokens;
+  const bool arrived = block_wait_for_peers(group.signals->combine_arrived, sequence, shape.world,
+                                            group.timeout_ticks, group.status, Operation::kCombineRecv);
+  if (arrived && blockIdx.x == 0 && static_cast<int>(threadIdx.x) < shape.world) {
+    const int32_t peer_weighted = group.signals->combine_weighted[threadIdx.x];
+    if (peer_weighted != 1) {
+      report_failure(group.status, StatusCode::kCombineWeightingMismatch, Operation::kCombineRecv,
+                     static_cast<int>(threadIdx.x), -1, -1, peer_weighted);
+    }
+  }
+  const int vectors = shape.hidden / kLanes;
+  const int tokens = group.state->sent_tokens;
+  __shared__ const Vector16* inputs[kBatch][kMaxWorld + 1];
+  __shared__ int input_counts[kBatch];
+  __shared__ int batch_tokens;
+  const auto* region = reinterpret_cast<const uint16_t*>(group.combine_region);
+  const int stride = static_cast<int>(gridDim.x);
+  for (int first = static_cast<int>(blockIdx.x); arrived && first < tokens; first += kBatch * stride) {
+    __syncthreads();  // the lists of the batch before are summed
+    if (static_cast<int>(threadIdx.x) < kBatch) {
+      const int token = first + static_cast<int>(threadIdx.x) * stride;
+      int count = 0;
+      if (token < tokens) {
+        const uint64_t mask = group.sent_masks[token];
+        for (int peer = 0; peer < shape.world; ++peer) {
+          if (((mask >> peer) & 1) == 0) {
+            continue;
+          }
+          const uint16_t* row =
+              peer == shape.rank
+                  ? args.expert_outputs +
+                        static_cast<std::size_t>(
+                            group.token_rows[(static_cast<std::size_t>(shape.rank) * shape.max_tokens +
+                                              token) *
+                                             shape.top_k]) *
+                            shape.hidden
+                  : region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden;
+          inputs[threadIdx.x][count++] = reinterpret_cast<const Vector16*>(row);
+        }
+        if (args.shared_expert_output != nullptr) {
+          inputs[threadIdx.x][count++] = reinterpret_cast<const Vector16*>(
+              args.shared_expert_output + static_cast<std::size_t>(token) * shape.hidden);
+        }
+      }
+      input_counts[threadIdx.x] = count;
+    }
+    if (threadIdx.x == 0) {
+      batch_tokens = min(kBatch, (tokens - first + stride - 1) / stride);
+    }
+    __syncthreads();
+    const int total = batch_tokens * vectors;
+    for (int item0 = static_cast<int>(threadIdx.x); item0 < total;
+         item0 += kSummedInFlight * static_cast<int>(blockDim.x)) {
+      Lanes sums[kSummedInFlight] = {};
+      for (int input = 0; input <= shape.world; ++input) {
+        Vector16 loaded[kSummedInFlight];
+#pragma unroll
+        for (int i = 0; i < kSummedInFlight; ++i) {
+          const int item = item0 + i * static_cast<int>(blockDim.x);
+          const int b = item / vectors;
+          if (item < total && input < input_counts[b]) {
+            loaded[i] = inputs[b][input][item - b * vectors];
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kSummedInFlight; ++i) {
+          const int item = item0 + i * static_cast<int>(blockDim.x);
+          const int b = item / vectors;
+          if (item < total && input < input_counts[b]) {
+            const Lanes y = unpack(loaded[i]);
+            for (int lane = 0; lane < kLanes; ++lane) {
+              sums[i].value[lane] = fmaf(1.0f, y.value[lane], sums[i].value[lane]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kSummedInFlight; ++i) {
+        const int item = item0 + i * static_cast<int>(blockDim.x);
+        if (item < total) {
+          const int b = item / vectors;
+          const int token = first + b * stride;
+          reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(token) *
+                                                     shape.hidden)[item - b * vectors] = pack(sums[i]);
+        }
+      }
+    }
+  }
+  if (arrived && threadIdx.x == 0) {
+    group.block_calls[blockIdx.x].combines = sequence;
+  }
+}
+
 }  // namespace
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_combine_send_per_token(GroupView group, rocep::device::CombineArgs args) {
+  send_rows_per_token(group, args);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_combine_recv_per_token(GroupView group, rocep::device::CombineArgs args) {
+  receive_rows_per_token(group, args, group.block_calls[blockIdx.x].combines + 1);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_combine_per_token(GroupView group, rocep::device::CombineArgs args) {
+  const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
+  send_rows_per_token(group, args);
+  receive_rows_per_token(group, args, sequence);
+}
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_combine_send(GroupView group, rocep::device::CombineArgs args) {
@@ -444,28 +615,40 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 
 namespace rocep::device {
 
-hipError_t load_combine_kernels(int* resident_blocks) {
-  return load_kernels(
-      {reinterpret_cast<const void*>(&rocep_combine_send), reinterpret_cast<const void*>(&rocep_combine_recv),
-       reinterpret_cast<const void*>(&rocep_combine)},
-      resident_blocks);
+hipError_t load_combine_kernels(bool per_token, int* resident_blocks) {
+  const std::initializer_list<const void*> expanded = {reinterpret_cast<const void*>(&rocep_combine_send),
+                                                       reinterpret_cast<const void*>(&rocep_combine_recv),
+                                                       reinterpret_cast<const void*>(&rocep_combine)};
+  const std::initializer_list<const void*> by_token = {
+      reinterpret_cast<const void*>(&rocep_combine_send_per_token),
+      reinterpret_cast<const void*>(&rocep_combine_recv_per_token),
+      reinterpret_cast<const void*>(&rocep_combine_per_token)};
+  int unused = 1 << 30;  // the other layout's kernels are loaded too, but their residency is not the group's
+  hipError_t status = load_kernels(per_token ? by_token : expanded, resident_blocks);
+  if (status == hipSuccess) {
+    status = load_kernels(per_token ? expanded : by_token, &unused);
+  }
+  return status;
 }
 
 // The send waits on nobody and the receive only on the peers' grids; the fused call also on its own send's
 // signal.
 hipError_t launch_combine_send(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
                                hipStream_t stream) {
-  return launch_kernel(&rocep_combine_send, grid, Residency::kBlockByBlock, stream, group, args);
+  return launch_kernel(group.shape.per_token != 0 ? &rocep_combine_send_per_token : &rocep_combine_send, grid,
+                       Residency::kBlockByBlock, stream, group, args);
 }
 
 hipError_t launch_combine_recv(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
                                hipStream_t stream) {
-  return launch_kernel(&rocep_combine_recv, grid, Residency::kBlockByBlock, stream, group, args);
+  return launch_kernel(group.shape.per_token != 0 ? &rocep_combine_recv_per_token : &rocep_combine_recv, grid,
+                       Residency::kBlockByBlock, stream, group, args);
 }
 
 hipError_t launch_combine(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
                           hipStream_t stream) {
-  return launch_kernel(&rocep_combine, grid, Residency::kWholeGrid, stream, group, args);
+  return launch_kernel(group.shape.per_token != 0 ? &rocep_combine_per_token : &rocep_combine, grid,
+                       Residency::kWholeGrid, stream, group, args);
 }
 
 }  // namespace rocep::device

@@ -352,6 +352,33 @@ __device__ void stage_token(const GroupView& group, const DispatchSendArgs& args
               quantize, shape, global_scale, head);
 }
 
+// bf16 tokens [first, num_tokens) of the block (gridDim.x apart) into this rank's own region, as they are,
+// PerTokenTuning::kBatchTokens at a time with PerTokenTuning::kVectorsInFlight loads in flight per thread:
+// the per-token send's staging, which a small grid otherwise waits on token by token.
+__device__ void stage_bf16_tokens(const GroupView& group, const DispatchSendArgs& args, int first,
+                                  int num_tokens) {
+  const Shape& shape = group.shape;
+  constexpr int kBatch = PerTokenTuning::kBatchTokens;
+  __shared__ const uint8_t* from[kBatch];
+  __shared__ uint8_t* to[kBatch];
+  const int stride = static_cast<int>(gridDim.x);
+  for (int batch = first; batch < num_tokens; batch += kBatch * stride) {
+    __syncthreads();  // the batch before is copied
+    if (static_cast<int>(threadIdx.x) < kBatch) {
+      const int token = batch + static_cast<int>(threadIdx.x) * stride;
+      from[threadIdx.x] = args.tokens + static_cast<std::size_t>(token) * shape.payload_bytes;
+      to[threadIdx.x] = region_message(group.dispatch_region, shape, token);
+    }
+    __syncthreads();
+    const int count = min(kBatch, (num_tokens - batch + stride - 1) / stride);
+    copy_rows<PerTokenTuning::kVectorsInFlight>(from, to, count, shape.payload_bytes / kVectorBytes);
+    for (int i = 0; i < count; ++i) {
+      group.peers.share_block(PeerRegion::kDispatch,
+                              DispatchRegion::message_offset(shape, batch + i * stride), shape.message_bytes);
+    }
+  }
+}
+
 // Blocks over batches of this rank's tokens (batch_tokens, up to the last chunk's end): each batch's ids
 // (send_batch_ids); and blocks over this rank's tokens, each staged once into this rank's own region (unless
 // the caller wrote them there), whether or not any rank wants it, while a block's first batch of ids is
@@ -387,6 +414,12 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
     const bool batch = first < chunks_per_source(shape) * kChunkTokens;
     const int count = max(0, min(tokens, num_tokens - first));
     const BatchSlot slot = load_batch_slot(shape, args, first, batch ? count : 0);
+    if constexpr (kPerToken) {
+      if (shape.format == Format::kBf16) {
+        stage_bf16_tokens(group, args, staged, num_tokens);
+        staged = num_tokens;
+      }
+    }
     for (; staged < num_tokens; staged += stride) {
       stage_token(group, args, staged);
       group.peers.share_block(PeerRegion::kDispatch, DispatchRegion::message_offset(shape, staged),
@@ -976,37 +1009,15 @@ __device__ uint32_t count_received_tokens(const GroupView& group, const Dispatch
 // One batch of a block's received tokens: where each comes from and the row it goes to.
 struct TokenBatch {
   const uint8_t* messages[PerTokenTuning::kBatchTokens];
+  uint8_t* payloads[PerTokenTuning::kBatchTokens];  // the rows' payloads in recv_tokens
   int32_t rows[PerTokenTuning::kBatchTokens];
   int count;
 };
 
-// Copies the batch's payloads (and, for scaled formats, scales) into their rows, every thread keeping
-// PerTokenTuning::kVectorsInFlight loads in flight before it stores any of them.
+// Copies the batch's payloads (and, for scaled formats, scales) into their rows.
 __device__ void copy_token_batch(const Shape& shape, const DispatchRecvArgs& args, const TokenBatch& batch) {
-  constexpr int kInFlight = PerTokenTuning::kVectorsInFlight;
-  const uint32_t payload_vectors = shape.payload_bytes / kVectorBytes;
-  const uint32_t total = static_cast<uint32_t>(batch.count) * payload_vectors;
-  for (uint32_t first = threadIdx.x; first < total; first += kInFlight * blockDim.x) {
-    Vector16 vectors[kInFlight];
-#pragma unroll
-    for (int i = 0; i < kInFlight; ++i) {
-      const uint32_t index = first + i * blockDim.x;
-      if (index < total) {
-        const uint32_t item = index / payload_vectors;
-        vectors[i] = reinterpret_cast<const Vector16*>(batch.messages[item])[index - item * payload_vectors];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kInFlight; ++i) {
-      const uint32_t index = first + i * blockDim.x;
-      if (index < total) {
-        const uint32_t item = index / payload_vectors;
-        reinterpret_cast<Vector16*>(args.recv_tokens +
-                                    static_cast<std::size_t>(batch.rows[item]) *
-                                        shape.payload_bytes)[index - item * payload_vectors] = vectors[i];
-      }
-    }
-  }
+  copy_rows<PerTokenTuning::kVectorsInFlight>(batch.messages, batch.payloads, batch.count,
+                                              shape.payload_bytes / kVectorBytes);
   if (shape.scale_bytes == 0) {
     return;
   }
@@ -1103,6 +1114,7 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
           const int place = atomicAdd(&batch.count, 1);
           batch.rows[place] = row;
           batch.messages[place] = source_regions[source] + DispatchRegion::message_offset(shape, token);
+          batch.payloads[place] = args.recv_tokens + static_cast<std::size_t>(row) * shape.payload_bytes;
         }
       }
       // For combine: the token's row in slot 0, -1 in the others.
@@ -1147,11 +1159,7 @@ __device__ void dispatch_kernel(const GroupView& group, const DispatchSendArgs& 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_dispatch_send(GroupView group, DispatchSendArgs args) {
   __shared__ unsigned long long scratch[kBlockRankingMasks];
-  if (group.shape.per_token != 0) {
-    send_tokens<true>(group, args, scratch);
-  } else {
-    send_tokens<false>(group, args, scratch);
-  }
+  send_tokens<false>(group, args, scratch);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
@@ -1162,6 +1170,12 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_dispatch(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
   dispatch_kernel<false>(group, send_args, recv_args);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_dispatch_send_per_token(GroupView group, DispatchSendArgs args) {
+  __shared__ unsigned long long scratch[kBlockRankingMasks];
+  send_tokens<true>(group, args, scratch);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
@@ -1195,17 +1209,16 @@ namespace rocep::device {
 
 hipError_t load_dispatch_kernels(bool per_token, int* resident_blocks) {
   const std::initializer_list<const void*> expanded = {
+      reinterpret_cast<const void*>(&rocep_dispatch_send),
       reinterpret_cast<const void*>(&rocep_dispatch_recv), reinterpret_cast<const void*>(&rocep_dispatch),
       reinterpret_cast<const void*>(&rocep_dispatch_recv_scale_runs),
       reinterpret_cast<const void*>(&rocep_dispatch_scale_runs)};
   const std::initializer_list<const void*> by_token = {
+      reinterpret_cast<const void*>(&rocep_dispatch_send_per_token),
       reinterpret_cast<const void*>(&rocep_dispatch_recv_per_token),
       reinterpret_cast<const void*>(&rocep_dispatch_per_token)};
   int unused = 1 << 30;  // the other layout's kernels are loaded too, but their residency is not the group's
-  hipError_t status = load_kernels({reinterpret_cast<const void*>(&rocep_dispatch_send)}, resident_blocks);
-  if (status == hipSuccess) {
-    status = load_kernels(per_token ? by_token : expanded, resident_blocks);
-  }
+  hipError_t status = load_kernels(per_token ? by_token : expanded, resident_blocks);
   if (status == hipSuccess) {
     status = load_kernels(per_token ? expanded : by_token, &unused);
   }
@@ -1216,7 +1229,8 @@ hipError_t load_dispatch_kernels(bool per_token, int* resident_blocks) {
 // scales) and the fused call (its own send's signal) wait on their grid.
 hipError_t launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, const LaunchGrid& grid,
                                 hipStream_t stream) {
-  return launch_kernel(&rocep_dispatch_send, grid, Residency::kBlockByBlock, stream, group, args);
+  return launch_kernel(group.shape.per_token != 0 ? &rocep_dispatch_send_per_token : &rocep_dispatch_send,
+                       grid, Residency::kBlockByBlock, stream, group, args);
 }
 
 hipError_t launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, const LaunchGrid& grid,

@@ -138,7 +138,7 @@ inline hipError_t load_kernels(std::initializer_list<const void*> kernels, int* 
 }
 // The kernels of both layouts are loaded; *resident_blocks counts those of the group's (`per_token`).
 hipError_t load_dispatch_kernels(bool per_token, int* resident_blocks);
-hipError_t load_combine_kernels(int* resident_blocks);
+hipError_t load_combine_kernels(bool per_token, int* resident_blocks);
 
 // The grid of every kernel of one group (the host's CommPolicy decides it).
 struct LaunchGrid {

@@ -102,4 +102,32 @@ __device__ inline void copy_bytes16(void* destination, const void* source, std::
   }
 }
 
+// Copies `count` rows of `vectors` 16-byte vectors each, from[i] to to[i] (shared memory), with every
+// thread of the block: the rows' vectors are one sequence, of which each thread loads kInFlight before it
+// stores any of them, so that a block keeps kInFlight x 16 bytes per thread in flight however short the
+// rows (what a grid of few blocks needs to keep a link or HBM busy).
+template <int kInFlight>
+__device__ void copy_rows(const uint8_t* const* from, uint8_t* const* to, int count, uint32_t vectors) {
+  const uint32_t total = static_cast<uint32_t>(count) * vectors;
+  for (uint32_t first = threadIdx.x; first < total; first += kInFlight * blockDim.x) {
+    Vector16 staged[kInFlight];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const uint32_t index = first + i * blockDim.x;
+      if (index < total) {
+        const uint32_t row = index / vectors;
+        staged[i] = reinterpret_cast<const Vector16*>(from[row])[index - row * vectors];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const uint32_t index = first + i * blockDim.x;
+      if (index < total) {
+        const uint32_t row = index / vectors;
+        reinterpret_cast<Vector16*>(to[row])[index - row * vectors] = staged[i];
+      }
+    }
+  }
+}
+
 }  // namespace rocep::device

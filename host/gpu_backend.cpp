@@ -66,7 +66,8 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
     int resident_per_multiprocessor = 1 << 30;
     ROCEP_GPU_CHECK(
         device::load_dispatch_kernels(config.layout == Layout::kPerToken, &resident_per_multiprocessor));
-    ROCEP_GPU_CHECK(device::load_combine_kernels(&resident_per_multiprocessor));
+    ROCEP_GPU_CHECK(
+        device::load_combine_kernels(config.layout == Layout::kPerToken, &resident_per_multiprocessor));
     device = current_device();
     hipDeviceProp_t properties;
     ROCEP_GPU_CHECK(hipGetDeviceProperties(&properties, device));
