@@ -474,13 +474,15 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
                    &Signals::combine_arrived);
 }
 
-// Tokens of a batch of the per-token receive whose vectors each thread sums at once.
-inline constexpr int kSummedInFlight = 8;
+// The per-token receive's vectors that each thread sums at once, and the inputs it loads for each of them
+// before it adds any: kSummedVectors x kSummedInputs loads in flight.
+inline constexpr int kSummedVectors = 8;
+inline constexpr int kSummedInputs = 2;
 
 // The per-token receive: out[t] = the rows of t from every rank that received it, in ascending rank order
 // (this rank's own from expert_outputs, the others' from the combine region), plus the shared expert,
 // summed in float32 and rounded once; PerTokenTuning::kBatchTokens tokens at a time, their vectors one
-// sequence of which each thread sums kSummedInFlight at once, input by input.
+// sequence of which each thread sums kSummedVectors at once, kSummedInputs inputs at a time.
 __device__ void receive_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                        uint64_t sequence) {
   const Shape& shape = group.shape;
@@ -536,32 +538,38 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
     __syncthreads();
     const int total = batch_tokens * vectors;
     for (int item0 = static_cast<int>(threadIdx.x); item0 < total;
-         item0 += kSummedInFlight * static_cast<int>(blockDim.x)) {
-      Lanes sums[kSummedInFlight] = {};
-      for (int input = 0; input <= shape.world; ++input) {
-        Vector16 loaded[kSummedInFlight];
+         item0 += kSummedVectors * static_cast<int>(blockDim.x)) {
+      Lanes sums[kSummedVectors] = {};
+      for (int input = 0; input <= shape.world; input += kSummedInputs) {
+        Vector16 loaded[kSummedVectors][kSummedInputs];
 #pragma unroll
-        for (int i = 0; i < kSummedInFlight; ++i) {
+        for (int i = 0; i < kSummedVectors; ++i) {
           const int item = item0 + i * static_cast<int>(blockDim.x);
           const int b = item / vectors;
-          if (item < total && input < input_counts[b]) {
-            loaded[i] = inputs[b][input][item - b * vectors];
+#pragma unroll
+          for (int j = 0; j < kSummedInputs; ++j) {
+            if (item < total && input + j < input_counts[b]) {
+              loaded[i][j] = inputs[b][input + j][item - b * vectors];
+            }
           }
         }
 #pragma unroll
-        for (int i = 0; i < kSummedInFlight; ++i) {
+        for (int i = 0; i < kSummedVectors; ++i) {
           const int item = item0 + i * static_cast<int>(blockDim.x);
           const int b = item / vectors;
-          if (item < total && input < input_counts[b]) {
-            const Lanes y = unpack(loaded[i]);
-            for (int lane = 0; lane < kLanes; ++lane) {
-              sums[i].value[lane] = fmaf(1.0f, y.value[lane], sums[i].value[lane]);
+#pragma unroll
+          for (int j = 0; j < kSummedInputs; ++j) {
+            if (item < total && input + j < input_counts[b]) {
+              const Lanes y = unpack(loaded[i][j]);
+              for (int lane = 0; lane < kLanes; ++lane) {
+                sums[i].value[lane] = fmaf(1.0f, y.value[lane], sums[i].value[lane]);
+              }
             }
           }
         }
       }
 #pragma unroll
-      for (int i = 0; i < kSummedInFlight; ++i) {
+      for (int i = 0; i < kSummedVectors; ++i) {
         const int item = item0 + i * static_cast<int>(blockDim.x);
         if (item < total) {
           const int b = item / vectors;

@@ -105,7 +105,7 @@ struct DispatchRecvArgs {
 // a small SM budget needs. One set for every architecture until one is measured to want another.
 struct PerTokenTuning {
   static constexpr int kBatchTokens = 4;
-  static constexpr int kVectorsInFlight = 8;
+  static constexpr int kVectorsInFlight = 16;
 };
 
 struct CombineArgs {
