@@ -539,27 +539,38 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
     const int total = batch_tokens * vectors;
     for (int item0 = static_cast<int>(threadIdx.x); item0 < total;
          item0 += kSummedVectors * static_cast<int>(blockDim.x)) {
+      // Item item0 + i * blockDim.x is vector vector_of[i] of token token_of[i] of the batch (batch_tokens
+      // past the items), stepped without a division per item.
+      int token_of[kSummedVectors];
+      int vector_of[kSummedVectors];
+      int token = item0 / vectors;
+      int vector = item0 - token * vectors;
+#pragma unroll
+      for (int i = 0; i < kSummedVectors; ++i) {
+        token_of[i] = token;
+        vector_of[i] = vector;
+        for (vector += static_cast<int>(blockDim.x); vector >= vectors && token < batch_tokens;
+             vector -= vectors) {
+          ++token;
+        }
+      }
       Lanes sums[kSummedVectors] = {};
       for (int input = 0; input <= shape.world; input += kSummedInputs) {
         Vector16 loaded[kSummedVectors][kSummedInputs];
 #pragma unroll
         for (int i = 0; i < kSummedVectors; ++i) {
-          const int item = item0 + i * static_cast<int>(blockDim.x);
-          const int b = item / vectors;
 #pragma unroll
           for (int j = 0; j < kSummedInputs; ++j) {
-            if (item < total && input + j < input_counts[b]) {
-              loaded[i][j] = inputs[b][input + j][item - b * vectors];
+            if (token_of[i] < batch_tokens && input + j < input_counts[token_of[i]]) {
+              loaded[i][j] = inputs[token_of[i]][input + j][vector_of[i]];
             }
           }
         }
 #pragma unroll
         for (int i = 0; i < kSummedVectors; ++i) {
-          const int item = item0 + i * static_cast<int>(blockDim.x);
-          const int b = item / vectors;
 #pragma unroll
           for (int j = 0; j < kSummedInputs; ++j) {
-            if (item < total && input + j < input_counts[b]) {
+            if (token_of[i] < batch_tokens && input + j < input_counts[token_of[i]]) {
               const Lanes y = unpack(loaded[i][j]);
               for (int lane = 0; lane < kLanes; ++lane) {
                 sums[i].value[lane] = fmaf(1.0f, y.value[lane], sums[i].value[lane]);
@@ -570,12 +581,10 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
       }
 #pragma unroll
       for (int i = 0; i < kSummedVectors; ++i) {
-        const int item = item0 + i * static_cast<int>(blockDim.x);
-        if (item < total) {
-          const int b = item / vectors;
-          const int token = first + b * stride;
-          reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(token) *
-                                                     shape.hidden)[item - b * vectors] = pack(sums[i]);
+        if (token_of[i] < batch_tokens) {
+          const int out_token = first + token_of[i] * stride;
+          reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(out_token) *
+                                                     shape.hidden)[vector_of[i]] = pack(sums[i]);
         }
       }
     }

@@ -110,21 +110,29 @@ template <int kInFlight>
 __device__ void copy_rows(const uint8_t* const* from, uint8_t* const* to, int count, uint32_t vectors) {
   const uint32_t total = static_cast<uint32_t>(count) * vectors;
   for (uint32_t first = threadIdx.x; first < total; first += kInFlight * blockDim.x) {
+    // Vector first + i * blockDim.x is vector `offset` of row `row`, stepped without a division per vector.
+    const uint32_t first_row = first / vectors;
     Vector16 staged[kInFlight];
+    uint32_t row = first_row;
+    uint32_t offset = first - first_row * vectors;
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
-      const uint32_t index = first + i * blockDim.x;
-      if (index < total) {
-        const uint32_t row = index / vectors;
-        staged[i] = reinterpret_cast<const Vector16*>(from[row])[index - row * vectors];
+      if (row < static_cast<uint32_t>(count)) {
+        staged[i] = reinterpret_cast<const Vector16*>(from[row])[offset];
+      }
+      for (offset += blockDim.x; offset >= vectors && row < static_cast<uint32_t>(count); offset -= vectors) {
+        ++row;
       }
     }
+    row = first_row;
+    offset = first - first_row * vectors;
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
-      const uint32_t index = first + i * blockDim.x;
-      if (index < total) {
-        const uint32_t row = index / vectors;
-        reinterpret_cast<Vector16*>(to[row])[index - row * vectors] = staged[i];
+      if (row < static_cast<uint32_t>(count)) {
+        reinterpret_cast<Vector16*>(to[row])[offset] = staged[i];
+      }
+      for (offset += blockDim.x; offset >= vectors && row < static_cast<uint32_t>(count); offset -= vectors) {
+        ++row;
       }
     }
   }
