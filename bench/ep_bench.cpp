@@ -8,7 +8,7 @@
 //
 //   mpirun -np 2 rocep_bench [--tokens=128,4096] [--formats=bf16,fp8,mxfp8,mxfp4,nvfp4] [--hidden=7168]
 //                            [--top_k=8] [--experts=256] [--iterations=20] [--sms=default,all,N]
-//                            [--cases=fused,split,concurrent] [--concurrent_tokens=4096]
+//                            [--cases=fused,split,concurrent,graph] [--concurrent_tokens=4096]
 //                            [--layouts=expanded,per-token]
 //                            [--inputs=copied,input_buffer] [benchmark flags]
 //
@@ -20,6 +20,9 @@
 // of the GPU on another, sized to take as long alone as dispatch + combine alone. Rows: dispatch + combine
 // alone, the compute kernel alone, both together (from the first event of either stream to the last); and
 // below the table, both together as a multiple of the longer alone (1 = fully overlapped, 2 = serialised).
+// The graph case (GPU only, not by default): 20 fused dispatch + combine pairs captured into one graph and
+// launched between two events; the row gives one pair's time, as a server replaying graphs sees it.
+// --layouts: EpConfig::layout of every case; per-token rows say so in their names.
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 
@@ -72,6 +75,7 @@ struct BenchOptions {
   bool fused = true;  // the cases to run (--cases)
   bool split = true;
   bool concurrent = true;
+  bool graph = false;            // the decode pair inside one graph of kGraphPairs pairs (--cases=graph)
   int concurrent_tokens = 4096;  // tokens per rank of the concurrent case (a prefill step)
   // Where bf16 tokens come from: false = a buffer of the caller's (dispatch stages them), true = the group's
   // input buffer (EpGroup::dispatch_input_buffer); other formats always take the first.
@@ -140,13 +144,17 @@ BenchOptions parse_options(int& argc, char** argv) {
     }
   }
   if (take_flag(argc, argv, "cases", value)) {
-    options.fused = options.split = options.concurrent = false;
+    options.fused = options.split = options.concurrent = options.graph = false;
     std::stringstream list(value);
     for (std::string item; std::getline(list, item, ',');) {
-      if (item != "fused" && item != "split" && item != "concurrent") {
-        throw rocep::ConfigError("--cases: '" + item + "' is invalid: allowed are fused, split, concurrent");
+      if (item != "fused" && item != "split" && item != "concurrent" && item != "graph") {
+        throw rocep::ConfigError("--cases: '" + item +
+                                 "' is invalid: allowed are fused, split, concurrent, graph");
       }
-      (item == "fused" ? options.fused : item == "split" ? options.split : options.concurrent) = true;
+      (item == "fused"        ? options.fused
+       : item == "split"      ? options.split
+       : item == "concurrent" ? options.concurrent
+                              : options.graph) = true;
     }
   }
   if (take_flag(argc, argv, "layouts", value)) {
@@ -599,6 +607,65 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
 }
 
 #if defined(ROCEP_GPU_BUILD)
+// Dispatch + combine pairs captured back to back into one graph, as a server that replays graphs runs them.
+inline constexpr int kGraphPairs = 20;
+
+// The graph case: one graph of kGraphPairs fused dispatch + combine pairs, launched behind a gate between two
+// events; a pair's time is the graph's over kGraphPairs, the slowest rank's. Without the per-call events of
+// run_case, it is what a server replaying graphs sees of each pair.
+void run_graph_case(benchmark::State& state, const std::string& name, rocep::EpConfig config,
+                    int num_tokens) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  config.max_tokens_per_rank = num_tokens;
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  const CaseCalls calls(group, num_tokens, /*in_input_buffer=*/false);
+  const rocep::Stream stream;
+  for (int warm_up = 0; warm_up < 3; ++warm_up) {
+    group.dispatch(calls.inputs, calls.outputs, stream.get());
+    group.combine(calls.combine_args, stream.get());
+  }
+  group.synchronize(stream.get());
+  hipGraph_t graph;
+  hipGraphExec_t executable;
+  ROCEP_GPU_CHECK(hipStreamBeginCapture(stream.get(), hipStreamCaptureModeThreadLocal));
+  for (int pair = 0; pair < kGraphPairs; ++pair) {
+    group.dispatch(calls.inputs, calls.outputs, stream.get());
+    group.combine(calls.combine_args, stream.get());
+  }
+  ROCEP_GPU_CHECK(hipStreamEndCapture(stream.get(), &graph));
+  ROCEP_GPU_CHECK(hipGraphInstantiate(&executable, graph, nullptr, nullptr, 0));
+  ROCEP_GPU_CHECK(hipGraphLaunch(executable, stream.get()));  // warm-up
+  group.synchronize(stream.get());
+  const rocep::Event start;
+  const rocep::Event end;
+  std::vector<double> pair_seconds;
+  for (auto _ : state) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    StreamGate gate;
+    gate.close(stream.get());
+    start.record(stream.get());
+    ROCEP_GPU_CHECK(hipGraphLaunch(executable, stream.get()));
+    end.record(stream.get());
+    MPI_Barrier(MPI_COMM_WORLD);
+    gate.open();
+    group.synchronize(stream.get());
+    double seconds = end.elapsed_ms_since(start) * 1e-3 / kGraphPairs;
+    MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    pair_seconds.push_back(seconds);
+    state.SetIterationTime(seconds);
+  }
+  ROCEP_GPU_CHECK(hipGraphExecDestroy(executable));
+  ROCEP_GPU_CHECK(hipGraphDestroy(graph));
+  const Workload& workload = calls.workload;
+  const double bytes = max_over_ranks(workload.remote_dispatch_bytes + workload.remote_combine_bytes);
+  const double logical = max_over_ranks(workload.logical_dispatch_bytes + workload.logical_combine_bytes);
+  const double seconds = median(pair_seconds);
+  state.SetLabel(backend_label(group, world));
+  summary.push_back({"graph pair" + name, backend_label(group, world), seconds * 1e6, seconds * 1e6,
+                     seconds * 1e6, bytes / 1e6, logical / 1e6, seconds > 0 ? bytes / seconds / 1e9 : 0.0});
+}
+
 // The concurrent case: fused dispatch + combine on one stream beside a compute-bound kernel on another that
 // holds the rest of the rank's share of the GPU (tests/gpu/compute_load.hpp), sized to take about as long
 // alone as dispatch + combine alone. One benchmark iteration times kRepeats rounds of each of: dispatch +
@@ -817,6 +884,17 @@ int main(int argc, char** argv) {
             }
           }
 #if defined(ROCEP_GPU_BUILD)
+          if (options.graph) {
+            for (const int tokens : options.tokens) {
+              const std::string name =
+                  std::string("/") + rocep::to_string(format) + "/tokens:" + std::to_string(tokens) + sms;
+              benchmark::RegisterBenchmark(("graph" + name).c_str(), run_graph_case, name, format_config,
+                                           tokens)
+                  ->Iterations(options.iterations)
+                  ->UseManualTime()
+                  ->Unit(benchmark::kMicrosecond);
+            }
+          }
           // Beside a compute kernel: only where the budget leaves multiprocessors over.
           if (options.concurrent && compute_sms[budget] > 0) {
             const std::string name = std::string("concurrent/") + rocep::to_string(format) +

@@ -4,6 +4,15 @@
 // Streams: `stream` is a hipStream_t (AMD) or cudaStream_t (NVIDIA); both convert to void* implicitly, and
 // nullptr is the default stream. The CPU reference backend ignores it and works on host memory.
 //
+// Beside compute: give the group its own stream and leave the experts' kernels (a shared-expert GEMM, the
+// next layer's work, a TP all-reduce) on others. The communication kernels then take config.num_sms
+// multiprocessors (the default share unless set) and the other kernels the rest, at the same time; their
+// grids are resident at once, so a concurrent kernel can delay a call but not deadlock it. Do not run two
+// groups whose budgets together exceed the GPU (two kAllSms groups, or a kAllSms group beside another
+// kernel that waits on a peer: it would hold multiprocessors the group's grid needs), and order every call
+// of one group on one stream (see dispatch). Split calls let the caller run its own work between a send
+// and its receive on the compute stream.
+//
 // Errors, the same on both backends (each call below says which apply):
 // - CallOrderError: a call out of the order dispatch -> combine -> dispatch ... (each fused or as its two
 //   halves). Refused before anything is issued; the group's state is unchanged.

@@ -155,12 +155,36 @@ struct Call {
   Inputs inputs;
   std::vector<bf16_bits> rows;    // [P, hidden]: what the experts return per received token
   std::vector<bf16_bits> shared;  // [T, hidden]
+  // Scaled formats passed through already quantised: the payloads and scales dispatch reads instead of
+  // inputs.tokens (random bytes: they travel as they are). Empty: quantised in dispatch.
+  std::vector<uint8_t> payloads, scales;
+
+  rocep::DispatchInputs view() const {
+    rocep::DispatchInputs view = inputs.view();
+    view.global_scale = &kGlobalScale;
+    if (!payloads.empty()) {
+      view.tokens = payloads.data();
+      view.token_scales = scales.data();
+    }
+    return view;
+  }
 };
 
-Call make_call(const EpConfig& config, Routing routing, uint64_t seed, int num_tokens = -1) {
-  Call call{make_inputs(config, routing, seed, num_tokens), {}, {}};
+Call make_call(const EpConfig& config, Routing routing, uint64_t seed, int num_tokens = -1,
+               bool pass_through = false) {
+  Call call{make_inputs(config, routing, seed, num_tokens), {}, {}, {}, {}};
   std::mt19937 random(static_cast<unsigned>(seed ^ (0x51ull * (rocep::testing::world_rank() + 1))));
   std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+  if (pass_through) {
+    const std::size_t tokens = std::max(call.inputs.num_tokens, 1);
+    call.payloads.resize(tokens * rocep::format_payload_bytes(config.dispatch_format, config.hidden));
+    call.scales.resize(tokens * scale_bytes(config));
+    for (auto* bytes : {&call.payloads, &call.scales}) {
+      for (auto& byte : *bytes) {
+        byte = static_cast<uint8_t>(random());
+      }
+    }
+  }
   call.rows.resize(config.max_recv_tokens(world_size()) * config.hidden);
   call.shared.resize(static_cast<std::size_t>(config.max_tokens_per_rank) * config.hidden);
   for (auto* values : {&call.rows, &call.shared}) {
@@ -174,9 +198,7 @@ Call make_call(const EpConfig& config, Routing routing, uint64_t seed, int num_t
 // The reference's dispatch and combine of `call` on `group` (a CPU reference group).
 std::vector<bf16_bits> reference_call(rocep::EpGroup& group, const Call& call, HostOutputs& outputs,
                                       const Sizes& sizes) {
-  rocep::DispatchInputs inputs = call.inputs.view();
-  inputs.global_scale = &kGlobalScale;
-  group.dispatch(inputs, outputs.view());
+  group.dispatch(call.view(), outputs.view());
   std::vector<bf16_bits> out(std::max<std::size_t>(call.inputs.num_tokens, 1) * sizes.hidden);
   group.combine({call.rows.data(), nullptr, call.shared.data(), out.data()});
   out.resize(static_cast<std::size_t>(call.inputs.num_tokens) * sizes.hidden);
@@ -191,6 +213,8 @@ struct DeviceCall {
         ids(poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * config.top_k * sizeof(int32_t))),
         weights(
             poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * config.top_k * sizeof(float))),
+        token_scales(poisoned(std::max<std::size_t>(
+            static_cast<std::size_t>(config.max_tokens_per_rank) * sizes.scale_bytes, 1))),
         num_tokens(poisoned(sizeof(int32_t))),
         global_scale(upload(std::vector<float>{kGlobalScale})),
         rows(poisoned(sizes.rows * config.hidden * sizeof(bf16_bits))),
@@ -199,7 +223,13 @@ struct DeviceCall {
         out(poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * config.hidden *
                      sizeof(bf16_bits))) {}
   void load(const Call& call) {
-    copy_into(tokens, call.inputs.tokens);
+    if (call.payloads.empty()) {
+      copy_into(tokens, call.inputs.tokens);
+    } else {
+      copy_into(tokens, call.payloads);
+      copy_into(token_scales, call.scales);
+    }
+    pass_through = !call.payloads.empty();
     copy_into(ids, call.inputs.topk_ids);
     copy_into(weights, call.inputs.topk_weights);
     copy_into(num_tokens, std::vector<int32_t>{call.inputs.num_tokens});
@@ -212,11 +242,13 @@ struct DeviceCall {
     rocep::DispatchInputs view{tokens.get(), ids.as<int32_t>(), weights.as<float>(), host_num_tokens,
                                count_on_device ? num_tokens.as<int32_t>() : nullptr};
     view.global_scale = global_scale.as<float>();
+    view.token_scales = pass_through ? token_scales.get() : nullptr;
     return view;
   }
   rocep::CombineArgs combine() const { return {rows.get(), nullptr, shared.get(), out.get()}; }
-  DeviceBuffer tokens, ids, weights, num_tokens, global_scale, rows, shared, out;
+  DeviceBuffer tokens, ids, weights, token_scales, num_tokens, global_scale, rows, shared, out;
   int host_num_tokens = 0;
+  bool pass_through = false;
 };
 
 void expect_combined(const DeviceBuffer& out, const std::vector<bf16_bits>& expected) {
@@ -224,12 +256,12 @@ void expect_combined(const DeviceBuffer& out, const std::vector<bf16_bits>& expe
 }
 
 // Dispatch + combine of fresh inputs on a new GPU group and on the reference, split or fused.
-void check_per_token(const EpConfig& config, Routing routing, bool split) {
+void check_per_token(const EpConfig& config, Routing routing, bool split, bool pass_through = false) {
   const uint64_t seed = shared_seed();
   SCOPED_TRACE(seed_trace(seed) + ", routing " + routing_name(routing) + (split ? ", split" : ", fused") +
-               ", " + config.describe());
+               (pass_through ? ", already quantised" : "") + ", " + config.describe());
   const Sizes sizes(config);
-  const Call call = make_call(config, routing, seed);
+  const Call call = make_call(config, routing, seed, -1, pass_through);
   rocep::EpGroup reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
   HostOutputs expected(config);
   const std::vector<bf16_bits> combined = reference_call(reference, call, expected, sizes);
@@ -262,6 +294,8 @@ TEST_F(GpuPerToken, MatchesReferenceInEveryFormatAndRouting) {
                             rocep::TokenFormat::kMxfp4, rocep::TokenFormat::kNvfp4}) {
     check_per_token(per_token(make_config(2048, 8, 64 / world, 64, 8), format), Routing::kMasked,
                     split = !split);
+    check_per_token(per_token(make_config(2048, 8, 64 / world, 64, 8), format), Routing::kUniform, split,
+                    /*pass_through=*/true);
   }
   EpConfig fnuz = per_token(make_config(7168, 8, 256 / world, 48), rocep::TokenFormat::kFp8Block128);
   fnuz.fp8_encoding = rocep::Fp8Encoding::kE4m3fnuz;
