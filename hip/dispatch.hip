@@ -1096,14 +1096,16 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
         continue;
       }
       int32_t row = -1;  // a token that names no expert here has no row
+      // The mask, id and weight loaded at once, before any of them is needed.
       const unsigned long long mask =
           *region_token_masks(group.dispatch_region, shape, source, token / kChunkTokens);
+      const int32_t id = region_ids(group.dispatch_region, shape, source, token)[k];
+      const float weight = region_weights(group.dispatch_region, shape, source, token)[k];
       if ((mask >> (token % kChunkTokens)) & 1) {
         row = token_row(group, token_bases, source, token);
-        const int32_t id = region_ids(group.dispatch_region, shape, source, token)[k];
         const std::size_t slot = static_cast<std::size_t>(row) * shape.top_k + k;
         args.recv_topk_ids[slot] = id >= 0 ? id - shape.rank * shape.local_experts : -1;
-        args.recv_topk_weights[slot] = region_weights(group.dispatch_region, shape, source, token)[k];
+        args.recv_topk_weights[slot] = weight;
         if (id >= 0) {
           args.sorted_token_ids[row_of(group, layout, source, token, id)] = row * shape.top_k + k;
         }

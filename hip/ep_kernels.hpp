@@ -104,7 +104,7 @@ struct DispatchRecvArgs {
 // each thread keeps in flight. More of either keeps more bytes in flight per multiprocessor, which is what
 // a small SM budget needs. One set for every architecture until one is measured to want another.
 struct PerTokenTuning {
-  static constexpr int kBatchTokens = 16;
+  static constexpr int kBatchTokens = 32;
   static constexpr int kVectorsInFlight = 16;
 };
 
