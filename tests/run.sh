@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds rocep for the GPU platform found on this machine (or the CPU reference only) and runs every test:
-# CPU tests at 1-4 MPI ranks, GPU tests at 2 ranks (they report SKIPPED without a GPU).
+# CPU tests at 1-4 MPI ranks, GPU tests at 2 ranks (they report SKIPPED without a GPU), then the Python
+# package's tests (built into a venv of its own, on the CPU reference, pytest at 2 and 4 MPI ranks).
 #   ROCEP_BUILD_DIR   build folder (default: build/tests)
 #   ROCEP_CMAKE_ARGS  extra CMake arguments, e.g. -DROCEP_GPU_PLATFORM=none
 set -euo pipefail
@@ -11,3 +12,14 @@ build=${ROCEP_BUILD_DIR:-$root/build/tests}
 cmake -S "$root" -B "$build" -DROCEP_BUILD_BENCH=OFF ${ROCEP_CMAKE_ARGS:-}
 cmake --build "$build" -j "$(nproc)"
 ctest --test-dir "$build" --output-on-failure
+
+venv=$build/python-venv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check numpy pytest mpi4py
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "$root" \
+  -C cmake.define.ROCEP_GPU_PLATFORM=none -C "build-dir=$build/python-wheel"
+for ranks in 2 4; do
+  echo "python tests at $ranks ranks"
+  (cd "$build" && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    mpirun --oversubscribe -np "$ranks" "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/python/tests")
+done

@@ -1,0 +1,47 @@
+"""rocep: expert-parallel MoE dispatch and combine, on AMD and NVIDIA GPUs or the CPU reference.
+
+The native API mirrors the C++ one (include/rocep/ep_group.hpp) on the per-token layout: ``EpConfig``,
+``EpGroup`` created over a bootstrap (``rocep.bootstrap``), ``Group.dispatch`` / ``Group.combine`` on arrays.
+``rocep.mori`` has a MoRI-shaped op. Exceptions are ``rocep.Error`` and its subclasses.
+"""
+
+from ._rocep import (
+    ALL_SMS,
+    DEFAULT_SMS,
+    Backend,
+    BootstrapError,
+    CallOrderError,
+    ConfigError,
+    EpConfig,
+    Error,
+    Fp8Encoding,
+    GpuRuntimeError,
+    InvalidInputError,
+    Layout,
+    TimeoutError,
+    TokenFormat,
+    format_payload_bytes,
+    format_scale_bytes,
+)
+from .group import DispatchResult, Group
+
+__all__ = [
+    "ALL_SMS",
+    "DEFAULT_SMS",
+    "Backend",
+    "BootstrapError",
+    "CallOrderError",
+    "ConfigError",
+    "DispatchResult",
+    "EpConfig",
+    "Error",
+    "Fp8Encoding",
+    "GpuRuntimeError",
+    "Group",
+    "InvalidInputError",
+    "Layout",
+    "TimeoutError",
+    "TokenFormat",
+    "format_payload_bytes",
+    "format_scale_bytes",
+]

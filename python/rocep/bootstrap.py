@@ -1,0 +1,49 @@
+"""Bootstraps: how the ranks of a group find each other at creation (and at destruction).
+
+A bootstrap is any object with ``rank()``, ``size()``, ``all_gather(data: bytes) -> bytes`` (every rank's
+bytes, concatenated in rank order; every rank passes as many) and ``barrier()``. None of them needs mpirun.
+"""
+
+from typing import Callable
+
+
+class Callables:
+    """A bootstrap from plain callables: ``all_gather(bytes) -> list[bytes] | bytes`` and ``barrier()``."""
+
+    def __init__(self, rank: int, size: int, all_gather: Callable, barrier: Callable):
+        if not 0 <= rank < size:
+            raise ValueError(f"rank = {rank} is invalid: allowed range is [0, {size}) for size {size}")
+        self._rank, self._size = rank, size
+        self._all_gather, self._barrier = all_gather, barrier
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def all_gather(self, data: bytes) -> bytes:
+        gathered = self._all_gather(bytes(data))
+        return gathered if isinstance(gathered, (bytes, bytearray)) else b"".join(gathered)
+
+    def barrier(self) -> None:
+        self._barrier()
+
+
+def from_mpi4py(comm) -> Callables:
+    """A bootstrap over an mpi4py communicator."""
+    return Callables(comm.Get_rank(), comm.Get_size(), comm.allgather, comm.Barrier)
+
+
+def from_torch(group=None) -> Callables:
+    """A bootstrap over a torch.distributed process group (None: the default group). The bytes travel by
+    ``all_gather_object``, which any backend supports; give a gloo group to keep them off the GPU."""
+    import torch.distributed as dist
+
+    def all_gather(data: bytes):
+        gathered = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, data, group=group)
+        return gathered
+
+    return Callables(dist.get_rank(group), dist.get_world_size(group), all_gather,
+                     lambda: dist.barrier(group=group))

@@ -1,0 +1,90 @@
+"""A MoRI-shaped op over rocep's per-token layout, for servers written against MoRI's EpDispatchCombineOp.
+
+Names, argument order and return tuples follow MoRI's documented Python API:
+
+    config = rocep.mori.EpDispatchCombineConfig(data_type=..., rank=..., world_size=..., hidden_dim=...,
+                                                scale_dim=..., scale_type_size=..., max_token_type_size=...,
+                                                max_num_inp_token_per_rank=..., num_experts_per_rank=...,
+                                                num_experts_per_token=..., gpu_per_node=...)
+    op = rocep.mori.EpDispatchCombineOp(config, bootstrap)
+    out, out_weights, out_scales, out_indices, recv_num_token = op.dispatch(input, weights, scales, indices)
+    combined, combined_weights = op.combine(expert_output, weights, indices)
+
+Differences, by design: the group is created over a rocep bootstrap (rocep.bootstrap), not MoRI's shmem
+init; out_indices hold the global ids of this rank's experts and -1 for the slots of other ranks (which a
+server's expert map sends to -1 anyway); combine sums one row per received token over the ranks in
+ascending rank order in float32 (weights already applied by the caller), and returns the weights of this
+rank's own tokens as given to dispatch. An op is not reentrant: one dispatch, then its combine. For two
+micro-batches in flight (two-batch overlap), create one op per micro-batch.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _rocep
+from .group import Group
+
+
+@dataclass
+class EpDispatchCombineConfig:
+    data_type: Any  # the token dtype: numpy.uint16 / "bfloat16" for bf16 (fp8 types not yet)
+    rank: int
+    world_size: int
+    hidden_dim: int
+    scale_dim: int
+    scale_type_size: int
+    max_token_type_size: int
+    max_num_inp_token_per_rank: int
+    num_experts_per_rank: int
+    num_experts_per_token: int
+    gpu_per_node: int = 0  # ranks per node; 0 = detect
+
+
+class EpDispatchCombineOp:
+    def __init__(self, config: EpDispatchCombineConfig, bootstrap, backend=_rocep.Backend.AUTO):
+        if config.scale_dim != 0:
+            raise _rocep.ConfigError(
+                f"EpDispatchCombineConfig.scale_dim = {config.scale_dim} is invalid: allowed is 0 "
+                "(bf16 tokens; quantised tokens go through rocep.Group with EpConfig.dispatch_format)")
+        ep = _rocep.EpConfig()
+        ep.hidden = config.hidden_dim
+        ep.top_k = config.num_experts_per_token
+        ep.num_experts = config.num_experts_per_rank * config.world_size
+        ep.max_tokens_per_rank = config.max_num_inp_token_per_rank
+        ep.gpus_per_node = config.gpu_per_node
+        self.config = config
+        self._group = Group(bootstrap, ep, backend)
+        if self._group.rank != config.rank or self._group.world_size != config.world_size:
+            raise _rocep.ConfigError(
+                f"EpDispatchCombineConfig: rank = {config.rank}, world_size = {config.world_size}, but the "
+                f"bootstrap says rank {self._group.rank} of {self._group.world_size}")
+        self._weights = None
+
+    def dispatch(self, input, weights, scales, indices, **unused):
+        """Returns (out, out_weights, out_scales, out_indices, recv_num_token): out [P, hidden], the rows
+        below recv_num_token[0] valid, in (source rank, source token) order."""
+        indices = indices.astype(np.int32) if isinstance(indices, np.ndarray) else indices.int()
+        result = self._group.dispatch(input, indices, weights, scales)
+        self._weights = weights
+        if isinstance(result.tokens, np.ndarray):
+            out = result.tokens.view(np.uint16)
+        else:
+            import torch
+
+            out = result.tokens.view(torch.bfloat16)
+        first_expert = self._group.rank * self.config.num_experts_per_rank
+        out_indices = result.topk_ids + first_expert
+        out_indices[result.topk_ids < 0] = -1
+        return out, result.topk_weights, result.scales, out_indices, result.num_recv_tokens
+
+    def combine(self, input, weights, indices, **unused):
+        """Returns (out, out_weights): this rank's tokens [num_tokens, hidden] and their weights."""
+        num_tokens = self._weights.shape[0] if self._weights is not None else 0
+        out = self._group.combine(input, num_tokens)
+        weights_out, self._weights = self._weights, None
+        return out, weights_out
+
+    def reset(self) -> None:
+        """Nothing to reset: rocep's calls need no host work between them. Kept for MoRI's call sequence."""

@@ -1,0 +1,279 @@
+// The rocep Python module: EpConfig, EpGroup over a Python bootstrap, and the calls on DLPack arrays. Arrays
+// live where the group's backend works: host memory (numpy, torch CPU) on the CPU reference, device memory
+// (torch / cupy on the GPU) on the GPU backend; each argument is checked for dtype, shape and device before
+// a call, naming the argument and what it must be. Exceptions are rocep's own classes (rocep/__init__.py).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rocep/rocep.hpp"
+
+namespace nb = nanobind;
+
+namespace {
+
+// A bootstrap whose collectives are a Python object's methods: rank() and size() (ints), all_gather(bytes)
+// -> bytes (every rank's bytes, concatenated in rank order) and barrier(). Called with the GIL held.
+class PythonBootstrap final : public rocep::Bootstrap {
+ public:
+  explicit PythonBootstrap(nb::object methods)
+      : methods_(std::move(methods)),
+        rank_(nb::cast<int>(methods_.attr("rank")())),
+        size_(nb::cast<int>(methods_.attr("size")())) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_gather(const void* mine, void* all, std::size_t bytes_per_rank) override {
+    nb::gil_scoped_acquire gil;
+    const nb::bytes gathered(
+        methods_.attr("all_gather")(nb::bytes(static_cast<const char*>(mine), bytes_per_rank)));
+    if (gathered.size() != bytes_per_rank * static_cast<std::size_t>(size_)) {
+      throw rocep::BootstrapError("bootstrap all_gather returned " + std::to_string(gathered.size()) +
+                                  " bytes, expected " + std::to_string(bytes_per_rank * size_) +
+                                  " (every rank's bytes, concatenated in rank order)");
+    }
+    std::memcpy(all, gathered.c_str(), gathered.size());
+  }
+  void barrier() override {
+    nb::gil_scoped_acquire gil;
+    methods_.attr("barrier")();
+  }
+
+ private:
+  nb::object methods_;
+  int rank_;
+  int size_;
+};
+
+using Array = nb::ndarray<nb::c_contig>;
+
+// bf16 arrays: torch.bfloat16 (DLPack bfloat16), or their bits as uint16 (numpy has no bfloat16).
+constexpr nb::dlpack::dtype kBfloat16{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+
+// Throws rocep::InvalidInputError naming `name` unless `array` holds `dtype` (or bf16 as uint16 bits where
+// `dtype` is bfloat16) with `shape` (entries < 0 are free) on the device the group's backend uses.
+void check(const char* name, const Array& array, nb::dlpack::dtype dtype, const char* dtype_name,
+           std::initializer_list<int64_t> shape, bool on_gpu) {
+  const auto fail = [&](const std::string& what) {
+    throw rocep::InvalidInputError(std::string(name) + ": " + what);
+  };
+  const bool bf16_bits = dtype == kBfloat16 && array.dtype() == nb::dtype<uint16_t>();
+  if (array.dtype() != dtype && !bf16_bits) {
+    fail(std::string("dtype must be ") + dtype_name);
+  }
+  if (array.ndim() != shape.size()) {
+    fail("must have " + std::to_string(shape.size()) + " dimensions, has " + std::to_string(array.ndim()));
+  }
+  std::size_t axis = 0;
+  std::string expected = "(";
+  bool matches = true;
+  for (const int64_t extent : shape) {
+    expected += (axis > 0 ? ", " : "") + (extent < 0 ? std::string("any") : std::to_string(extent));
+    matches = matches && (extent < 0 || static_cast<int64_t>(array.shape(axis)) == extent);
+    ++axis;
+  }
+  if (!matches) {
+    fail("shape must be " + expected + ")");
+  }
+  const bool device =
+      array.device_type() == nb::device::cuda::value || array.device_type() == nb::device::rocm::value;
+  if (device != on_gpu) {
+    fail(on_gpu ? "must be in GPU memory (the group's backend is the GPU)"
+                : "must be in host memory (the group's backend is the CPU reference)");
+  }
+}
+
+}  // namespace
+
+NB_MODULE(_rocep, m) {
+  // A group or config that a script keeps in a global is still alive when the interpreter exits; that is
+  // not a leak of rocep's.
+  nb::set_leak_warnings(false);
+  nb::enum_<rocep::TokenFormat>(m, "TokenFormat")
+      .value("BF16", rocep::TokenFormat::kBf16)
+      .value("FP8_BLOCK128", rocep::TokenFormat::kFp8Block128)
+      .value("MXFP4", rocep::TokenFormat::kMxfp4)
+      .value("NVFP4", rocep::TokenFormat::kNvfp4)
+      .value("MXFP8", rocep::TokenFormat::kMxfp8);
+  nb::enum_<rocep::Fp8Encoding>(m, "Fp8Encoding")
+      .value("AUTO", rocep::Fp8Encoding::kAuto)
+      .value("E4M3FN", rocep::Fp8Encoding::kE4m3fn)
+      .value("E4M3FNUZ", rocep::Fp8Encoding::kE4m3fnuz);
+  nb::enum_<rocep::Layout>(m, "Layout")
+      .value("EXPANDED", rocep::Layout::kExpanded)
+      .value("PER_TOKEN", rocep::Layout::kPerToken);
+  nb::enum_<rocep::Backend>(m, "Backend")
+      .value("AUTO", rocep::Backend::kAuto)
+      .value("GPU", rocep::Backend::kGpu)
+      .value("CPU_REFERENCE", rocep::Backend::kCpuReference);
+
+  nb::class_<rocep::EpConfig>(m, "EpConfig")
+      .def(nb::init<>())
+      .def_rw("hidden", &rocep::EpConfig::hidden)
+      .def_rw("top_k", &rocep::EpConfig::top_k)
+      .def_rw("num_experts", &rocep::EpConfig::num_experts)
+      .def_rw("max_tokens_per_rank", &rocep::EpConfig::max_tokens_per_rank)
+      .def_rw("dispatch_format", &rocep::EpConfig::dispatch_format)
+      .def_rw("fp8_encoding", &rocep::EpConfig::fp8_encoding)
+      .def_rw("gpus_per_node", &rocep::EpConfig::gpus_per_node)
+      .def_rw("num_sms", &rocep::EpConfig::num_sms)
+      .def_rw("layout", &rocep::EpConfig::layout)
+      .def_rw("expert_alignment", &rocep::EpConfig::expert_alignment)
+      .def_rw("timeout_seconds", &rocep::EpConfig::timeout_seconds)
+      .def("validate", &rocep::EpConfig::validate, nb::arg("world_size"))
+      .def("num_local_experts", &rocep::EpConfig::num_local_experts, nb::arg("world_size"))
+      .def("max_recv_rows", &rocep::EpConfig::max_recv_rows, nb::arg("world_size"))
+      .def("max_recv_tokens", &rocep::EpConfig::max_recv_tokens, nb::arg("world_size"))
+      .def("__repr__", [](const rocep::EpConfig& config) { return "EpConfig(" + config.describe() + ")"; });
+  m.attr("DEFAULT_SMS") = rocep::EpConfig::kDefaultSms;
+  m.attr("ALL_SMS") = rocep::EpConfig::kAllSms;
+  m.def("format_payload_bytes", &rocep::format_payload_bytes, nb::arg("format"), nb::arg("hidden"));
+  m.def("format_scale_bytes", &rocep::format_scale_bytes, nb::arg("format"), nb::arg("hidden"));
+
+  // The per-token layout's calls on arrays (the layout the Python package serves; types.hpp has the
+  // fields). Streams: the GPU backend's calls take a stream handle (an int, 0 = the default stream).
+  nb::class_<rocep::EpGroup>(m, "EpGroup")
+      .def(
+          "__init__",
+          [](rocep::EpGroup* group, nb::object bootstrap, const rocep::EpConfig& config,
+             rocep::Backend backend) {
+            auto adapter = std::make_shared<PythonBootstrap>(std::move(bootstrap));
+            nb::gil_scoped_release release;  // the adapter takes the GIL back for each collective
+            new (group) rocep::EpGroup(adapter, config, backend);
+          },
+          nb::arg("bootstrap"), nb::arg("config"), nb::arg("backend") = rocep::Backend::kAuto)
+      .def_prop_ro("rank", &rocep::EpGroup::rank)
+      .def_prop_ro("world_size", &rocep::EpGroup::world_size)
+      .def_prop_ro("config", &rocep::EpGroup::config)
+      .def_prop_ro("backend", &rocep::EpGroup::backend)
+      .def_prop_ro("num_local_experts", &rocep::EpGroup::num_local_experts)
+      .def_prop_ro("max_recv_rows", &rocep::EpGroup::max_recv_rows)
+      .def(
+          "dispatch",
+          [](rocep::EpGroup& group, Array tokens, Array topk_ids, Array topk_weights, nb::object token_scales,
+             Array recv_tokens, nb::object recv_scales, Array recv_topk_ids, Array recv_topk_weights,
+             Array src_info, Array num_recv_tokens, Array sorted_token_ids, Array block_expert_ids,
+             Array row_offsets, std::uintptr_t stream) {
+            const rocep::EpConfig& config = group.config();
+            const bool gpu = group.backend() == rocep::Backend::kGpu;
+            const int world = group.world_size();
+            const auto rows = static_cast<int64_t>(config.max_recv_tokens(world));
+            const int64_t top_k = config.top_k;
+            const auto payload =
+                static_cast<int64_t>(rocep::format_payload_bytes(config.dispatch_format, config.hidden));
+            const auto scales =
+                static_cast<int64_t>(rocep::format_scale_bytes(config.dispatch_format, config.hidden));
+            check("recv_tokens", recv_tokens, nb::dtype<uint8_t>(), "uint8", {rows, payload}, gpu);
+            check("recv_topk_ids", recv_topk_ids, nb::dtype<int32_t>(), "int32", {rows, top_k}, gpu);
+            check("recv_topk_weights", recv_topk_weights, nb::dtype<float>(), "float32", {rows, top_k}, gpu);
+            check("src_info", src_info, nb::dtype<int32_t>(), "int32", {rows, 3}, gpu);
+            check("num_recv_tokens", num_recv_tokens, nb::dtype<int32_t>(), "int32", {1}, gpu);
+            const auto entries = static_cast<int64_t>(config.max_recv_rows(world));
+            check("sorted_token_ids", sorted_token_ids, nb::dtype<int32_t>(), "int32", {entries}, gpu);
+            check("block_expert_ids", block_expert_ids, nb::dtype<int32_t>(), "int32",
+                  {entries / config.expert_alignment}, gpu);
+            check("row_offsets", row_offsets, nb::dtype<uint32_t>(), "uint32",
+                  {static_cast<int64_t>(group.num_local_experts()) + 1}, gpu);
+            // Bad inputs, as in C++: this rank still takes part, with zero tokens, so that its peers
+            // complete; then it raises.
+            rocep::DispatchInputs inputs;
+            std::string input_error;
+            try {
+              const int64_t given = static_cast<int64_t>(topk_ids.ndim() > 0 ? topk_ids.shape(0) : 0);
+              if (token_scales.is_none()) {
+                check("tokens", tokens, kBfloat16, "bfloat16 (or its bits as uint16)", {given, config.hidden},
+                      gpu);
+              } else {
+                check("tokens", tokens, nb::dtype<uint8_t>(), "uint8 (quantised payload bytes)",
+                      {given, payload}, gpu);
+                const Array given_scales = nb::cast<Array>(token_scales);
+                check("token_scales", given_scales, nb::dtype<uint8_t>(), "uint8", {given, scales}, gpu);
+                inputs.token_scales = given_scales.data();
+              }
+              check("topk_ids", topk_ids, nb::dtype<int32_t>(), "int32", {-1, top_k}, gpu);
+              check("topk_weights", topk_weights, nb::dtype<float>(), "float32", {given, top_k}, gpu);
+              inputs.tokens = tokens.data();
+              inputs.topk_ids = static_cast<const int32_t*>(topk_ids.data());
+              inputs.topk_weights = static_cast<const float*>(topk_weights.data());
+              inputs.num_tokens = static_cast<int>(given);
+            } catch (const rocep::InvalidInputError& error) {
+              input_error = std::string("dispatch on rank ") + std::to_string(group.rank()) + ": " +
+                            error.what() + " (this rank took part with zero tokens)";
+              inputs = rocep::DispatchInputs{};
+            }
+            rocep::DispatchOutputs outputs;
+            outputs.recv_tokens = recv_tokens.data();
+            if (scales > 0) {
+              const Array scale_rows = nb::cast<Array>(recv_scales);
+              check("recv_scales", scale_rows, nb::dtype<uint8_t>(), "uint8", {rows, scales}, gpu);
+              outputs.recv_scales = scale_rows.data();
+            }
+            outputs.recv_topk_ids = static_cast<int32_t*>(recv_topk_ids.data());
+            outputs.recv_topk_weights = static_cast<float*>(recv_topk_weights.data());
+            outputs.src_info = static_cast<rocep::SrcInfo*>(src_info.data());
+            outputs.num_recv_tokens = static_cast<int32_t*>(num_recv_tokens.data());
+            outputs.sorted_token_ids = static_cast<int32_t*>(sorted_token_ids.data());
+            outputs.block_expert_ids = static_cast<int32_t*>(block_expert_ids.data());
+            outputs.row_offsets = static_cast<uint32_t*>(row_offsets.data());
+            {
+              nb::gil_scoped_release release;
+              group.dispatch(inputs, outputs, reinterpret_cast<void*>(stream));
+            }
+            if (!input_error.empty()) {
+              throw rocep::InvalidInputError(input_error);
+            }
+          },
+          nb::arg("tokens"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("token_scales").none(),
+          nb::arg("recv_tokens"), nb::arg("recv_scales").none(), nb::arg("recv_topk_ids"),
+          nb::arg("recv_topk_weights"), nb::arg("src_info"), nb::arg("num_recv_tokens"),
+          nb::arg("sorted_token_ids"), nb::arg("block_expert_ids"), nb::arg("row_offsets"),
+          nb::arg("stream") = 0)
+      .def(
+          "combine",
+          [](rocep::EpGroup& group, Array expert_outputs, nb::object shared_expert_output, Array out,
+             std::uintptr_t stream) {
+            const rocep::EpConfig& config = group.config();
+            const bool gpu = group.backend() == rocep::Backend::kGpu;
+            const auto rows = static_cast<int64_t>(config.max_recv_tokens(group.world_size()));
+            check("expert_outputs", expert_outputs, kBfloat16, "bfloat16 (or its bits as uint16)",
+                  {rows, config.hidden}, gpu);
+            check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {-1, config.hidden}, gpu);
+            rocep::CombineArgs args{expert_outputs.data(), nullptr, nullptr, out.data()};
+            if (!shared_expert_output.is_none()) {
+              const Array shared = nb::cast<Array>(shared_expert_output);
+              check("shared_expert_output", shared, kBfloat16, "bfloat16 (or its bits as uint16)",
+                    {static_cast<int64_t>(out.shape(0)), config.hidden}, gpu);
+              args.shared_expert_output = shared.data();
+            }
+            nb::gil_scoped_release release;
+            group.combine(args, reinterpret_cast<void*>(stream));
+          },
+          nb::arg("expert_outputs"), nb::arg("shared_expert_output").none(), nb::arg("out"),
+          nb::arg("stream") = 0)
+      .def(
+          "synchronize",
+          [](rocep::EpGroup& group, std::uintptr_t stream) {
+            nb::gil_scoped_release release;
+            group.synchronize(reinterpret_cast<void*>(stream));
+          },
+          nb::arg("stream") = 0)
+      .def("poll_error", [](rocep::EpGroup& group) {
+        const rocep::RecordedError error = group.poll_error();
+        return nb::make_tuple(static_cast<int>(error.kind), error.message);
+      });
+
+  // rocep's exceptions as Python classes (rocep/__init__.py names them): nanobind translates each C++ class
+  // to the registered Python one.
+  static nb::exception<rocep::Error> error(m, "Error");
+  static nb::exception<rocep::ConfigError> config_error(m, "ConfigError", error);
+  static nb::exception<rocep::InvalidInputError> invalid_input(m, "InvalidInputError", error);
+  static nb::exception<rocep::CallOrderError> call_order(m, "CallOrderError", error);
+  static nb::exception<rocep::TimeoutError> timeout(m, "TimeoutError", error);
+  static nb::exception<rocep::BootstrapError> bootstrap(m, "BootstrapError", error);
+  static nb::exception<rocep::GpuRuntimeError> gpu_runtime(m, "GpuRuntimeError", error);
+}

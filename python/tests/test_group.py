@@ -1,0 +1,165 @@
+"""The Python package on the CPU reference, at any number of MPI ranks (mpirun -np N python -m pytest):
+the native API against a naive numpy computation, the MoRI-shaped op, every bootstrap, and the errors.
+Inputs are random and drawn anew per test from a seed shared by the ranks; outputs are allocated fresh."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import rocep
+from rocep import bootstrap
+from rocep.mori import EpDispatchCombineConfig, EpDispatchCombineOp
+
+COMM = MPI.COMM_WORLD
+RANK, WORLD = COMM.Get_rank(), COMM.Get_size()
+
+
+def shared_seed() -> int:
+    return COMM.bcast(int(np.random.SeedSequence().entropy % (2**31)) if RANK == 0 else None, root=0)
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits, round to nearest even (finite values)."""
+    words = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((words + 0x7FFF + ((words >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_float(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def make_config(hidden=256, top_k=4, experts_per_rank=4, max_tokens=24, alignment=4) -> rocep.EpConfig:
+    config = rocep.EpConfig()
+    config.hidden, config.top_k = hidden, top_k
+    config.num_experts, config.max_tokens_per_rank = experts_per_rank * WORLD, max_tokens
+    config.expert_alignment = alignment
+    return config
+
+
+def rank_inputs(config, seed, rank, num_tokens=None):
+    """Rank `rank`'s tokens (bf16 bits), ids (distinct, some -1) and weights."""
+    rng = np.random.default_rng(seed + 7919 * rank)
+    n = int(rng.integers(0, config.max_tokens_per_rank + 1)) if num_tokens is None else num_tokens
+    tokens = bf16_bits(rng.uniform(-4, 4, size=(n, config.hidden)))
+    ids = np.stack([rng.permutation(config.num_experts)[:config.top_k] for _ in range(n)]).astype(np.int32) \
+        if n else np.zeros((0, config.top_k), np.int32)
+    ids[rng.random(ids.shape) < 0.2] = -1
+    weights = rng.random((n, config.top_k)).astype(np.float32)
+    return tokens, ids, weights
+
+
+def bootstraps():
+    return {
+        "mpi4py": lambda: bootstrap.from_mpi4py(COMM),
+        "callables": lambda: bootstrap.Callables(RANK, WORLD, COMM.allgather, COMM.Barrier),
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(bootstraps()))
+def test_dispatch_and_combine_match_the_naive_definition(kind):
+    config = make_config()
+    group = rocep.Group(bootstraps()[kind](), config, rocep.Backend.CPU_REFERENCE)
+    local = config.num_local_experts(WORLD)
+    for call in range(3):  # new data, counts and routing on every call of one group
+        seed = shared_seed()
+        inputs = [rank_inputs(config, seed, rank, num_tokens=[None, 0, config.max_tokens_per_rank][call])
+                  for rank in range(WORLD)]
+        result = group.dispatch(*inputs[RANK])
+        rows = [(s, t) for s in range(WORLD) for t in range(len(inputs[s][1]))
+                if any(i >= 0 and i // local == RANK for i in inputs[s][1][t])]
+        assert result.count() == len(rows)
+        for row, (s, t) in enumerate(rows):
+            assert (result.tokens[row].view(np.uint16) == inputs[s][0][t]).all()
+            assert list(result.src_info[row]) == [s, t, -1]
+            ids = inputs[s][1][t]
+            expected_ids = np.where((ids >= 0) & (ids // local == RANK), ids - RANK * local, -1)
+            assert (result.topk_ids[row] == expected_ids).all()
+            assert (result.topk_weights[row] == inputs[s][2][t]).all()
+        # sorted_token_ids: each expert's (row, slot) pairs in row order, padded to the alignment.
+        sorted_ids, offsets = [], []
+        for expert in range(local):
+            offsets.append(len(sorted_ids))
+            sorted_ids += [row * config.top_k + k for row in range(len(rows)) for k in range(config.top_k)
+                           if result.topk_ids[row][k] == expert]
+            padding = (offsets[-1] - len(sorted_ids)) % config.expert_alignment
+            sorted_ids += [len(result.tokens) * config.top_k] * padding
+        offsets.append(len(sorted_ids))
+        assert list(result.row_offsets) == offsets
+        assert list(result.sorted_token_ids[:len(sorted_ids)]) == sorted_ids
+        # Combine: every rank returns, per received row, a row that depends on (itself, source, token).
+        rng = np.random.default_rng(seed + 1)
+        rows_of = {(r, s, t): bf16_bits(rng.uniform(-2, 2, config.hidden))
+                   for r in range(WORLD) for s in range(WORLD) for t in range(len(inputs[s][1]))}
+        expert_outputs = np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16)
+        for row, (s, t) in enumerate(rows):
+            expert_outputs[row] = rows_of[(RANK, s, t)]
+        out = group.combine(expert_outputs, len(inputs[RANK][1]))
+        for t, ids in enumerate(inputs[RANK][1]):
+            total = np.zeros(config.hidden, np.float32)
+            for r in range(WORLD):
+                if any(i >= 0 and i // local == r for i in ids):
+                    total += bf16_float(rows_of[(r, RANK, t)])
+            assert (out[t] == bf16_bits(total)).all(), f"token {t}"
+
+
+def test_bad_input_raises_on_its_rank_and_the_peers_complete():
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    rows = np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16)
+    tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=8)
+    bad = [(dict(weights=weights.astype(np.float64)), "topk_weights: dtype must be float32"),
+           (dict(tokens=tokens[:, :128]), r"tokens: shape must be \(8, 256\)"),
+           (dict(ids=ids.astype(np.int64)), "topk_ids: dtype must be int32")]
+    for change, message in bad:
+        arguments = dict(tokens=tokens, ids=ids, weights=weights)
+        arguments.update(change)
+        if RANK == 0:
+            # This rank took part with zero tokens: the peers receive nothing from it, and complete.
+            with pytest.raises(rocep.InvalidInputError, match=message):
+                group.dispatch(arguments["tokens"], arguments["ids"], arguments["weights"])
+            out = group.combine(rows, 0)
+        else:
+            result = group.dispatch(tokens, ids, weights)
+            assert not (result.src_info[:result.count(), 0] == 0).any()  # nothing from rank 0
+            out = group.combine(rows, len(ids))
+        assert out.shape[1] == config.hidden
+
+
+def test_calls_out_of_order_raise_call_order_error_and_the_group_goes_on():
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    with pytest.raises(rocep.CallOrderError):
+        group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), 0)
+    tokens, ids, weights = rank_inputs(config, shared_seed(), RANK)
+    group.dispatch(tokens, ids, weights)
+    out = group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(ids))
+    assert out.shape == (len(ids), config.hidden)
+
+
+def test_bad_config_raises_config_error_naming_the_field():
+    config = make_config()
+    config.top_k = 0
+    with pytest.raises(rocep.ConfigError, match="EpConfig.top_k = 0"):
+        rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+
+
+def test_mori_shaped_op_matches_the_native_group():
+    config = EpDispatchCombineConfig(data_type=np.uint16, rank=RANK, world_size=WORLD, hidden_dim=128,
+                                     scale_dim=0, scale_type_size=1, max_token_type_size=4,
+                                     max_num_inp_token_per_rank=16, num_experts_per_rank=2,
+                                     num_experts_per_token=2)
+    op = EpDispatchCombineOp(config, bootstrap.from_mpi4py(COMM), rocep.Backend.CPU_REFERENCE)
+    native = rocep.Group(bootstrap.from_mpi4py(COMM), make_config(128, 2, 2, 16, 1), rocep.Backend.CPU_REFERENCE)
+    seed = shared_seed()
+    tokens, ids, weights = rank_inputs(make_config(128, 2, 2, 16, 1), seed, RANK)
+    out, out_weights, out_scales, out_indices, recv_num_token = op.dispatch(tokens, weights, None, ids)
+    expected = native.dispatch(tokens, ids, weights)
+    count = expected.count()
+    assert int(recv_num_token[0]) == count and out_scales is None
+    assert (out[:count] == expected.tokens[:count].view(np.uint16)).all()
+    assert (out_weights[:count] == expected.topk_weights[:count]).all()
+    local = expected.topk_ids[:count]
+    assert (out_indices[:count] == np.where(local >= 0, local + RANK * 2, -1)).all()
+    combined, combined_weights = op.combine(out, out_weights, out_indices)
+    reference = native.combine(expected.tokens.view(np.uint16), len(ids))
+    assert (combined == reference).all() and (combined_weights == weights).all()
