@@ -38,6 +38,7 @@ class Group:
     """A per-token expert-parallel group over a bootstrap (see rocep.bootstrap). Collective to create."""
 
     def __init__(self, bootstrap, config: "_rocep.EpConfig", backend=_rocep.Backend.AUTO):
+        config = _rocep.EpConfig(config)  # the caller's stays as it is
         config.layout = _rocep.Layout.PER_TOKEN
         self._group = _rocep.EpGroup(bootstrap, config, backend)
         self.config = self._group.config

@@ -114,6 +114,7 @@ NB_MODULE(_rocep, m) {
 
   nb::class_<rocep::EpConfig>(m, "EpConfig")
       .def(nb::init<>())
+      .def(nb::init<const rocep::EpConfig&>(), nb::arg("other"))
       .def_rw("hidden", &rocep::EpConfig::hidden)
       .def_rw("top_k", &rocep::EpConfig::top_k)
       .def_rw("num_experts", &rocep::EpConfig::num_experts)
