@@ -13,6 +13,7 @@ cmake -S "$root" -B "$build" -DROCEP_BUILD_BENCH=OFF ${ROCEP_CMAKE_ARGS:-}
 cmake --build "$build" -j "$(nproc)"
 ctest --test-dir "$build" --output-on-failure
 
+build=$(cd "$build" && pwd)  # absolute: the Python tests run from inside it
 venv=$build/python-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy pytest mpi4py
