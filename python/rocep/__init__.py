@@ -22,6 +22,7 @@ from ._rocep import (
     TokenFormat,
     format_payload_bytes,
     format_scale_bytes,
+    silu_and_quantize,
 )
 from .group import DispatchResult, Group
 
@@ -44,4 +45,5 @@ __all__ = [
     "TokenFormat",
     "format_payload_bytes",
     "format_scale_bytes",
+    "silu_and_quantize",
 ]

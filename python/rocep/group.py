@@ -5,7 +5,7 @@ on the current device, and calls go on the current torch stream.
 """
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class Group:
         self.config = self._group.config
         self.rank, self.world_size = self._group.rank, self._group.world_size
         self._gpu = self._group.backend == _rocep.Backend.GPU
-        self._last: Optional[DispatchResult] = None
+        self._pending = None  # combine_send's arrays, until combine_recv
 
     @property
     def backend(self):
@@ -64,13 +64,12 @@ class Group:
             return torch.cuda.current_stream().cuda_stream
         return 0
 
-    def dispatch(self, tokens, topk_ids, topk_weights, token_scales=None) -> DispatchResult:
-        """Sends every token to the ranks of its experts; returns this rank's received tokens. Collective."""
+    def _outputs(self) -> DispatchResult:
         config, world = self.config, self.world_size
         rows, entries = config.max_recv_tokens(world), config.max_recv_rows(world)
         payload = _rocep.format_payload_bytes(config.dispatch_format, config.hidden)
         scale_bytes = _rocep.format_scale_bytes(config.dispatch_format, config.hidden)
-        result = DispatchResult(
+        return DispatchResult(
             tokens=self._empty((rows, payload), "uint8"),
             scales=self._empty((rows, scale_bytes), "uint8") if scale_bytes > 0 else None,
             topk_ids=self._empty((rows, config.top_k), "int32"),
@@ -81,20 +80,57 @@ class Group:
             block_expert_ids=self._empty((entries // config.expert_alignment,), "int32"),
             row_offsets=self._empty((self._group.num_local_experts + 1,), "uint32"),
         )
-        self._group.dispatch(tokens, topk_ids, topk_weights, token_scales, result.tokens, result.scales,
-                             result.topk_ids, result.topk_weights, result.src_info, result.num_recv_tokens,
-                             result.sorted_token_ids, result.block_expert_ids, result.row_offsets,
-                             self._stream())
-        self._last = result
+
+    @staticmethod
+    def _arrays(result: DispatchResult) -> "_rocep.OutputArrays":
+        return _rocep.OutputArrays(result.tokens, result.scales, result.topk_ids, result.topk_weights,
+                                   result.src_info, result.num_recv_tokens, result.sorted_token_ids,
+                                   result.block_expert_ids, result.row_offsets)
+
+    def dispatch(self, tokens, topk_ids, topk_weights, token_scales=None) -> DispatchResult:
+        """Sends every token to the ranks of its experts; returns this rank's received tokens. Collective.
+        Bad inputs raise rocep.InvalidInputError after this rank took part with zero tokens."""
+        result = self._outputs()
+        self._group.dispatch(tokens, topk_ids, topk_weights, token_scales, self._arrays(result), self._stream())
         return result
+
+    def dispatch_send(self, tokens, topk_ids, topk_weights, token_scales=None) -> None:
+        """The send half of dispatch: returns once issued; the inputs must stay alive until dispatch_recv."""
+        self._group.dispatch_send(tokens, topk_ids, topk_weights, token_scales, self._stream())
+
+    def dispatch_recv(self) -> DispatchResult:
+        """The receive half of dispatch: waits for every peer's send and returns this rank's tokens."""
+        result = self._outputs()
+        self._group.dispatch_recv(self._arrays(result), self._stream())
+        return result
+
+    def _combine_arguments(self, expert_outputs, num_tokens, shared_expert_output):
+        # `out` gets a row even for no tokens (the call needs a buffer); a shared expert of no tokens adds nothing.
+        out = self._empty((max(num_tokens, 1), self.config.hidden), "bfloat16" if self._gpu else "uint16")
+        shared = shared_expert_output if num_tokens > 0 else None
+        return expert_outputs, shared, out[:max(num_tokens, 1)], out[:num_tokens]
 
     def combine(self, expert_outputs, num_tokens: int, shared_expert_output=None):
         """Returns this rank's tokens [num_tokens, hidden] (bf16 bits on the CPU reference): the rows of
         every rank that received each token, summed in ascending rank order in float32 (+ the shared
         expert), rounded once. `expert_outputs` is [P, hidden], one row per received token. Collective."""
-        out = self._empty((max(num_tokens, 1), self.config.hidden), "uint16" if not self._gpu else "bfloat16")
-        self._group.combine(expert_outputs, shared_expert_output, out[:max(num_tokens, 1)], self._stream())
-        return out[:num_tokens]
+        rows, shared, out, result = self._combine_arguments(expert_outputs, num_tokens, shared_expert_output)
+        self._group.combine(rows, shared, out, self._stream())
+        return result
+
+    def combine_send(self, expert_outputs, num_tokens: int, shared_expert_output=None) -> None:
+        """The send half of combine; combine_recv returns the tokens. The arrays must stay alive until then."""
+        self._pending = self._combine_arguments(expert_outputs, num_tokens, shared_expert_output)
+        self._group.combine_send(*self._pending[:3], self._stream())
+
+    def combine_recv(self):
+        """The receive half of combine: waits for every peer's rows and returns this rank's tokens."""
+        if self._pending is None:
+            raise _rocep.CallOrderError("combine_recv: no combine_send before it on this rank")
+        rows, shared, out, result = self._pending
+        self._pending = None
+        self._group.combine_recv(rows, shared, out, self._stream())
+        return result
 
     def synchronize(self) -> None:
         """Waits for the group's stream and raises what the kernels recorded (rocep.Error subclasses)."""

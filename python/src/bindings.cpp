@@ -88,12 +88,129 @@ void check(const char* name, const Array& array, nb::dlpack::dtype dtype, const 
   }
 }
 
+// The per-token layout's output arrays, in DispatchResult's order (rocep/group.py).
+struct OutputArrays {
+  Array tokens;
+  nb::object scales;
+  Array topk_ids, topk_weights, src_info, num_recv_tokens, sorted_token_ids, block_expert_ids, row_offsets;
+};
+
+// Checks the output arrays (a bad one refuses the call on this rank, as in C++) and returns them as outputs.
+rocep::DispatchOutputs dispatch_outputs(const rocep::EpGroup& group, const OutputArrays& arrays) {
+  const rocep::EpConfig& config = group.config();
+  const bool gpu = group.backend() == rocep::Backend::kGpu;
+  const int world = group.world_size();
+  const auto rows = static_cast<int64_t>(config.max_recv_tokens(world));
+  const int64_t top_k = config.top_k;
+  const auto payload =
+      static_cast<int64_t>(rocep::format_payload_bytes(config.dispatch_format, config.hidden));
+  const auto scales = static_cast<int64_t>(rocep::format_scale_bytes(config.dispatch_format, config.hidden));
+  const auto entries = static_cast<int64_t>(config.max_recv_rows(world));
+  check("recv_tokens", arrays.tokens, nb::dtype<uint8_t>(), "uint8", {rows, payload}, gpu);
+  check("recv_topk_ids", arrays.topk_ids, nb::dtype<int32_t>(), "int32", {rows, top_k}, gpu);
+  check("recv_topk_weights", arrays.topk_weights, nb::dtype<float>(), "float32", {rows, top_k}, gpu);
+  check("src_info", arrays.src_info, nb::dtype<int32_t>(), "int32", {rows, 3}, gpu);
+  check("num_recv_tokens", arrays.num_recv_tokens, nb::dtype<int32_t>(), "int32", {1}, gpu);
+  check("sorted_token_ids", arrays.sorted_token_ids, nb::dtype<int32_t>(), "int32", {entries}, gpu);
+  check("block_expert_ids", arrays.block_expert_ids, nb::dtype<int32_t>(), "int32",
+        {entries / config.expert_alignment}, gpu);
+  check("row_offsets", arrays.row_offsets, nb::dtype<uint32_t>(), "uint32",
+        {static_cast<int64_t>(group.num_local_experts()) + 1}, gpu);
+  rocep::DispatchOutputs outputs;
+  outputs.recv_tokens = arrays.tokens.data();
+  if (scales > 0) {
+    const Array scale_rows = nb::cast<Array>(arrays.scales);
+    check("recv_scales", scale_rows, nb::dtype<uint8_t>(), "uint8", {rows, scales}, gpu);
+    outputs.recv_scales = scale_rows.data();
+  }
+  outputs.recv_topk_ids = static_cast<int32_t*>(arrays.topk_ids.data());
+  outputs.recv_topk_weights = static_cast<float*>(arrays.topk_weights.data());
+  outputs.src_info = static_cast<rocep::SrcInfo*>(arrays.src_info.data());
+  outputs.num_recv_tokens = static_cast<int32_t*>(arrays.num_recv_tokens.data());
+  outputs.sorted_token_ids = static_cast<int32_t*>(arrays.sorted_token_ids.data());
+  outputs.block_expert_ids = static_cast<int32_t*>(arrays.block_expert_ids.data());
+  outputs.row_offsets = static_cast<uint32_t*>(arrays.row_offsets.data());
+  return outputs;
+}
+
+// The checked inputs, or, for a bad one, zero tokens and its message in *error: as in C++, this rank still
+// takes part, with zero tokens, so that its peers complete; then it raises.
+rocep::DispatchInputs dispatch_inputs(const rocep::EpGroup& group, const Array& tokens, const Array& topk_ids,
+                                      const Array& topk_weights, const nb::object& token_scales,
+                                      std::string* error) {
+  const rocep::EpConfig& config = group.config();
+  const bool gpu = group.backend() == rocep::Backend::kGpu;
+  const auto payload =
+      static_cast<int64_t>(rocep::format_payload_bytes(config.dispatch_format, config.hidden));
+  const auto scales = static_cast<int64_t>(rocep::format_scale_bytes(config.dispatch_format, config.hidden));
+  rocep::DispatchInputs inputs;
+  try {
+    const int64_t given = static_cast<int64_t>(topk_ids.ndim() > 0 ? topk_ids.shape(0) : 0);
+    if (token_scales.is_none()) {
+      check("tokens", tokens, kBfloat16, "bfloat16 (or its bits as uint16)", {given, config.hidden}, gpu);
+    } else {
+      check("tokens", tokens, nb::dtype<uint8_t>(), "uint8 (quantised payload bytes)", {given, payload}, gpu);
+      const Array given_scales = nb::cast<Array>(token_scales);
+      check("token_scales", given_scales, nb::dtype<uint8_t>(), "uint8", {given, scales}, gpu);
+      inputs.token_scales = given_scales.data();
+    }
+    check("topk_ids", topk_ids, nb::dtype<int32_t>(), "int32", {-1, config.top_k}, gpu);
+    check("topk_weights", topk_weights, nb::dtype<float>(), "float32", {given, config.top_k}, gpu);
+    inputs.tokens = tokens.data();
+    inputs.topk_ids = static_cast<const int32_t*>(topk_ids.data());
+    inputs.topk_weights = static_cast<const float*>(topk_weights.data());
+    inputs.num_tokens = static_cast<int>(given);
+  } catch (const rocep::InvalidInputError& bad) {
+    *error = std::string("dispatch on rank ") + std::to_string(group.rank()) + ": " + bad.what() +
+             " (this rank took part with zero tokens)";
+    inputs = rocep::DispatchInputs{};
+  }
+  return inputs;
+}
+
+void raise_if(const std::string& error) {
+  if (!error.empty()) {
+    throw rocep::InvalidInputError(error);
+  }
+}
+
+rocep::CombineArgs combine_args(const rocep::EpGroup& group, const Array& expert_outputs,
+                                const nb::object& shared_expert_output, const Array& out) {
+  const rocep::EpConfig& config = group.config();
+  const bool gpu = group.backend() == rocep::Backend::kGpu;
+  const auto rows = static_cast<int64_t>(config.max_recv_tokens(group.world_size()));
+  check("expert_outputs", expert_outputs, kBfloat16, "bfloat16 (or its bits as uint16)",
+        {rows, config.hidden}, gpu);
+  check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {-1, config.hidden}, gpu);
+  rocep::CombineArgs args{expert_outputs.data(), nullptr, nullptr, out.data()};
+  if (!shared_expert_output.is_none()) {
+    const Array shared = nb::cast<Array>(shared_expert_output);
+    check("shared_expert_output", shared, kBfloat16, "bfloat16 (or its bits as uint16)",
+          {static_cast<int64_t>(out.shape(0)), config.hidden}, gpu);
+    args.shared_expert_output = shared.data();
+  }
+  return args;
+}
+
 }  // namespace
 
 NB_MODULE(_rocep, m) {
   // A group or config that a script keeps in a global is still alive when the interpreter exits; that is
   // not a leak of rocep's.
   nb::set_leak_warnings(false);
+  nb::class_<OutputArrays>(m, "OutputArrays")
+      .def(
+          "__init__",
+          [](OutputArrays* arrays, Array tokens, nb::object scales, Array topk_ids, Array topk_weights,
+             Array src_info, Array num_recv_tokens, Array sorted_token_ids, Array block_expert_ids,
+             Array row_offsets) {
+            new (arrays)
+                OutputArrays{tokens,          scales,           topk_ids,         topk_weights, src_info,
+                             num_recv_tokens, sorted_token_ids, block_expert_ids, row_offsets};
+          },
+          nb::arg("tokens"), nb::arg("scales").none(), nb::arg("topk_ids"), nb::arg("topk_weights"),
+          nb::arg("src_info"), nb::arg("num_recv_tokens"), nb::arg("sorted_token_ids"),
+          nb::arg("block_expert_ids"), nb::arg("row_offsets"));
   nb::enum_<rocep::TokenFormat>(m, "TokenFormat")
       .value("BF16", rocep::TokenFormat::kBf16)
       .value("FP8_BLOCK128", rocep::TokenFormat::kFp8Block128)
@@ -157,102 +274,69 @@ NB_MODULE(_rocep, m) {
       .def(
           "dispatch",
           [](rocep::EpGroup& group, Array tokens, Array topk_ids, Array topk_weights, nb::object token_scales,
-             Array recv_tokens, nb::object recv_scales, Array recv_topk_ids, Array recv_topk_weights,
-             Array src_info, Array num_recv_tokens, Array sorted_token_ids, Array block_expert_ids,
-             Array row_offsets, std::uintptr_t stream) {
-            const rocep::EpConfig& config = group.config();
-            const bool gpu = group.backend() == rocep::Backend::kGpu;
-            const int world = group.world_size();
-            const auto rows = static_cast<int64_t>(config.max_recv_tokens(world));
-            const int64_t top_k = config.top_k;
-            const auto payload =
-                static_cast<int64_t>(rocep::format_payload_bytes(config.dispatch_format, config.hidden));
-            const auto scales =
-                static_cast<int64_t>(rocep::format_scale_bytes(config.dispatch_format, config.hidden));
-            check("recv_tokens", recv_tokens, nb::dtype<uint8_t>(), "uint8", {rows, payload}, gpu);
-            check("recv_topk_ids", recv_topk_ids, nb::dtype<int32_t>(), "int32", {rows, top_k}, gpu);
-            check("recv_topk_weights", recv_topk_weights, nb::dtype<float>(), "float32", {rows, top_k}, gpu);
-            check("src_info", src_info, nb::dtype<int32_t>(), "int32", {rows, 3}, gpu);
-            check("num_recv_tokens", num_recv_tokens, nb::dtype<int32_t>(), "int32", {1}, gpu);
-            const auto entries = static_cast<int64_t>(config.max_recv_rows(world));
-            check("sorted_token_ids", sorted_token_ids, nb::dtype<int32_t>(), "int32", {entries}, gpu);
-            check("block_expert_ids", block_expert_ids, nb::dtype<int32_t>(), "int32",
-                  {entries / config.expert_alignment}, gpu);
-            check("row_offsets", row_offsets, nb::dtype<uint32_t>(), "uint32",
-                  {static_cast<int64_t>(group.num_local_experts()) + 1}, gpu);
-            // Bad inputs, as in C++: this rank still takes part, with zero tokens, so that its peers
-            // complete; then it raises.
-            rocep::DispatchInputs inputs;
+             const OutputArrays& outputs, std::uintptr_t stream) {
+            const rocep::DispatchOutputs checked = dispatch_outputs(group, outputs);
             std::string input_error;
-            try {
-              const int64_t given = static_cast<int64_t>(topk_ids.ndim() > 0 ? topk_ids.shape(0) : 0);
-              if (token_scales.is_none()) {
-                check("tokens", tokens, kBfloat16, "bfloat16 (or its bits as uint16)", {given, config.hidden},
-                      gpu);
-              } else {
-                check("tokens", tokens, nb::dtype<uint8_t>(), "uint8 (quantised payload bytes)",
-                      {given, payload}, gpu);
-                const Array given_scales = nb::cast<Array>(token_scales);
-                check("token_scales", given_scales, nb::dtype<uint8_t>(), "uint8", {given, scales}, gpu);
-                inputs.token_scales = given_scales.data();
-              }
-              check("topk_ids", topk_ids, nb::dtype<int32_t>(), "int32", {-1, top_k}, gpu);
-              check("topk_weights", topk_weights, nb::dtype<float>(), "float32", {given, top_k}, gpu);
-              inputs.tokens = tokens.data();
-              inputs.topk_ids = static_cast<const int32_t*>(topk_ids.data());
-              inputs.topk_weights = static_cast<const float*>(topk_weights.data());
-              inputs.num_tokens = static_cast<int>(given);
-            } catch (const rocep::InvalidInputError& error) {
-              input_error = std::string("dispatch on rank ") + std::to_string(group.rank()) + ": " +
-                            error.what() + " (this rank took part with zero tokens)";
-              inputs = rocep::DispatchInputs{};
-            }
-            rocep::DispatchOutputs outputs;
-            outputs.recv_tokens = recv_tokens.data();
-            if (scales > 0) {
-              const Array scale_rows = nb::cast<Array>(recv_scales);
-              check("recv_scales", scale_rows, nb::dtype<uint8_t>(), "uint8", {rows, scales}, gpu);
-              outputs.recv_scales = scale_rows.data();
-            }
-            outputs.recv_topk_ids = static_cast<int32_t*>(recv_topk_ids.data());
-            outputs.recv_topk_weights = static_cast<float*>(recv_topk_weights.data());
-            outputs.src_info = static_cast<rocep::SrcInfo*>(src_info.data());
-            outputs.num_recv_tokens = static_cast<int32_t*>(num_recv_tokens.data());
-            outputs.sorted_token_ids = static_cast<int32_t*>(sorted_token_ids.data());
-            outputs.block_expert_ids = static_cast<int32_t*>(block_expert_ids.data());
-            outputs.row_offsets = static_cast<uint32_t*>(row_offsets.data());
+            const rocep::DispatchInputs inputs =
+                dispatch_inputs(group, tokens, topk_ids, topk_weights, token_scales, &input_error);
             {
               nb::gil_scoped_release release;
-              group.dispatch(inputs, outputs, reinterpret_cast<void*>(stream));
+              group.dispatch(inputs, checked, reinterpret_cast<void*>(stream));
             }
-            if (!input_error.empty()) {
-              throw rocep::InvalidInputError(input_error);
-            }
+            raise_if(input_error);
           },
           nb::arg("tokens"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("token_scales").none(),
-          nb::arg("recv_tokens"), nb::arg("recv_scales").none(), nb::arg("recv_topk_ids"),
-          nb::arg("recv_topk_weights"), nb::arg("src_info"), nb::arg("num_recv_tokens"),
-          nb::arg("sorted_token_ids"), nb::arg("block_expert_ids"), nb::arg("row_offsets"),
+          nb::arg("outputs"), nb::arg("stream") = 0)
+      .def(
+          "dispatch_send",
+          [](rocep::EpGroup& group, Array tokens, Array topk_ids, Array topk_weights, nb::object token_scales,
+             std::uintptr_t stream) {
+            std::string input_error;
+            const rocep::DispatchInputs inputs =
+                dispatch_inputs(group, tokens, topk_ids, topk_weights, token_scales, &input_error);
+            {
+              nb::gil_scoped_release release;
+              group.dispatch_send(inputs, reinterpret_cast<void*>(stream));
+            }
+            raise_if(input_error);
+          },
+          nb::arg("tokens"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("token_scales").none(),
           nb::arg("stream") = 0)
+      .def(
+          "dispatch_recv",
+          [](rocep::EpGroup& group, const OutputArrays& outputs, std::uintptr_t stream) {
+            const rocep::DispatchOutputs checked = dispatch_outputs(group, outputs);
+            nb::gil_scoped_release release;
+            group.dispatch_recv(checked, reinterpret_cast<void*>(stream));
+          },
+          nb::arg("outputs"), nb::arg("stream") = 0)
       .def(
           "combine",
           [](rocep::EpGroup& group, Array expert_outputs, nb::object shared_expert_output, Array out,
              std::uintptr_t stream) {
-            const rocep::EpConfig& config = group.config();
-            const bool gpu = group.backend() == rocep::Backend::kGpu;
-            const auto rows = static_cast<int64_t>(config.max_recv_tokens(group.world_size()));
-            check("expert_outputs", expert_outputs, kBfloat16, "bfloat16 (or its bits as uint16)",
-                  {rows, config.hidden}, gpu);
-            check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {-1, config.hidden}, gpu);
-            rocep::CombineArgs args{expert_outputs.data(), nullptr, nullptr, out.data()};
-            if (!shared_expert_output.is_none()) {
-              const Array shared = nb::cast<Array>(shared_expert_output);
-              check("shared_expert_output", shared, kBfloat16, "bfloat16 (or its bits as uint16)",
-                    {static_cast<int64_t>(out.shape(0)), config.hidden}, gpu);
-              args.shared_expert_output = shared.data();
-            }
+            const rocep::CombineArgs args = combine_args(group, expert_outputs, shared_expert_output, out);
             nb::gil_scoped_release release;
             group.combine(args, reinterpret_cast<void*>(stream));
+          },
+          nb::arg("expert_outputs"), nb::arg("shared_expert_output").none(), nb::arg("out"),
+          nb::arg("stream") = 0)
+      .def(
+          "combine_send",
+          [](rocep::EpGroup& group, Array expert_outputs, nb::object shared_expert_output, Array out,
+             std::uintptr_t stream) {
+            const rocep::CombineArgs args = combine_args(group, expert_outputs, shared_expert_output, out);
+            nb::gil_scoped_release release;
+            group.combine_send(args, reinterpret_cast<void*>(stream));
+          },
+          nb::arg("expert_outputs"), nb::arg("shared_expert_output").none(), nb::arg("out"),
+          nb::arg("stream") = 0)
+      .def(
+          "combine_recv",
+          [](rocep::EpGroup& group, Array expert_outputs, nb::object shared_expert_output, Array out,
+             std::uintptr_t stream) {
+            const rocep::CombineArgs args = combine_args(group, expert_outputs, shared_expert_output, out);
+            nb::gil_scoped_release release;
+            group.combine_recv(args, reinterpret_cast<void*>(stream));
           },
           nb::arg("expert_outputs"), nb::arg("shared_expert_output").none(), nb::arg("out"),
           nb::arg("stream") = 0)
@@ -267,6 +351,58 @@ NB_MODULE(_rocep, m) {
         const rocep::RecordedError error = group.poll_error();
         return nb::make_tuple(static_cast<int>(error.kind), error.message);
       });
+
+  // The fused SiLU + quantisation (include/rocep/silu.hpp): host arrays run the CPU reference, device arrays
+  // the GPU kernels on `stream`.
+  m.def(
+      "silu_and_quantize",
+      [](Array gate_up, Array out, nb::object out_scales, Array row_offsets, int n, rocep::TokenFormat format,
+         rocep::Fp8Encoding fp8_encoding, nb::object global_scales, bool interleaved, float clamp_limit,
+         std::uintptr_t stream) {
+        const bool gpu = gate_up.device_type() != nb::device::cpu::value;
+        check("gate_up", gate_up, kBfloat16, "bfloat16 (or its bits as uint16)",
+              {-1, 2 * static_cast<int64_t>(n)}, gpu);
+        const auto rows = static_cast<int64_t>(gate_up.shape(0));
+        const auto payload = static_cast<int64_t>(rocep::format_payload_bytes(format, n));
+        if (format == rocep::TokenFormat::kBf16) {
+          check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {rows, n}, gpu);
+        } else {
+          check("out", out, nb::dtype<uint8_t>(), "uint8", {rows, payload}, gpu);
+        }
+        check("row_offsets", row_offsets, nb::dtype<uint32_t>(), "uint32", {-1}, gpu);
+        rocep::SiluArgs args;
+        args.gate_up = gate_up.data();
+        args.out = out.data();
+        args.row_offsets = static_cast<const uint32_t*>(row_offsets.data());
+        args.num_groups = static_cast<int>(row_offsets.shape(0)) - 1;
+        args.n = n;
+        args.capacity_rows = static_cast<std::size_t>(rows);
+        args.format = format;
+        args.fp8_encoding = fp8_encoding;
+        args.interleaved = interleaved;
+        args.clamp_limit = clamp_limit;
+        if (!out_scales.is_none()) {
+          const Array scales = nb::cast<Array>(out_scales);
+          check("out_scales", scales, nb::dtype<uint8_t>(), "uint8",
+                {static_cast<int64_t>(rocep::format_scale_tensor_bytes(format, rows, n))}, gpu);
+          args.out_scales = scales.data();
+        }
+        if (!global_scales.is_none()) {
+          const Array scales = nb::cast<Array>(global_scales);
+          check("global_scales", scales, nb::dtype<float>(), "float32", {args.num_groups}, gpu);
+          args.global_scales = static_cast<const float*>(scales.data());
+        }
+        nb::gil_scoped_release release;
+        if (gpu) {
+          rocep::silu_and_quantize(args, reinterpret_cast<void*>(stream));
+        } else {
+          rocep::silu_and_quantize_reference(args);
+        }
+      },
+      nb::arg("gate_up"), nb::arg("out"), nb::arg("out_scales").none(), nb::arg("row_offsets"), nb::arg("n"),
+      nb::arg("format") = rocep::TokenFormat::kBf16, nb::arg("fp8_encoding") = rocep::Fp8Encoding::kAuto,
+      nb::arg("global_scales").none() = nb::none(), nb::arg("interleaved") = false,
+      nb::arg("clamp_limit") = 0.0f, nb::arg("stream") = 0);
 
   // rocep's exceptions as Python classes (rocep/__init__.py names them): nanobind translates each C++ class
   // to the registered Python one.

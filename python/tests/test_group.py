@@ -163,3 +163,49 @@ def test_mori_shaped_op_matches_the_native_group():
     combined, combined_weights = op.combine(out, out_weights, out_indices)
     reference = native.combine(expected.tokens.view(np.uint16), len(ids))
     assert (combined == reference).all() and (combined_weights == weights).all()
+
+
+def test_split_calls_give_the_fused_calls_bits():
+    config = make_config()
+    fused = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    split = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    seed = shared_seed()
+    tokens, ids, weights = rank_inputs(config, seed, RANK)
+    expected = fused.dispatch(tokens, ids, weights)
+    split.dispatch_send(tokens, ids, weights)
+    got = split.dispatch_recv()
+    count = expected.count()
+    assert got.count() == count
+    for field in ("tokens", "topk_ids", "topk_weights", "src_info"):
+        assert (getattr(got, field)[:count] == getattr(expected, field)[:count]).all(), field
+    rows = bf16_bits(np.random.default_rng(seed + RANK).uniform(-2, 2, expected.tokens.shape[:1] + (256,)))
+    shared = bf16_bits(np.random.default_rng(seed - RANK).uniform(-2, 2, (len(ids), 256)))
+    reference = fused.combine(rows, len(ids), shared)
+    split.combine_send(rows, len(ids), shared)
+    assert (split.combine_recv() == reference).all()
+    with pytest.raises(rocep.CallOrderError):
+        split.combine_recv()
+
+
+def test_silu_matches_numpy_within_one_bf16_step():
+    rng = np.random.default_rng(shared_seed() + RANK)
+    n = 64
+    gate_up = bf16_bits(rng.uniform(-6, 6, (10, 2 * n)))
+    out = np.zeros((10, n), np.uint16)
+    rocep.silu_and_quantize(gate_up, out, None, np.array([0, 3, 10], np.uint32), n)
+    g, u = bf16_float(gate_up[:, :n]).astype(np.float64), bf16_float(gate_up[:, n:]).astype(np.float64)
+    expected = bf16_bits((g / (1 + np.exp(-g)) * u).astype(np.float32))
+    assert np.abs(out.astype(np.int32) - expected.astype(np.int32)).max() <= 1
+    with pytest.raises(rocep.InvalidInputError, match=r"gate_up: shape must be \(any, 128\)"):
+        rocep.silu_and_quantize(gate_up[:, :n], out, None, np.array([0, 10], np.uint32), n)
+
+
+def test_the_moe_layer_example_matches_the_layer_without_ep():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "moe_layer.py"
+    spec = importlib.util.spec_from_file_location("moe_layer", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main(bootstrap.from_mpi4py(COMM), seed=shared_seed()) < 1e-4
