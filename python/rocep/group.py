@@ -45,6 +45,7 @@ class Group:
         self.rank, self.world_size = self._group.rank, self._group.world_size
         self._gpu = self._group.backend == _rocep.Backend.GPU
         self._pending = None  # combine_send's arrays, until combine_recv
+        self._sent = None  # dispatch_send's converted inputs, until dispatch_recv
 
     @property
     def backend(self):
@@ -87,21 +88,46 @@ class Group:
                                    result.src_info, result.num_recv_tokens, result.sorted_token_ids,
                                    result.block_expert_ids, result.row_offsets)
 
+    def _inputs(self, tokens, topk_ids):
+        """int64 ids as int32 (a copy); torch fp8 tokens as their bytes, their encoding checked against the
+        config's. Anything else goes to the checks of the module as it is."""
+        if str(getattr(topk_ids, "dtype", "")) in ("int64", "torch.int64"):
+            topk_ids = topk_ids.astype(np.int32) if isinstance(topk_ids, np.ndarray) else topk_ids.int()
+        dtype = str(getattr(tokens, "dtype", ""))
+        if dtype.startswith("torch.float8"):
+            encoding = {"torch.float8_e4m3fn": _rocep.Fp8Encoding.E4M3FN,
+                        "torch.float8_e4m3fnuz": _rocep.Fp8Encoding.E4M3FNUZ}.get(dtype)
+            if self.config.dispatch_format != _rocep.TokenFormat.FP8_BLOCK128 or encoding is None or \
+                    self.config.fp8_encoding not in (_rocep.Fp8Encoding.AUTO, encoding):
+                raise _rocep.InvalidInputError(
+                    f"tokens: dtype {dtype} does not match the group's dispatch_format "
+                    f"{self.config.dispatch_format} / fp8_encoding {self.config.fp8_encoding}")
+            import torch
+
+            tokens = tokens.view(torch.uint8)
+        return tokens, topk_ids
+
     def dispatch(self, tokens, topk_ids, topk_weights, token_scales=None) -> DispatchResult:
         """Sends every token to the ranks of its experts; returns this rank's received tokens. Collective.
-        Bad inputs raise rocep.InvalidInputError after this rank took part with zero tokens."""
+        tokens: bf16 [T, hidden], or the payload bytes [T, payload] with token_scales for pre-quantised
+        tokens; topk_ids int32 or int64 [T, top_k]; topk_weights float32 [T, top_k]. Bad inputs raise
+        rocep.InvalidInputError after this rank took part with zero tokens."""
+        tokens, topk_ids = self._inputs(tokens, topk_ids)
         result = self._outputs()
         self._group.dispatch(tokens, topk_ids, topk_weights, token_scales, self._arrays(result), self._stream())
         return result
 
     def dispatch_send(self, tokens, topk_ids, topk_weights, token_scales=None) -> None:
         """The send half of dispatch: returns once issued; the inputs must stay alive until dispatch_recv."""
+        tokens, topk_ids = self._inputs(tokens, topk_ids)
+        self._sent = (tokens, topk_ids)  # kept alive until dispatch_recv
         self._group.dispatch_send(tokens, topk_ids, topk_weights, token_scales, self._stream())
 
     def dispatch_recv(self) -> DispatchResult:
         """The receive half of dispatch: waits for every peer's send and returns this rank's tokens."""
         result = self._outputs()
         self._group.dispatch_recv(self._arrays(result), self._stream())
+        self._sent = None
         return result
 
     def _combine_arguments(self, expert_outputs, num_tokens, shared_expert_output):

@@ -154,7 +154,8 @@ rocep::DispatchInputs dispatch_inputs(const rocep::EpGroup& group, const Array& 
       check("token_scales", given_scales, nb::dtype<uint8_t>(), "uint8", {given, scales}, gpu);
       inputs.token_scales = given_scales.data();
     }
-    check("topk_ids", topk_ids, nb::dtype<int32_t>(), "int32", {-1, config.top_k}, gpu);
+    check("topk_ids", topk_ids, nb::dtype<int32_t>(), "int32 (rocep.Group takes int64 too)",
+          {-1, config.top_k}, gpu);
     check("topk_weights", topk_weights, nb::dtype<float>(), "float32", {given, config.top_k}, gpu);
     inputs.tokens = tokens.data();
     inputs.topk_ids = static_cast<const int32_t*>(topk_ids.data());

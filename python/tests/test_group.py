@@ -109,7 +109,7 @@ def test_bad_input_raises_on_its_rank_and_the_peers_complete():
     tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=8)
     bad = [(dict(weights=weights.astype(np.float64)), "topk_weights: dtype must be float32"),
            (dict(tokens=tokens[:, :128]), r"tokens: shape must be \(8, 256\)"),
-           (dict(ids=ids.astype(np.int64)), "topk_ids: dtype must be int32")]
+           (dict(ids=ids.astype(np.float32)), "topk_ids: dtype must be int32")]
     for change, message in bad:
         arguments = dict(tokens=tokens, ids=ids, weights=weights)
         arguments.update(change)
@@ -209,3 +209,16 @@ def test_the_moe_layer_example_matches_the_layer_without_ep():
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     assert example.main(bootstrap.from_mpi4py(COMM), seed=shared_seed()) < 1e-4
+
+
+def test_int64_ids_dispatch_as_int32_ids_do():
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    tokens, ids, weights = rank_inputs(config, shared_seed(), RANK)
+    as_int32 = group.dispatch(tokens, ids, weights)
+    group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(ids))
+    as_int64 = group.dispatch(tokens, ids.astype(np.int64), weights)
+    count = as_int32.count()
+    assert as_int64.count() == count and (as_int64.src_info[:count] == as_int32.src_info[:count]).all()
+    assert (as_int64.topk_ids[:count] == as_int32.topk_ids[:count]).all()
+    group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(ids))
