@@ -65,7 +65,6 @@ class EpDispatchCombineOp:
     def dispatch(self, input, weights, scales, indices, **unused):
         """Returns (out, out_weights, out_scales, out_indices, recv_num_token): out [P, hidden], the rows
         below recv_num_token[0] valid, in (source rank, source token) order."""
-        indices = indices.astype(np.int32) if isinstance(indices, np.ndarray) else indices.int()
         result = self._group.dispatch(input, indices, weights, scales)
         self._weights = weights
         if isinstance(result.tokens, np.ndarray):
