@@ -193,6 +193,17 @@ rocep::CombineArgs combine_args(const rocep::EpGroup& group, const Array& expert
   return args;
 }
 
+// One of EpGroup's combine calls (combine, combine_send, combine_recv) on arrays.
+using CombineCall = void (rocep::EpGroup::*)(const rocep::CombineArgs&, void*);
+
+template <CombineCall kCall>
+void combine_on_arrays(rocep::EpGroup& group, const Array& expert_outputs,
+                       const nb::object& shared_expert_output, const Array& out, std::uintptr_t stream) {
+  const rocep::CombineArgs args = combine_args(group, expert_outputs, shared_expert_output, out);
+  nb::gil_scoped_release release;
+  (group.*kCall)(args, reinterpret_cast<void*>(stream));
+}
+
 }  // namespace
 
 NB_MODULE(_rocep, m) {
@@ -311,36 +322,12 @@ NB_MODULE(_rocep, m) {
             group.dispatch_recv(checked, reinterpret_cast<void*>(stream));
           },
           nb::arg("outputs"), nb::arg("stream") = 0)
-      .def(
-          "combine",
-          [](rocep::EpGroup& group, Array expert_outputs, nb::object shared_expert_output, Array out,
-             std::uintptr_t stream) {
-            const rocep::CombineArgs args = combine_args(group, expert_outputs, shared_expert_output, out);
-            nb::gil_scoped_release release;
-            group.combine(args, reinterpret_cast<void*>(stream));
-          },
-          nb::arg("expert_outputs"), nb::arg("shared_expert_output").none(), nb::arg("out"),
-          nb::arg("stream") = 0)
-      .def(
-          "combine_send",
-          [](rocep::EpGroup& group, Array expert_outputs, nb::object shared_expert_output, Array out,
-             std::uintptr_t stream) {
-            const rocep::CombineArgs args = combine_args(group, expert_outputs, shared_expert_output, out);
-            nb::gil_scoped_release release;
-            group.combine_send(args, reinterpret_cast<void*>(stream));
-          },
-          nb::arg("expert_outputs"), nb::arg("shared_expert_output").none(), nb::arg("out"),
-          nb::arg("stream") = 0)
-      .def(
-          "combine_recv",
-          [](rocep::EpGroup& group, Array expert_outputs, nb::object shared_expert_output, Array out,
-             std::uintptr_t stream) {
-            const rocep::CombineArgs args = combine_args(group, expert_outputs, shared_expert_output, out);
-            nb::gil_scoped_release release;
-            group.combine_recv(args, reinterpret_cast<void*>(stream));
-          },
-          nb::arg("expert_outputs"), nb::arg("shared_expert_output").none(), nb::arg("out"),
-          nb::arg("stream") = 0)
+      .def("combine", &combine_on_arrays<&rocep::EpGroup::combine>, nb::arg("expert_outputs"),
+           nb::arg("shared_expert_output").none(), nb::arg("out"), nb::arg("stream") = 0)
+      .def("combine_send", &combine_on_arrays<&rocep::EpGroup::combine_send>, nb::arg("expert_outputs"),
+           nb::arg("shared_expert_output").none(), nb::arg("out"), nb::arg("stream") = 0)
+      .def("combine_recv", &combine_on_arrays<&rocep::EpGroup::combine_recv>, nb::arg("expert_outputs"),
+           nb::arg("shared_expert_output").none(), nb::arg("out"), nb::arg("stream") = 0)
       .def(
           "synchronize",
           [](rocep::EpGroup& group, std::uintptr_t stream) {
