@@ -1,7 +1,8 @@
 """rocep: expert-parallel MoE dispatch and combine, on AMD and NVIDIA GPUs or the CPU reference.
 
-The native API mirrors the C++ one (include/rocep/ep_group.hpp) on the per-token layout: ``EpConfig``,
-``EpGroup`` created over a bootstrap (``rocep.bootstrap``), ``Group.dispatch`` / ``Group.combine`` on arrays.
+The native API mirrors the C++ one (include/rocep/ep_group.hpp): ``EpConfig``, ``Group`` created over a
+bootstrap (``rocep.bootstrap``) in either layout, its fused and split dispatch / combine on arrays, and
+``silu_and_quantize``.
 ``rocep.mori`` has a MoRI-shaped op. Exceptions are ``rocep.Error`` and its subclasses.
 """
 
@@ -22,9 +23,10 @@ from ._rocep import (
     TokenFormat,
     format_payload_bytes,
     format_scale_bytes,
+    format_scale_tensor_bytes,
     silu_and_quantize,
 )
-from .group import DispatchResult, Group
+from .group import DispatchResult, ExpandedResult, Group
 
 __all__ = [
     "ALL_SMS",
@@ -34,6 +36,7 @@ __all__ = [
     "CallOrderError",
     "ConfigError",
     "DispatchResult",
+    "ExpandedResult",
     "EpConfig",
     "Error",
     "Fp8Encoding",
@@ -45,5 +48,6 @@ __all__ = [
     "TokenFormat",
     "format_payload_bytes",
     "format_scale_bytes",
+    "format_scale_tensor_bytes",
     "silu_and_quantize",
 ]

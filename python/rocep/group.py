@@ -1,4 +1,4 @@
-"""The native API on arrays: a per-token group that allocates its outputs.
+"""The native API on arrays: a group that allocates its outputs, in either layout (EpConfig.layout).
 
 On the CPU reference the arrays are numpy arrays (bf16 as uint16 bits); on the GPU backend, torch tensors
 on the current device, and calls go on the current torch stream.
@@ -30,16 +30,34 @@ class DispatchResult:
         return int(np.asarray(_to_host(self.num_recv_tokens))[0])
 
 
+@dataclass
+class ExpandedResult:
+    """What dispatch wrote on this rank in the expanded layout: a row per (token, local expert), expert by
+    expert (include/rocep/types.hpp)."""
+
+    tokens: Any  # [R, payload bytes] uint8
+    scales: Any  # the scale tensor (formats.hpp layouts) as uint8 bytes, or None for bf16
+    row_offsets: Any  # [L + 1] uint32: expert e's rows are [row_offsets[e], row_offsets[e + 1])
+    expert_ids: Any  # [L] int32
+    src_info: Any  # [R, 3] int32: source rank, source token, k
+    weights: Any  # [R] float32: the router weight of the row's (token, expert) pair
+
+    def count(self) -> int:
+        return int(np.asarray(_to_host(self.row_offsets))[-1])
+
+
 def _to_host(array):
     return array.cpu().numpy() if hasattr(array, "cpu") else array
 
 
 class Group:
-    """A per-token expert-parallel group over a bootstrap (see rocep.bootstrap). Collective to create."""
+    """An expert-parallel group over a bootstrap (see rocep.bootstrap), in the layout of
+    `layout` (default: the per-token layout, which the servers' fused-MoE kernels read). Collective."""
 
-    def __init__(self, bootstrap, config: "_rocep.EpConfig", backend=_rocep.Backend.AUTO):
+    def __init__(self, bootstrap, config: "_rocep.EpConfig", backend=_rocep.Backend.AUTO,
+                 layout=_rocep.Layout.PER_TOKEN):
         config = _rocep.EpConfig(config)  # the caller's stays as it is
-        config.layout = _rocep.Layout.PER_TOKEN
+        config.layout = layout
         self._group = _rocep.EpGroup(bootstrap, config, backend)
         self.config = self._group.config
         self.rank, self.world_size = self._group.rank, self._group.world_size
@@ -65,8 +83,21 @@ class Group:
             return torch.cuda.current_stream().cuda_stream
         return 0
 
-    def _outputs(self) -> DispatchResult:
+    def _outputs(self):
         config, world = self.config, self.world_size
+        if config.layout == _rocep.Layout.EXPANDED:
+            rows = config.max_recv_rows(world)
+            payload = _rocep.format_payload_bytes(config.dispatch_format, config.hidden)
+            scale_bytes = _rocep.format_scale_tensor_bytes(config.dispatch_format, rows, config.hidden)
+            local = self._group.num_local_experts
+            return ExpandedResult(
+                tokens=self._empty((rows, payload), "uint8"),
+                scales=self._empty((scale_bytes,), "uint8") if scale_bytes > 0 else None,
+                row_offsets=self._empty((local + 1,), "uint32"),
+                expert_ids=self._empty((local,), "int32"),
+                src_info=self._empty((rows, 3), "int32"),
+                weights=self._empty((rows,), "float32"),
+            )
         rows, entries = config.max_recv_tokens(world), config.max_recv_rows(world)
         payload = _rocep.format_payload_bytes(config.dispatch_format, config.hidden)
         scale_bytes = _rocep.format_scale_bytes(config.dispatch_format, config.hidden)
@@ -83,7 +114,10 @@ class Group:
         )
 
     @staticmethod
-    def _arrays(result: DispatchResult) -> "_rocep.OutputArrays":
+    def _arrays(result):
+        if isinstance(result, ExpandedResult):
+            return _rocep.ExpandedOutputArrays(result.tokens, result.scales, result.row_offsets, result.expert_ids,
+                                               result.src_info, result.weights)
         return _rocep.OutputArrays(result.tokens, result.scales, result.topk_ids, result.topk_weights,
                                    result.src_info, result.num_recv_tokens, result.sorted_token_ids,
                                    result.block_expert_ids, result.row_offsets)
@@ -130,32 +164,38 @@ class Group:
         self._sent = None
         return result
 
-    def _combine_arguments(self, expert_outputs, num_tokens, shared_expert_output):
+    def _combine_arguments(self, expert_outputs, num_tokens, shared_expert_output, row_weights):
         # `out` gets a row even for no tokens (the call needs a buffer); a shared expert of no tokens adds nothing.
-        out = self._empty((max(num_tokens, 1), self.config.hidden), "bfloat16" if self._gpu else "uint16")
+        unreduced = self.config.layout == _rocep.Layout.EXPANDED and row_weights is None
+        shape = (max(num_tokens, 1),) + ((self.config.top_k,) if unreduced else ()) + (self.config.hidden,)
+        out = self._empty(shape, "bfloat16" if self._gpu else "uint16")
         shared = shared_expert_output if num_tokens > 0 else None
-        return expert_outputs, shared, out[:max(num_tokens, 1)], out[:num_tokens]
+        return expert_outputs, row_weights, shared, out[:max(num_tokens, 1)], out[:num_tokens]
 
-    def combine(self, expert_outputs, num_tokens: int, shared_expert_output=None):
-        """Returns this rank's tokens [num_tokens, hidden] (bf16 bits on the CPU reference): the rows of
-        every rank that received each token, summed in ascending rank order in float32 (+ the shared
-        expert), rounded once. `expert_outputs` is [P, hidden], one row per received token. Collective."""
-        rows, shared, out, result = self._combine_arguments(expert_outputs, num_tokens, shared_expert_output)
-        self._group.combine(rows, shared, out, self._stream())
+    def combine(self, expert_outputs, num_tokens: int, shared_expert_output=None, row_weights=None):
+        """Returns this rank's tokens (bf16 bits on the CPU reference). Per-token layout: expert_outputs
+        [P, hidden], one row per received token, weights applied; out [num_tokens, hidden], the rows of every
+        rank that received each token summed in ascending rank order in float32 (+ the shared expert),
+        rounded once. Expanded layout: expert_outputs [R, hidden], one per dispatched row; with row_weights
+        [R] (normally the dispatch's weights) the weighted sum [num_tokens, hidden], without them every
+        slot's row [num_tokens, top_k, hidden]. Collective."""
+        rows, weights, shared, out, result = self._combine_arguments(expert_outputs, num_tokens,
+                                                                     shared_expert_output, row_weights)
+        self._group.combine(rows, weights, shared, out, self._stream())
         return result
 
-    def combine_send(self, expert_outputs, num_tokens: int, shared_expert_output=None) -> None:
+    def combine_send(self, expert_outputs, num_tokens: int, shared_expert_output=None, row_weights=None) -> None:
         """The send half of combine; combine_recv returns the tokens. The arrays must stay alive until then."""
-        self._pending = self._combine_arguments(expert_outputs, num_tokens, shared_expert_output)
-        self._group.combine_send(*self._pending[:3], self._stream())
+        self._pending = self._combine_arguments(expert_outputs, num_tokens, shared_expert_output, row_weights)
+        self._group.combine_send(*self._pending[:4], self._stream())
 
     def combine_recv(self):
         """The receive half of combine: waits for every peer's rows and returns this rank's tokens."""
         if self._pending is None:
             raise _rocep.CallOrderError("combine_recv: no combine_send before it on this rank")
-        rows, shared, out, result = self._pending
+        rows, weights, shared, out, result = self._pending
         self._pending = None
-        self._group.combine_recv(rows, shared, out, self._stream())
+        self._group.combine_recv(rows, weights, shared, out, self._stream())
         return result
 
     def synchronize(self) -> None:

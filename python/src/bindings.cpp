@@ -95,8 +95,55 @@ struct OutputArrays {
   Array topk_ids, topk_weights, src_info, num_recv_tokens, sorted_token_ids, block_expert_ids, row_offsets;
 };
 
+// The expanded layout's output arrays, in ExpandedResult's order (rocep/group.py).
+struct ExpandedOutputArrays {
+  Array tokens;
+  nb::object scales;
+  Array row_offsets, expert_ids, src_info, weights;
+};
+
+// Throws InvalidInputError unless the group's layout is `layout`: the arrays of the other layout were passed.
+void require_layout(const rocep::EpGroup& group, rocep::Layout layout) {
+  if (group.config().layout != layout) {
+    throw rocep::InvalidInputError(std::string("outputs: the group's layout is ") +
+                                   rocep::to_string(group.config().layout) +
+                                   ", but these outputs are for the " + rocep::to_string(layout) + " layout");
+  }
+}
+
 // Checks the output arrays (a bad one refuses the call on this rank, as in C++) and returns them as outputs.
+rocep::DispatchOutputs dispatch_outputs(const rocep::EpGroup& group, const ExpandedOutputArrays& arrays) {
+  require_layout(group, rocep::Layout::kExpanded);
+  const rocep::EpConfig& config = group.config();
+  const bool gpu = group.backend() == rocep::Backend::kGpu;
+  const auto rows = static_cast<int64_t>(config.max_recv_rows(group.world_size()));
+  const auto payload =
+      static_cast<int64_t>(rocep::format_payload_bytes(config.dispatch_format, config.hidden));
+  const auto local = static_cast<int64_t>(group.num_local_experts());
+  check("recv_tokens", arrays.tokens, nb::dtype<uint8_t>(), "uint8", {rows, payload}, gpu);
+  check("row_offsets", arrays.row_offsets, nb::dtype<uint32_t>(), "uint32", {local + 1}, gpu);
+  check("expert_ids", arrays.expert_ids, nb::dtype<int32_t>(), "int32", {local}, gpu);
+  check("src_info", arrays.src_info, nb::dtype<int32_t>(), "int32", {rows, 3}, gpu);
+  check("recv_weights", arrays.weights, nb::dtype<float>(), "float32", {rows}, gpu);
+  rocep::DispatchOutputs outputs;
+  outputs.recv_tokens = arrays.tokens.data();
+  outputs.row_offsets = static_cast<uint32_t*>(arrays.row_offsets.data());
+  outputs.expert_ids = static_cast<int32_t*>(arrays.expert_ids.data());
+  outputs.src_info = static_cast<rocep::SrcInfo*>(arrays.src_info.data());
+  outputs.recv_weights = static_cast<float*>(arrays.weights.data());
+  if (config.dispatch_format != rocep::TokenFormat::kBf16) {
+    const Array scales = nb::cast<Array>(arrays.scales);
+    check(
+        "recv_scales", scales, nb::dtype<uint8_t>(), "uint8",
+        {static_cast<int64_t>(rocep::format_scale_tensor_bytes(config.dispatch_format, rows, config.hidden))},
+        gpu);
+    outputs.recv_scales = scales.data();
+  }
+  return outputs;
+}
+
 rocep::DispatchOutputs dispatch_outputs(const rocep::EpGroup& group, const OutputArrays& arrays) {
+  require_layout(group, rocep::Layout::kPerToken);
   const rocep::EpConfig& config = group.config();
   const bool gpu = group.backend() == rocep::Backend::kGpu;
   const int world = group.world_size();
@@ -175,15 +222,33 @@ void raise_if(const std::string& error) {
   }
 }
 
+// Per-token: expert_outputs [P, hidden], out [T, hidden]. Expanded: expert_outputs [R, hidden]; weighted
+// (row_weights [R]) out [T, hidden], unweighted out [T, top_k, hidden].
 rocep::CombineArgs combine_args(const rocep::EpGroup& group, const Array& expert_outputs,
-                                const nb::object& shared_expert_output, const Array& out) {
+                                const nb::object& row_weights, const nb::object& shared_expert_output,
+                                const Array& out) {
   const rocep::EpConfig& config = group.config();
   const bool gpu = group.backend() == rocep::Backend::kGpu;
-  const auto rows = static_cast<int64_t>(config.max_recv_tokens(group.world_size()));
+  const bool per_token = config.layout == rocep::Layout::kPerToken;
+  const auto rows = static_cast<int64_t>(per_token ? config.max_recv_tokens(group.world_size())
+                                                   : config.max_recv_rows(group.world_size()));
   check("expert_outputs", expert_outputs, kBfloat16, "bfloat16 (or its bits as uint16)",
         {rows, config.hidden}, gpu);
-  check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {-1, config.hidden}, gpu);
   rocep::CombineArgs args{expert_outputs.data(), nullptr, nullptr, out.data()};
+  if (!row_weights.is_none()) {
+    if (per_token) {
+      throw rocep::InvalidInputError(
+          "row_weights: must be None in the per-token layout (each row is already weighted and summed)");
+    }
+    const Array weights = nb::cast<Array>(row_weights);
+    check("row_weights", weights, nb::dtype<float>(), "float32", {rows}, gpu);
+    args.row_weights = static_cast<const float*>(weights.data());
+  }
+  if (per_token || args.row_weights != nullptr) {
+    check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {-1, config.hidden}, gpu);
+  } else {
+    check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {-1, config.top_k, config.hidden}, gpu);
+  }
   if (!shared_expert_output.is_none()) {
     const Array shared = nb::cast<Array>(shared_expert_output);
     check("shared_expert_output", shared, kBfloat16, "bfloat16 (or its bits as uint16)",
@@ -193,13 +258,36 @@ rocep::CombineArgs combine_args(const rocep::EpGroup& group, const Array& expert
   return args;
 }
 
+// dispatch on arrays, with the outputs of either layout (each checked against the group's layout).
+template <typename Outputs>
+void dispatch_on_arrays(rocep::EpGroup& group, const Array& tokens, const Array& topk_ids,
+                        const Array& topk_weights, const nb::object& token_scales, const Outputs& outputs,
+                        std::uintptr_t stream) {
+  const rocep::DispatchOutputs checked = dispatch_outputs(group, outputs);
+  std::string input_error;
+  const rocep::DispatchInputs inputs =
+      dispatch_inputs(group, tokens, topk_ids, topk_weights, token_scales, &input_error);
+  {
+    nb::gil_scoped_release release;
+    group.dispatch(inputs, checked, reinterpret_cast<void*>(stream));
+  }
+  raise_if(input_error);
+}
+
+template <typename Outputs>
+void dispatch_recv_on_arrays(rocep::EpGroup& group, const Outputs& outputs, std::uintptr_t stream) {
+  const rocep::DispatchOutputs checked = dispatch_outputs(group, outputs);
+  nb::gil_scoped_release release;
+  group.dispatch_recv(checked, reinterpret_cast<void*>(stream));
+}
+
 // One of EpGroup's combine calls (combine, combine_send, combine_recv) on arrays.
 using CombineCall = void (rocep::EpGroup::*)(const rocep::CombineArgs&, void*);
 
 template <CombineCall kCall>
-void combine_on_arrays(rocep::EpGroup& group, const Array& expert_outputs,
+void combine_on_arrays(rocep::EpGroup& group, const Array& expert_outputs, const nb::object& row_weights,
                        const nb::object& shared_expert_output, const Array& out, std::uintptr_t stream) {
-  const rocep::CombineArgs args = combine_args(group, expert_outputs, shared_expert_output, out);
+  const rocep::CombineArgs args = combine_args(group, expert_outputs, row_weights, shared_expert_output, out);
   nb::gil_scoped_release release;
   (group.*kCall)(args, reinterpret_cast<void*>(stream));
 }
@@ -223,6 +311,15 @@ NB_MODULE(_rocep, m) {
           nb::arg("tokens"), nb::arg("scales").none(), nb::arg("topk_ids"), nb::arg("topk_weights"),
           nb::arg("src_info"), nb::arg("num_recv_tokens"), nb::arg("sorted_token_ids"),
           nb::arg("block_expert_ids"), nb::arg("row_offsets"));
+  nb::class_<ExpandedOutputArrays>(m, "ExpandedOutputArrays")
+      .def(
+          "__init__",
+          [](ExpandedOutputArrays* arrays, Array tokens, nb::object scales, Array row_offsets,
+             Array expert_ids, Array src_info, Array weights) {
+            new (arrays) ExpandedOutputArrays{tokens, scales, row_offsets, expert_ids, src_info, weights};
+          },
+          nb::arg("tokens"), nb::arg("scales").none(), nb::arg("row_offsets"), nb::arg("expert_ids"),
+          nb::arg("src_info"), nb::arg("weights"));
   nb::enum_<rocep::TokenFormat>(m, "TokenFormat")
       .value("BF16", rocep::TokenFormat::kBf16)
       .value("FP8_BLOCK128", rocep::TokenFormat::kFp8Block128)
@@ -264,6 +361,8 @@ NB_MODULE(_rocep, m) {
   m.attr("ALL_SMS") = rocep::EpConfig::kAllSms;
   m.def("format_payload_bytes", &rocep::format_payload_bytes, nb::arg("format"), nb::arg("hidden"));
   m.def("format_scale_bytes", &rocep::format_scale_bytes, nb::arg("format"), nb::arg("hidden"));
+  m.def("format_scale_tensor_bytes", &rocep::format_scale_tensor_bytes, nb::arg("format"), nb::arg("rows"),
+        nb::arg("columns"));
 
   // The per-token layout's calls on arrays (the layout the Python package serves; types.hpp has the
   // fields). Streams: the GPU backend's calls take a stream handle (an int, 0 = the default stream).
@@ -283,22 +382,13 @@ NB_MODULE(_rocep, m) {
       .def_prop_ro("backend", &rocep::EpGroup::backend)
       .def_prop_ro("num_local_experts", &rocep::EpGroup::num_local_experts)
       .def_prop_ro("max_recv_rows", &rocep::EpGroup::max_recv_rows)
-      .def(
-          "dispatch",
-          [](rocep::EpGroup& group, Array tokens, Array topk_ids, Array topk_weights, nb::object token_scales,
-             const OutputArrays& outputs, std::uintptr_t stream) {
-            const rocep::DispatchOutputs checked = dispatch_outputs(group, outputs);
-            std::string input_error;
-            const rocep::DispatchInputs inputs =
-                dispatch_inputs(group, tokens, topk_ids, topk_weights, token_scales, &input_error);
-            {
-              nb::gil_scoped_release release;
-              group.dispatch(inputs, checked, reinterpret_cast<void*>(stream));
-            }
-            raise_if(input_error);
-          },
-          nb::arg("tokens"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("token_scales").none(),
-          nb::arg("outputs"), nb::arg("stream") = 0)
+      .def("dispatch", &dispatch_on_arrays<OutputArrays>, nb::arg("tokens"), nb::arg("topk_ids"),
+           nb::arg("topk_weights"), nb::arg("token_scales").none(), nb::arg("outputs"), nb::arg("stream") = 0)
+      .def("dispatch", &dispatch_on_arrays<ExpandedOutputArrays>, nb::arg("tokens"), nb::arg("topk_ids"),
+           nb::arg("topk_weights"), nb::arg("token_scales").none(), nb::arg("outputs"), nb::arg("stream") = 0)
+      .def("dispatch_recv", &dispatch_recv_on_arrays<OutputArrays>, nb::arg("outputs"), nb::arg("stream") = 0)
+      .def("dispatch_recv", &dispatch_recv_on_arrays<ExpandedOutputArrays>, nb::arg("outputs"),
+           nb::arg("stream") = 0)
       .def(
           "dispatch_send",
           [](rocep::EpGroup& group, Array tokens, Array topk_ids, Array topk_weights, nb::object token_scales,
@@ -314,20 +404,15 @@ NB_MODULE(_rocep, m) {
           },
           nb::arg("tokens"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("token_scales").none(),
           nb::arg("stream") = 0)
-      .def(
-          "dispatch_recv",
-          [](rocep::EpGroup& group, const OutputArrays& outputs, std::uintptr_t stream) {
-            const rocep::DispatchOutputs checked = dispatch_outputs(group, outputs);
-            nb::gil_scoped_release release;
-            group.dispatch_recv(checked, reinterpret_cast<void*>(stream));
-          },
-          nb::arg("outputs"), nb::arg("stream") = 0)
       .def("combine", &combine_on_arrays<&rocep::EpGroup::combine>, nb::arg("expert_outputs"),
-           nb::arg("shared_expert_output").none(), nb::arg("out"), nb::arg("stream") = 0)
+           nb::arg("row_weights").none(), nb::arg("shared_expert_output").none(), nb::arg("out"),
+           nb::arg("stream") = 0)
       .def("combine_send", &combine_on_arrays<&rocep::EpGroup::combine_send>, nb::arg("expert_outputs"),
-           nb::arg("shared_expert_output").none(), nb::arg("out"), nb::arg("stream") = 0)
+           nb::arg("row_weights").none(), nb::arg("shared_expert_output").none(), nb::arg("out"),
+           nb::arg("stream") = 0)
       .def("combine_recv", &combine_on_arrays<&rocep::EpGroup::combine_recv>, nb::arg("expert_outputs"),
-           nb::arg("shared_expert_output").none(), nb::arg("out"), nb::arg("stream") = 0)
+           nb::arg("row_weights").none(), nb::arg("shared_expert_output").none(), nb::arg("out"),
+           nb::arg("stream") = 0)
       .def(
           "synchronize",
           [](rocep::EpGroup& group, std::uintptr_t stream) {

@@ -222,3 +222,47 @@ def test_int64_ids_dispatch_as_int32_ids_do():
     assert as_int64.count() == count and (as_int64.src_info[:count] == as_int32.src_info[:count]).all()
     assert (as_int64.topk_ids[:count] == as_int32.topk_ids[:count]).all()
     group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(ids))
+
+
+def test_expanded_layout_matches_the_naive_definition():
+    config = make_config(alignment=1)
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE,
+                        layout=rocep.Layout.EXPANDED)
+    local = config.num_local_experts(WORLD)
+    seed = shared_seed()
+    inputs = [rank_inputs(config, seed, rank) for rank in range(WORLD)]
+    result = group.dispatch(*inputs[RANK])
+    # Rows expert by expert, then by source rank, source token, slot.
+    expected = [(s, t, k) for e in range(local) for s in range(WORLD) for t in range(len(inputs[s][1]))
+                for k in range(config.top_k) if inputs[s][1][t][k] == RANK * local + e]
+    assert result.count() == len(expected)
+    for row, (s, t, k) in enumerate(expected):
+        assert list(result.src_info[row]) == [s, t, k]
+        assert (result.tokens[row].view(np.uint16) == inputs[s][0][t]).all()
+        assert result.weights[row] == inputs[s][2][t][k]
+    # Weighted combine with the expert outputs = each row's own token: out = sum_k w_k * x (per rank,
+    # rounded to bf16, then summed over ranks), compared with the naive sum.
+    rows = np.zeros((config.max_recv_rows(WORLD), config.hidden), np.uint16)
+    rows[:len(expected)] = result.tokens[:len(expected)].view(np.uint16)
+    out = group.combine(rows, len(inputs[RANK][1]), row_weights=result.weights)
+    tokens, ids, weights = inputs[RANK]
+    for t in range(len(ids)):
+        total = np.zeros(config.hidden, np.float32)
+        for r in range(WORLD):
+            partial = np.zeros(config.hidden, np.float32)
+            reached = False
+            for k in range(config.top_k):
+                if ids[t][k] >= 0 and ids[t][k] // local == r:
+                    # a float32 multiply, then an add: within one bf16 step of the reference's fused one
+                    partial = np.float32(weights[t][k]) * bf16_float(tokens[t]) + partial
+                    reached = True
+            if reached:
+                total += bf16_float(bf16_bits(partial))
+        assert np.abs(out[t].astype(np.int32) - bf16_bits(total).astype(np.int32)).max() <= 1, f"token {t}"
+    # Unweighted: every slot's row back, zeros for -1.
+    group.dispatch(*inputs[RANK])
+    unreduced = group.combine(rows, len(ids))
+    assert unreduced.shape == (len(ids), config.top_k, config.hidden)
+    for t in range(len(ids)):
+        for k in range(config.top_k):
+            assert (unreduced[t, k] == (tokens[t] if ids[t][k] >= 0 else 0)).all(), f"token {t} slot {k}"
