@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""The registers of the expanded layout's dispatch / combine kernels on sm_90, from ptxas: each must keep
+three blocks of 256 threads resident per SM (at most 80 registers a thread), the occupancy the full-budget
+grid (EpConfig::kAllSms) is sized by. One kernel over it shrinks every grid of the group by a third
+(docs/performance-notes.md, perf-seam-1).
+
+    python3 tests/check_registers.py [--nvcc nvcc]
+"""
+
+import argparse
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The kernels of an expanded group (host/gpu_backend.cpp loads them for its residency).
+EXPANDED = {
+    "rocep_dispatch", "rocep_dispatch_send", "rocep_dispatch_recv", "rocep_dispatch_scale_runs",
+    "rocep_dispatch_recv_scale_runs", "rocep_combine", "rocep_combine_send", "rocep_combine_recv",
+}
+LIMIT = 80  # 65536 registers / (3 blocks x 256 threads), in the allocation's steps of 8
+
+
+def kernel_registers(nvcc: str, source: pathlib.Path) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        result = subprocess.run(
+            [nvcc, "-DROCEP_PLATFORM_NVIDIA", "-DROCEP_GPU_SOURCE", "-O3", "-DNDEBUG", "-arch=sm_90", "--fmad=false",
+             "-std=c++17", "-Xptxas", "-v", f"-I{ROOT / 'include'}", f"-I{ROOT}", "-x", "cu", "-c", str(source),
+             "-o", str(pathlib.Path(folder) / "kernel.o")],
+            capture_output=True, text=True, check=True)
+    registers, kernel = {}, None
+    for line in result.stderr.splitlines():
+        entry = re.search(r"Compiling entry function '([A-Za-z_0-9]+)'", line)
+        if entry:
+            kernel = entry.group(1)
+        used = re.search(r"Used (\d+) registers", line)
+        if used and kernel:
+            registers[kernel] = int(used.group(1))
+            kernel = None
+    return registers
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nvcc", default="nvcc")
+    arguments = parser.parse_args()
+    registers = {}
+    for source in ("hip/dispatch.hip", "hip/combine.hip"):
+        registers.update(kernel_registers(arguments.nvcc, ROOT / source))
+    missing = EXPANDED - registers.keys()
+    if missing:
+        print(f"check_registers: no ptxas report for {sorted(missing)}", file=sys.stderr)
+        return 1
+    failed = False
+    for kernel in sorted(registers):
+        over = kernel in EXPANDED and registers[kernel] > LIMIT
+        failed = failed or over
+        print(f"{kernel}: {registers[kernel]} registers" + (f"  OVER {LIMIT}" if over else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
