@@ -14,13 +14,25 @@ cmake --build "$build" -j "$(nproc)"
 ctest --test-dir "$build" --output-on-failure
 
 build=$(cd "$build" && pwd)  # absolute: the Python tests run from inside it
+# The Python module, built by CMake into a folder of its own (no network needed where numpy, pytest, mpi4py
+# and nanobind are installed: the venv sees the system's packages and installs only what is missing), on
+# the CPU reference. `pip install .` builds the same module; CI checks that route separately.
 venv=$build/python-venv
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check numpy pytest mpi4py
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "$root" \
-  -C cmake.define.ROCEP_GPU_PLATFORM=none -C "build-dir=$build/python-wheel"
+[ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
+missing=$("$venv/bin/python" -c "import importlib.util as u
+print(' '.join(m for m in ('numpy', 'pytest', 'mpi4py', 'nanobind') if u.find_spec(m) is None))")
+if [ -n "$missing" ]; then
+  # shellcheck disable=SC2086 # one argument per package
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check $missing
+fi
+cmake -S "$root" -B "$build/python" -DROCEP_BUILD_PYTHON=ON -DROCEP_GPU_PLATFORM=none -DROCEP_BUILD_TESTS=OFF \
+  -DROCEP_BUILD_BENCH=OFF -DPython_EXECUTABLE="$venv/bin/python" >/dev/null
+cmake --build "$build/python" -j "$(nproc)"
+cmake --install "$build/python" --prefix "$build/python-module" >/dev/null
+cp "$root"/python/rocep/*.py "$build/python-module/rocep/"
 for ranks in 2 4; do
   echo "python tests at $ranks ranks"
-  (cd "$build" && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    mpirun --oversubscribe -np "$ranks" "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/python/tests")
+  (cd "$build" && PYTHONPATH="$build/python-module" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    mpirun --oversubscribe -np "$ranks" -x PYTHONPATH "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+    "$root/python/tests")
 done
