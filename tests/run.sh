@@ -17,6 +17,11 @@ build=$(cd "$build" && pwd)  # absolute: the Python tests run from inside it
 # The Python module, built by CMake into a folder of its own (no network needed where numpy, pytest, mpi4py
 # and nanobind are installed: the venv sees the system's packages and installs only what is missing), on
 # the CPU reference. `pip install .` builds the same module; CI checks that route separately.
+if ! python3 -c "import ensurepip, os, sysconfig, venv
+assert os.path.exists(sysconfig.get_paths()['include'] + '/Python.h')" >/dev/null 2>&1; then
+  echo "python tests SKIPPED: python3 with venv and its headers (python3-venv, python3-dev) is missing"
+  exit 0
+fi
 venv=$build/python-venv
 [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
 missing=$("$venv/bin/python" -c "import importlib.util as u
