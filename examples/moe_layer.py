@@ -13,17 +13,7 @@ as DeepEP's tests measure it).
 import numpy as np
 
 import rocep
-from rocep import bootstrap
-
-
-def bf16(values: np.ndarray) -> np.ndarray:
-    """float32 -> bf16 bits (round to nearest even; finite values)."""
-    words = values.astype(np.float32).view(np.uint32).astype(np.uint64)
-    return ((words + 0x7FFF + ((words >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def f32(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+from rocep import bf16, bootstrap
 
 
 def calc_diff(x: np.ndarray, y: np.ndarray) -> float:
@@ -37,14 +27,14 @@ class Weights:
     def __init__(self, seed: int, hidden: int, experts: int, intermediate: int):
         rng = np.random.default_rng(seed)
         self.router = rng.standard_normal((hidden, experts)).astype(np.float32) / np.sqrt(hidden)
-        self.gate_up = f32(bf16(rng.standard_normal((experts, hidden, 2 * intermediate)) / np.sqrt(hidden)))
-        self.down = f32(bf16(rng.standard_normal((experts, intermediate, hidden)) / np.sqrt(intermediate)))
+        self.gate_up = bf16.to_float(bf16.from_float(rng.standard_normal((experts, hidden, 2 * intermediate)) / np.sqrt(hidden)))
+        self.down = bf16.to_float(bf16.from_float(rng.standard_normal((experts, intermediate, hidden)) / np.sqrt(intermediate)))
         self.intermediate = intermediate
 
 
 def route(x_bits: np.ndarray, weights: Weights, top_k: int):
     """Top-k experts per token and their softmax weights (float32), from the router logits."""
-    logits = f32(x_bits) @ weights.router
+    logits = bf16.to_float(x_bits) @ weights.router
     ids = np.argsort(-logits, axis=1, kind="stable")[:, :top_k].astype(np.int32)
     chosen = np.take_along_axis(logits, ids, axis=1)
     gates = np.exp(chosen - chosen.max(axis=1, keepdims=True))
@@ -60,13 +50,13 @@ def experts_forward(x_bits: np.ndarray, expert_of_row: np.ndarray, weights: Weig
     gate_up = np.zeros((max(len(order), 1), 2 * weights.intermediate), np.uint16)
     for e in range(experts):
         rows = order[offsets[e]:offsets[e + 1]]
-        gate_up[offsets[e]:offsets[e + 1]] = bf16(f32(x_bits[rows]) @ weights.gate_up[e])
+        gate_up[offsets[e]:offsets[e + 1]] = bf16.from_float(bf16.to_float(x_bits[rows]) @ weights.gate_up[e])
     act = np.zeros((gate_up.shape[0], weights.intermediate), np.uint16)
     rocep.silu_and_quantize(gate_up, act, None, offsets, weights.intermediate)
     out = np.zeros((len(order), x_bits.shape[1]), np.float32)
     for e in range(experts):
         rows = order[offsets[e]:offsets[e + 1]]
-        out[rows] = f32(act[offsets[e]:offsets[e + 1]]) @ weights.down[e]
+        out[rows] = bf16.to_float(act[offsets[e]:offsets[e + 1]]) @ weights.down[e]
     return out
 
 
@@ -83,7 +73,7 @@ def moe_layer_ep(group: rocep.Group, x_bits: np.ndarray, weights: Weights) -> np
                         received.topk_ids[:count][rows, slots] + first_expert, weights)
     partial = np.zeros((config.max_recv_tokens(group.world_size), config.hidden), np.float32)
     np.add.at(partial, rows, received.topk_weights[:count][rows, slots][:, None] * y)
-    return group.combine(bf16(partial), len(x_bits))
+    return group.combine(bf16.from_float(partial), len(x_bits))
 
 
 def moe_layer_alone(x_bits: np.ndarray, weights: Weights, top_k: int) -> np.ndarray:
@@ -93,7 +83,7 @@ def moe_layer_alone(x_bits: np.ndarray, weights: Weights, top_k: int) -> np.ndar
     y = experts_forward(x_bits[tokens], ids[tokens, slots], weights)
     out = np.zeros((len(x_bits), x_bits.shape[1]), np.float32)
     np.add.at(out, tokens, gates[tokens, slots][:, None] * y)
-    return bf16(out)
+    return bf16.from_float(out)
 
 
 def main(boot, seed: int = 2026, tokens: int = 48, hidden: int = 256, experts_per_rank: int = 4, top_k: int = 4,
@@ -103,8 +93,8 @@ def main(boot, seed: int = 2026, tokens: int = 48, hidden: int = 256, experts_pe
     config.num_experts = experts_per_rank * boot.size()
     group = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE)
     weights = Weights(seed, hidden, config.num_experts, intermediate)
-    x = bf16(np.random.default_rng(seed + 1 + boot.rank()).standard_normal((tokens, hidden)))
-    return calc_diff(f32(moe_layer_ep(group, x, weights)), f32(moe_layer_alone(x, weights, top_k)))
+    x = bf16.from_float(np.random.default_rng(seed + 1 + boot.rank()).standard_normal((tokens, hidden)))
+    return calc_diff(bf16.to_float(moe_layer_ep(group, x, weights)), bf16.to_float(moe_layer_alone(x, weights, top_k)))
 
 
 if __name__ == "__main__":

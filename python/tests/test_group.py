@@ -7,7 +7,7 @@ import pytest
 from mpi4py import MPI
 
 import rocep
-from rocep import bootstrap
+from rocep import bf16, bootstrap
 from rocep.mori import EpDispatchCombineConfig, EpDispatchCombineOp
 
 COMM = MPI.COMM_WORLD
@@ -16,16 +16,6 @@ RANK, WORLD = COMM.Get_rank(), COMM.Get_size()
 
 def shared_seed() -> int:
     return COMM.bcast(int(np.random.SeedSequence().entropy % (2**31)) if RANK == 0 else None, root=0)
-
-
-def bf16_bits(values: np.ndarray) -> np.ndarray:
-    """float32 -> bf16 bits, round to nearest even (finite values)."""
-    words = values.astype(np.float32).view(np.uint32).astype(np.uint64)
-    return ((words + 0x7FFF + ((words >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def bf16_float(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def make_config(hidden=256, top_k=4, experts_per_rank=4, max_tokens=24, alignment=4) -> rocep.EpConfig:
@@ -40,7 +30,7 @@ def rank_inputs(config, seed, rank, num_tokens=None):
     """Rank `rank`'s tokens (bf16 bits), ids (distinct, some -1) and weights."""
     rng = np.random.default_rng(seed + 7919 * rank)
     n = int(rng.integers(0, config.max_tokens_per_rank + 1)) if num_tokens is None else num_tokens
-    tokens = bf16_bits(rng.uniform(-4, 4, size=(n, config.hidden)))
+    tokens = bf16.from_float(rng.uniform(-4, 4, size=(n, config.hidden)))
     ids = np.stack([rng.permutation(config.num_experts)[:config.top_k] for _ in range(n)]).astype(np.int32) \
         if n else np.zeros((0, config.top_k), np.int32)
     ids[rng.random(ids.shape) < 0.2] = -1
@@ -88,7 +78,7 @@ def test_dispatch_and_combine_match_the_naive_definition(kind):
         assert list(result.sorted_token_ids[:len(sorted_ids)]) == sorted_ids
         # Combine: every rank returns, per received row, a row that depends on (itself, source, token).
         rng = np.random.default_rng(seed + 1)
-        rows_of = {(r, s, t): bf16_bits(rng.uniform(-2, 2, config.hidden))
+        rows_of = {(r, s, t): bf16.from_float(rng.uniform(-2, 2, config.hidden))
                    for r in range(WORLD) for s in range(WORLD) for t in range(len(inputs[s][1]))}
         expert_outputs = np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16)
         for row, (s, t) in enumerate(rows):
@@ -98,8 +88,8 @@ def test_dispatch_and_combine_match_the_naive_definition(kind):
             total = np.zeros(config.hidden, np.float32)
             for r in range(WORLD):
                 if any(i >= 0 and i // local == r for i in ids):
-                    total += bf16_float(rows_of[(r, RANK, t)])
-            assert (out[t] == bf16_bits(total)).all(), f"token {t}"
+                    total += bf16.to_float(rows_of[(r, RANK, t)])
+            assert (out[t] == bf16.from_float(total)).all(), f"token {t}"
 
 
 def test_bad_input_raises_on_its_rank_and_the_peers_complete():
@@ -178,8 +168,8 @@ def test_split_calls_give_the_fused_calls_bits():
     assert got.count() == count
     for field in ("tokens", "topk_ids", "topk_weights", "src_info"):
         assert (getattr(got, field)[:count] == getattr(expected, field)[:count]).all(), field
-    rows = bf16_bits(np.random.default_rng(seed + RANK).uniform(-2, 2, expected.tokens.shape[:1] + (256,)))
-    shared = bf16_bits(np.random.default_rng(seed - RANK).uniform(-2, 2, (len(ids), 256)))
+    rows = bf16.from_float(np.random.default_rng(seed + RANK).uniform(-2, 2, expected.tokens.shape[:1] + (256,)))
+    shared = bf16.from_float(np.random.default_rng(seed - RANK).uniform(-2, 2, (len(ids), 256)))
     reference = fused.combine(rows, len(ids), shared)
     split.combine_send(rows, len(ids), shared)
     assert (split.combine_recv() == reference).all()
@@ -190,11 +180,11 @@ def test_split_calls_give_the_fused_calls_bits():
 def test_silu_matches_numpy_within_one_bf16_step():
     rng = np.random.default_rng(shared_seed() + RANK)
     n = 64
-    gate_up = bf16_bits(rng.uniform(-6, 6, (10, 2 * n)))
+    gate_up = bf16.from_float(rng.uniform(-6, 6, (10, 2 * n)))
     out = np.zeros((10, n), np.uint16)
     rocep.silu_and_quantize(gate_up, out, None, np.array([0, 3, 10], np.uint32), n)
-    g, u = bf16_float(gate_up[:, :n]).astype(np.float64), bf16_float(gate_up[:, n:]).astype(np.float64)
-    expected = bf16_bits((g / (1 + np.exp(-g)) * u).astype(np.float32))
+    g, u = bf16.to_float(gate_up[:, :n]).astype(np.float64), bf16.to_float(gate_up[:, n:]).astype(np.float64)
+    expected = bf16.from_float((g / (1 + np.exp(-g)) * u).astype(np.float32))
     assert np.abs(out.astype(np.int32) - expected.astype(np.int32)).max() <= 1
     with pytest.raises(rocep.InvalidInputError, match=r"gate_up: shape must be \(any, 128\)"):
         rocep.silu_and_quantize(gate_up[:, :n], out, None, np.array([0, 10], np.uint32), n)
@@ -254,11 +244,11 @@ def test_expanded_layout_matches_the_naive_definition():
             for k in range(config.top_k):
                 if ids[t][k] >= 0 and ids[t][k] // local == r:
                     # a float32 multiply, then an add: within one bf16 step of the reference's fused one
-                    partial = np.float32(weights[t][k]) * bf16_float(tokens[t]) + partial
+                    partial = np.float32(weights[t][k]) * bf16.to_float(tokens[t]) + partial
                     reached = True
             if reached:
-                total += bf16_float(bf16_bits(partial))
-        assert np.abs(out[t].astype(np.int32) - bf16_bits(total).astype(np.int32)).max() <= 1, f"token {t}"
+                total += bf16.to_float(bf16.from_float(partial))
+        assert np.abs(out[t].astype(np.int32) - bf16.from_float(total).astype(np.int32)).max() <= 1, f"token {t}"
     # Unweighted: every slot's row back, zeros for -1.
     group.dispatch(*inputs[RANK])
     unreduced = group.combine(rows, len(ids))
