@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -275,6 +276,7 @@ struct SummaryRow {
   double remote_mb;
   double logical_mb;
   double gb_per_s;
+  double host_us;  // the host's time to issue the call (this rank's median, the slowest rank's); 0: not timed
 };
 std::vector<SummaryRow> summary;
 // One line per concurrent case, printed below the table.
@@ -285,12 +287,16 @@ void print_summary(double link_peak) {
     std::printf("\nP2P link peak measured in this run: %.1f GB/s per rank (copy engine, all ranks at once)\n",
                 link_peak);
   }
-  std::printf("\n%-60s %-20s %12s %17s %12s %13s %10s %10s\n", "case", "backend, SMs", "median [us]",
-              "ranks [us]", "remote [MB]", "logical [MB]", "GB/s", "of link");
+  std::printf("\n%-60s %-20s %12s %17s %12s %13s %10s %10s %10s\n", "case", "backend, SMs", "median [us]",
+              "ranks [us]", "remote [MB]", "logical [MB]", "GB/s", "of link", "host [us]");
   for (const SummaryRow& row : summary) {
-    std::printf("%-60s %-20s %12.1f %8.1f-%-8.1f %12.3f %13.3f %10.3f %9.0f%%\n", row.name.c_str(),
+    char host[32] = "-";
+    if (row.host_us > 0) {
+      std::snprintf(host, sizeof(host), "%.1f", row.host_us);
+    }
+    std::printf("%-60s %-20s %12.1f %8.1f-%-8.1f %12.3f %13.3f %10.3f %9.0f%% %10s\n", row.name.c_str(),
                 row.backend.c_str(), row.median_us, row.fastest_rank_us, row.slowest_rank_us, row.remote_mb,
-                row.logical_mb, row.gb_per_s, link_peak > 0 ? 100 * row.gb_per_s / link_peak : 0.0);
+                row.logical_mb, row.gb_per_s, link_peak > 0 ? 100 * row.gb_per_s / link_peak : 0.0, host);
   }
   if (!overlap_summary.empty()) {
     std::printf(
@@ -547,7 +553,14 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
 
   std::vector<std::vector<double>> step_seconds(steps.size());      // the slowest rank's, per call
   std::vector<std::vector<double>> own_step_seconds(steps.size());  // this rank's, per call
+  std::vector<std::vector<double>> own_host_seconds(steps.size());  // this rank's time to issue, per call
   std::vector<double> seconds(calls);
+  std::vector<double> host_seconds(calls);
+  const auto issue = [&](std::size_t call) {
+    const auto start = std::chrono::steady_clock::now();
+    steps[call % steps.size()].call();
+    host_seconds[call] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   for (auto _ : state) {
     MPI_Barrier(MPI_COMM_WORLD);
     if (on_gpu) {
@@ -556,7 +569,7 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
       gate.close(stream->get());
       events[0].record(stream->get());
       for (std::size_t call = 0; call < calls; ++call) {
-        steps[call % steps.size()].call();
+        issue(call);
         events[call + 1].record(stream->get());
       }
       MPI_Barrier(MPI_COMM_WORLD);
@@ -568,13 +581,13 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
 #endif
     } else {
       for (std::size_t call = 0; call < calls; ++call) {
-        const double start = MPI_Wtime();
-        steps[call % steps.size()].call();
-        seconds[call] = MPI_Wtime() - start;
+        issue(call);  // the CPU reference runs the call while issuing it
+        seconds[call] = host_seconds[call];
       }
     }
     for (std::size_t call = 0; call < calls; ++call) {
       own_step_seconds[call % steps.size()].push_back(seconds[call]);
+      own_host_seconds[call % steps.size()].push_back(host_seconds[call]);
     }
     MPI_Allreduce(MPI_IN_PLACE, seconds.data(), static_cast<int>(calls), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     double round = 0;
@@ -602,7 +615,7 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
     summary.push_back({step.name + name, backend, median_seconds * 1e6,
                        reduce_over_ranks(own_median_seconds, MPI_MIN) * 1e6,
                        reduce_over_ranks(own_median_seconds, MPI_MAX) * 1e6, bytes / 1e6, logical_bytes / 1e6,
-                       gb_per_s});
+                       gb_per_s, reduce_over_ranks(median(own_host_seconds[i]), MPI_MAX) * 1e6});
   }
 }
 
@@ -663,7 +676,8 @@ void run_graph_case(benchmark::State& state, const std::string& name, rocep::EpC
   const double seconds = median(pair_seconds);
   state.SetLabel(backend_label(group, world));
   summary.push_back({"graph pair" + name, backend_label(group, world), seconds * 1e6, seconds * 1e6,
-                     seconds * 1e6, bytes / 1e6, logical / 1e6, seconds > 0 ? bytes / seconds / 1e9 : 0.0});
+                     seconds * 1e6, bytes / 1e6, logical / 1e6, seconds > 0 ? bytes / seconds / 1e9 : 0.0,
+                     0.0});
 }
 
 // The concurrent case: fused dispatch + combine on one stream beside a compute-bound kernel on another that
@@ -776,7 +790,7 @@ void run_concurrent_case(benchmark::State& state, const std::string& name, rocep
     summary.push_back(
         {name + " " + what, backend, median_seconds * 1e6, reduce_over_ranks(median(own), MPI_MIN) * 1e6,
          reduce_over_ranks(median(own), MPI_MAX) * 1e6, bytes / 1e6, moves_data ? logical_bytes / 1e6 : 0.0,
-         median_seconds > 0 ? bytes / median_seconds / 1e9 : 0.0});
+         median_seconds > 0 ? bytes / median_seconds / 1e9 : 0.0, 0.0});
     return median_seconds;
   };
   const double step_seconds = add_row("dispatch+combine", all_step, own_step, true);

@@ -1,14 +1,19 @@
 """A whole MoE layer over rocep, checked against the same layer computed on one rank without EP.
 
 router top-k -> rocep dispatch -> per expert: gate_up matmul, rocep's fused SiLU, down matmul -> the rank's
-weighted sum per received token -> rocep combine. Runs on the CPU reference with numpy:
+weighted sum per received token -> rocep combine. Two ways to run it:
 
-    mpirun -np 2 python examples/moe_layer.py
+    torchrun --nproc_per_node=2 examples/moe_layer.py [--dispatch=fp8]   # GPUs and torch, no MPI
+    mpirun -np 2 python examples/moe_layer.py                           # the CPU reference and numpy
 
-Every rank draws the same weights (a shared seed) and its own tokens; the layer's output on each rank is
-compared with the layer computed on that rank's tokens alone, by calc_diff (1 - cosine-like similarity,
-as DeepEP's tests measure it).
+Every rank draws the same weights (a shared seed) and its own tokens, and compares the layer's output with
+the layer computed on its own tokens alone, by calc_diff (1 - 2xy / (x^2 + y^2), as DeepEP's tests measure
+it). With fp8 dispatch the layer alone computes on its tokens quantised and dequantised as dispatch does
+(block-128, include/rocep/formats.hpp), so the two differ only in summation order and rounding.
 """
+
+import argparse
+import os
 
 import numpy as np
 
@@ -16,89 +21,226 @@ import rocep
 from rocep import bf16, bootstrap
 
 
-def calc_diff(x: np.ndarray, y: np.ndarray) -> float:
-    x, y = x.astype(np.float64), y.astype(np.float64)
+def calc_diff(x, y) -> float:
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     return float(1 - 2 * (x * y).sum() / (x * x + y * y).sum())
+
+
+class NumpyArrays:
+    """Arrays on the CPU reference: numpy, bf16 as its uint16 bits."""
+
+    def normal(self, seed: int, shape):
+        return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+    def bf16(self, x):
+        return bf16.from_float(x)
+
+    def float(self, x):
+        return bf16.to_float(x)
+
+    def zeros(self, shape):
+        return np.zeros(shape, np.float32)
+
+    def top_k(self, logits, k: int):
+        ids = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+        return ids.astype(np.int32), np.take_along_axis(logits, ids, axis=1)
+
+    def softmax(self, x):
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
+
+    def group_rows(self, keys, groups: int):
+        """(row order sorting keys stably, offsets [groups + 1] uint32)."""
+        order = np.argsort(keys, kind="stable")
+        return order, np.searchsorted(keys[order], np.arange(groups + 1)).astype(np.uint32)
+
+    def nonzero(self, mask):
+        return np.nonzero(mask)
+
+    def add_rows(self, out, rows, values):
+        np.add.at(out, rows, values)
+
+    def to_list(self, x):
+        return x.tolist()
+
+    def stream(self) -> int:
+        return 0
+
+
+class TorchArrays:
+    """Arrays on the GPU: torch tensors on the current device; rocep runs on torch's current stream."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+
+    def normal(self, seed: int, shape):
+        generator = self.torch.Generator().manual_seed(seed)
+        return self.torch.randn(shape, generator=generator).cuda()
+
+    def bf16(self, x):
+        return x.to(self.torch.bfloat16)
+
+    def float(self, x):
+        return x.float()
+
+    def zeros(self, shape):
+        return self.torch.zeros(shape, device="cuda")
+
+    def top_k(self, logits, k: int):
+        values, ids = self.torch.topk(logits, k, dim=1)
+        return ids.int(), values
+
+    def softmax(self, x):
+        return self.torch.softmax(x, dim=1)
+
+    def group_rows(self, keys, groups: int):
+        order = self.torch.argsort(keys, stable=True)
+        groups = self.torch.arange(groups + 1, device=keys.device, dtype=keys.dtype)
+        return order, self.torch.searchsorted(keys[order], groups).int()  # int32: rocep takes it as uint32
+
+    def nonzero(self, mask):
+        return self.torch.nonzero(mask, as_tuple=True)
+
+    def add_rows(self, out, rows, values):
+        out.index_add_(0, rows, values)
+
+    def to_list(self, x):
+        return x.tolist()
+
+    def stream(self) -> int:
+        return self.torch.cuda.current_stream().cuda_stream
+
+    def fp8_round_trip(self, x, encoding):
+        """x [T, hidden] bf16 quantised to fp8 block-128 and back, as rocep's dispatch quantises it."""
+        dtype, largest = self.fp8_type(encoding)
+        blocks = x.float().view(x.shape[0], -1, 128)
+        amax = blocks.abs().amax(dim=2, keepdim=True).clamp(min=1e-4)
+        codes = (blocks * (largest / amax)).clamp(-largest, largest).to(dtype)
+        return self.bf16((codes.float() * (amax / largest)).view(x.shape))
+
+    def dequantize(self, payload, scales, encoding):
+        """Received fp8 rows ([rows, hidden] bytes, [rows, hidden / 128] float32 scales as bytes) as bf16."""
+        codes = payload.view(self.fp8_type(encoding)[0]).float()
+        return self.bf16(codes * scales.view(self.torch.float32).repeat_interleave(128, dim=1))
+
+    def fp8_type(self, encoding):
+        if encoding == rocep.Fp8Encoding.E4M3FNUZ:
+            return self.torch.float8_e4m3fnuz, 240.0
+        return self.torch.float8_e4m3fn, 448.0
 
 
 class Weights:
     """The layer's weights, the same on every rank: router [H, E], gate_up [E, H, 2N], down [E, N, H]."""
 
-    def __init__(self, seed: int, hidden: int, experts: int, intermediate: int):
-        rng = np.random.default_rng(seed)
-        self.router = rng.standard_normal((hidden, experts)).astype(np.float32) / np.sqrt(hidden)
-        self.gate_up = bf16.to_float(bf16.from_float(rng.standard_normal((experts, hidden, 2 * intermediate)) / np.sqrt(hidden)))
-        self.down = bf16.to_float(bf16.from_float(rng.standard_normal((experts, intermediate, hidden)) / np.sqrt(intermediate)))
-        self.intermediate = intermediate
+    def __init__(self, arrays, seed: int, hidden: int, experts: int, intermediate: int):
+        self.router = arrays.normal(seed, (hidden, experts)) / np.sqrt(hidden)
+        gate_up = arrays.normal(seed + 1, (experts, hidden, 2 * intermediate)) / np.sqrt(hidden)
+        down = arrays.normal(seed + 2, (experts, intermediate, hidden)) / np.sqrt(intermediate)
+        self.gate_up = arrays.float(arrays.bf16(gate_up))
+        self.down = arrays.float(arrays.bf16(down))
+        self.experts, self.intermediate = experts, intermediate
 
 
-def route(x_bits: np.ndarray, weights: Weights, top_k: int):
-    """Top-k experts per token and their softmax weights (float32), from the router logits."""
-    logits = bf16.to_float(x_bits) @ weights.router
-    ids = np.argsort(-logits, axis=1, kind="stable")[:, :top_k].astype(np.int32)
-    chosen = np.take_along_axis(logits, ids, axis=1)
-    gates = np.exp(chosen - chosen.max(axis=1, keepdims=True))
-    return ids, (gates / gates.sum(axis=1, keepdims=True)).astype(np.float32)
+def route(arrays, x, weights: Weights, top_k: int):
+    """Top-k experts per token (int32) and their softmax weights (float32), from the router logits."""
+    ids, chosen = arrays.top_k(arrays.float(x) @ weights.router, top_k)
+    return ids, arrays.softmax(chosen)
 
 
-def experts_forward(x_bits: np.ndarray, expert_of_row: np.ndarray, weights: Weights) -> np.ndarray:
+def experts_forward(arrays, x, expert_of_row, weights: Weights):
     """Each row through its expert: gate_up (rounded to bf16), rocep's fused SiLU (bf16), down (float32).
     Rows are grouped by expert for the SiLU call, as a grouped GEMM would hand them over."""
-    order = np.argsort(expert_of_row, kind="stable")
-    experts = weights.gate_up.shape[0]
-    offsets = np.searchsorted(expert_of_row[order], np.arange(experts + 1)).astype(np.uint32)
-    gate_up = np.zeros((max(len(order), 1), 2 * weights.intermediate), np.uint16)
-    for e in range(experts):
-        rows = order[offsets[e]:offsets[e + 1]]
-        gate_up[offsets[e]:offsets[e + 1]] = bf16.from_float(bf16.to_float(x_bits[rows]) @ weights.gate_up[e])
-    act = np.zeros((gate_up.shape[0], weights.intermediate), np.uint16)
-    rocep.silu_and_quantize(gate_up, act, None, offsets, weights.intermediate)
-    out = np.zeros((len(order), x_bits.shape[1]), np.float32)
-    for e in range(experts):
-        rows = order[offsets[e]:offsets[e + 1]]
-        out[rows] = bf16.to_float(act[offsets[e]:offsets[e + 1]]) @ weights.down[e]
+    order, offsets = arrays.group_rows(expert_of_row, weights.experts)
+    bounds = arrays.to_list(offsets)
+    rows = max(len(order), 1)
+    gate_up = arrays.bf16(arrays.zeros((rows, 2 * weights.intermediate)))
+    for e in range(weights.experts):
+        segment = order[bounds[e]:bounds[e + 1]]
+        gate_up[bounds[e]:bounds[e + 1]] = arrays.bf16(arrays.float(x[segment]) @ weights.gate_up[e])
+    act = arrays.bf16(arrays.zeros((rows, weights.intermediate)))
+    rocep.silu_and_quantize(gate_up, act, None, offsets, weights.intermediate, stream=arrays.stream())
+    out = arrays.zeros((len(order), x.shape[1]))
+    for e in range(weights.experts):
+        out[order[bounds[e]:bounds[e + 1]]] = arrays.float(act[bounds[e]:bounds[e + 1]]) @ weights.down[e]
     return out
 
 
-def moe_layer_ep(group: rocep.Group, x_bits: np.ndarray, weights: Weights) -> np.ndarray:
+def moe_layer_ep(arrays, group: rocep.Group, x, weights: Weights):
     """The layer with its experts spread over the group's ranks."""
     config = group.config
-    local = config.num_local_experts(group.world_size)
-    ids, gates = route(x_bits, weights, config.top_k)
-    received = group.dispatch(x_bits, ids, gates)
+    ids, gates = route(arrays, x, weights, config.top_k)
+    received = group.dispatch(x, ids, gates)
     count = received.count()
-    rows, slots = np.nonzero(received.topk_ids[:count] >= 0)  # this rank's (row, slot) pairs
-    first_expert = group.rank * local
-    y = experts_forward(received.tokens[:count].view(np.uint16)[rows],
-                        received.topk_ids[:count][rows, slots] + first_expert, weights)
-    partial = np.zeros((config.max_recv_tokens(group.world_size), config.hidden), np.float32)
-    np.add.at(partial, rows, received.topk_weights[:count][rows, slots][:, None] * y)
-    return group.combine(bf16.from_float(partial), len(x_bits))
+    tokens = received.tokens[:count]
+    if config.dispatch_format == rocep.TokenFormat.FP8_BLOCK128:
+        tokens = arrays.dequantize(tokens, received.scales[:count], config.fp8_encoding)
+    else:
+        tokens = tokens.view(x.dtype)
+    topk_ids, topk_weights = received.topk_ids[:count], received.topk_weights[:count]
+    rows, slots = arrays.nonzero(topk_ids >= 0)  # this rank's (row, slot) pairs
+    first_expert = group.rank * config.num_local_experts(group.world_size)
+    y = experts_forward(arrays, tokens[rows], topk_ids[rows, slots] + first_expert, weights)
+    partial = arrays.zeros((config.max_recv_tokens(group.world_size), config.hidden))
+    arrays.add_rows(partial, rows, topk_weights[rows, slots][:, None] * y)
+    return group.combine(arrays.bf16(partial), len(x))
 
 
-def moe_layer_alone(x_bits: np.ndarray, weights: Weights, top_k: int) -> np.ndarray:
-    """The same layer on one rank, every expert here."""
-    ids, gates = route(x_bits, weights, top_k)
-    tokens, slots = np.nonzero(ids >= 0)
-    y = experts_forward(x_bits[tokens], ids[tokens, slots], weights)
-    out = np.zeros((len(x_bits), x_bits.shape[1]), np.float32)
-    np.add.at(out, tokens, gates[tokens, slots][:, None] * y)
-    return bf16.from_float(out)
+def moe_layer_alone(arrays, x, weights: Weights, top_k: int, expert_input=None):
+    """The same layer on one rank, every expert here: routed on x, the experts fed expert_input (default x;
+    with fp8 dispatch, x as the experts receive it)."""
+    ids, gates = route(arrays, x, weights, top_k)
+    tokens, slots = arrays.nonzero(ids >= 0)
+    y = experts_forward(arrays, (x if expert_input is None else expert_input)[tokens], ids[tokens, slots], weights)
+    out = arrays.zeros((len(x), x.shape[1]))
+    arrays.add_rows(out, tokens, gates[tokens, slots][:, None] * y)
+    return arrays.bf16(out)
 
 
-def main(boot, seed: int = 2026, tokens: int = 48, hidden: int = 256, experts_per_rank: int = 4, top_k: int = 4,
-         intermediate: int = 128) -> float:
+def main(boot, arrays=None, dispatch: str = "bf16", seed: int = 2026, tokens: int = 48, hidden: int = 256,
+         experts_per_rank: int = 4, top_k: int = 4, intermediate: int = 128) -> float:
+    """Runs the layer both ways on this rank's tokens; returns calc_diff. Collective."""
+    arrays = arrays or NumpyArrays()
+    gpu = isinstance(arrays, TorchArrays)
     config = rocep.EpConfig()
     config.hidden, config.top_k, config.max_tokens_per_rank = hidden, top_k, tokens
     config.num_experts = experts_per_rank * boot.size()
-    group = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE)
-    weights = Weights(seed, hidden, config.num_experts, intermediate)
-    x = bf16.from_float(np.random.default_rng(seed + 1 + boot.rank()).standard_normal((tokens, hidden)))
-    return calc_diff(bf16.to_float(moe_layer_ep(group, x, weights)), bf16.to_float(moe_layer_alone(x, weights, top_k)))
+    if dispatch == "fp8":
+        if not gpu:
+            raise ValueError("--dispatch=fp8 is invalid on the CPU reference: numpy has no fp8 type; use torch")
+        config.dispatch_format = rocep.TokenFormat.FP8_BLOCK128
+    group = rocep.Group(boot, config, rocep.Backend.GPU if gpu else rocep.Backend.CPU_REFERENCE)
+    weights = Weights(arrays, seed, hidden, config.num_experts, intermediate)
+    x = arrays.bf16(arrays.normal(seed + 3 + boot.rank(), (tokens, hidden)))
+    received = arrays.fp8_round_trip(x, group.config.fp8_encoding) if dispatch == "fp8" else None
+    ep, alone = moe_layer_ep(arrays, group, x, weights), moe_layer_alone(arrays, x, weights, top_k, received)
+    if gpu:
+        ep, alone = ep.float().cpu().numpy(), alone.float().cpu().numpy()
+    else:
+        ep, alone = bf16.to_float(ep), bf16.to_float(alone)
+    return calc_diff(ep, alone)
 
 
 if __name__ == "__main__":
-    from mpi4py import MPI
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dispatch", choices=("bf16", "fp8"), default="bf16", help="the dispatch format")
+    args = parser.parse_args()
+    if "LOCAL_RANK" not in os.environ and args.dispatch == "fp8":
+        parser.error("--dispatch=fp8 runs on GPUs with torch (torchrun): numpy has no fp8 type")
+    if "LOCAL_RANK" in os.environ:  # torchrun: GPUs, bootstrapped from torch.distributed
+        import torch
+        import torch.distributed as dist
 
-    diff = main(bootstrap.from_mpi4py(MPI.COMM_WORLD))
-    print(f"rank {MPI.COMM_WORLD.Get_rank()}: calc_diff against the layer without EP = {diff:.3e}")
+        dist.init_process_group("gloo")
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        rank = dist.get_rank()
+        diff = main(bootstrap.from_torch(), TorchArrays(), args.dispatch, tokens=256, hidden=2048,
+                    experts_per_rank=8, top_k=8, intermediate=512)
+        dist.barrier()
+    else:
+        from mpi4py import MPI
+
+        rank = MPI.COMM_WORLD.Get_rank()
+        diff = main(bootstrap.from_mpi4py(MPI.COMM_WORLD), dispatch=args.dispatch)
+    print(f"rank {rank}: {args.dispatch} dispatch, calc_diff against the layer without EP = {diff:.3e}")

@@ -1,8 +1,10 @@
 #include "rocep/config.hpp"
 
 #include <algorithm>
+#include <array>
+#include <charconv>
 #include <cmath>
-#include <sstream>
+#include <string>
 
 #include "hip/ep_params.hpp"
 #include "hip/scale_layout.hpp"
@@ -131,12 +133,22 @@ constexpr int kMaxSms = 1 << 12;  // past any GPU's multiprocessors
 constexpr int kMaxAlignment = 1 << 10;
 constexpr double kMaxTimeoutSeconds = 24 * 3600.0;
 
+// Numbers as text without iostreams: their locale facets are process-wide state, owned by whatever process
+// loads the library (a Python interpreter with other extensions, a server).
+std::string number_text(int value) {
+  return std::to_string(value);
+}
+std::string number_text(double value) {
+  std::array<char, 32> text{};
+  const std::to_chars_result end = std::to_chars(text.data(), text.data() + text.size(), value);
+  return std::string(text.data(), end.ptr);
+}
+
 template <typename T>
 void require(bool ok, const char* field, T value, const std::string& allowed) {
   if (!ok) {
-    std::ostringstream message;
-    message << "EpConfig." << field << " = " << value << " is invalid: " << allowed;
-    throw ConfigError(message.str());
+    throw ConfigError(std::string("EpConfig.") + field + " = " + number_text(value) +
+                      " is invalid: " + allowed);
   }
 }
 
@@ -206,21 +218,23 @@ std::size_t EpConfig::max_recv_tokens(int world_size) const {
 }
 
 std::string EpConfig::describe() const {
-  std::ostringstream text;
-  text << "hidden=" << hidden << " top_k=" << top_k << " experts=" << num_experts
-       << " max_tokens_per_rank=" << max_tokens_per_rank << " format=" << to_string(dispatch_format)
-       << (dispatch_format == TokenFormat::kFp8Block128 ? std::string("/") + to_string(fp8_encoding) : "")
-       << " combine=" << to_string(combine_dtype) << " layout=" << to_string(layout)
-       << " alignment=" << expert_alignment;
-  text << " sms=";
-  if (num_sms == kDefaultSms) {
-    text << "default";
-  } else if (num_sms == kAllSms) {
-    text << "all";
-  } else {
-    text << num_sms;
+  std::string text = "hidden=" + std::to_string(hidden) + " top_k=" + std::to_string(top_k) +
+                     " experts=" + std::to_string(num_experts) +
+                     " max_tokens_per_rank=" + std::to_string(max_tokens_per_rank) +
+                     " format=" + to_string(dispatch_format);
+  if (dispatch_format == TokenFormat::kFp8Block128) {
+    text += std::string("/") + to_string(fp8_encoding);
   }
-  return text.str();
+  text += std::string(" combine=") + to_string(combine_dtype) + " layout=" + to_string(layout) +
+          " alignment=" + std::to_string(expert_alignment) + " sms=";
+  if (num_sms == kDefaultSms) {
+    text += "default";
+  } else if (num_sms == kAllSms) {
+    text += "all";
+  } else {
+    text += std::to_string(num_sms);
+  }
+  return text;
 }
 
 }  // namespace rocep

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 #include <array>
-#include <fstream>
+#include <cstdio>
 
 namespace rocep {
 
@@ -22,10 +22,14 @@ std::string host_identity() {
     name[0] = '\0';
   }
   std::string identity(name.data());
-  std::ifstream boot_id("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  if (boot_id >> id) {
-    identity += "/" + id;
+  // stdio, not iostreams: their locale facets are process-wide state of the host process.
+  std::FILE* boot_id = std::fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (boot_id != nullptr) {
+    std::array<char, 64> id{};
+    if (std::fscanf(boot_id, "%63s", id.data()) == 1) {
+      identity += std::string("/") + id.data();
+    }
+    std::fclose(boot_id);
   }
   return identity;
 }

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 #include <array>
-#include <fstream>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,12 +64,17 @@ RuntimeLinkAnswer ask_runtime(int from, int to) {
 }
 
 // Linux's NUMA node of a PCI device; -1 where it has none or sysfs is not readable.
+// Read with stdio, not iostreams: their locale facets are process-wide state of the host process.
 int64_t numa_node_from_sysfs(const std::string& pci_bus_id) {
-  std::ifstream file("/sys/bus/pci/devices/" + pci_bus_id + "/numa_node");
-  int64_t numa_node = -1;
-  if (!(file >> numa_node)) {
+  std::FILE* file = std::fopen(("/sys/bus/pci/devices/" + pci_bus_id + "/numa_node").c_str(), "r");
+  if (file == nullptr) {
     return -1;
   }
+  long long numa_node = -1;
+  if (std::fscanf(file, "%lld", &numa_node) != 1) {
+    numa_node = -1;
+  }
+  std::fclose(file);
   return numa_node;
 }
 

@@ -1,8 +1,15 @@
-"""The Python package on the GPU, under torchrun (no MPI): a rocep.Group on the GPU backend over a
-torch.distributed bootstrap, against a CPU-reference group over the same bootstrap, bit for bit, on fresh
-random torch tensors; then dispatch + combine captured in a torch.cuda.graph and replayed with new data.
+"""The Python package on the GPU, under torchrun (no MPI), bootstrapped from torch.distributed:
+
+- rocep.Group on the GPU backend against a CPU-reference group over the same bootstrap, bit for bit, on
+  fresh random torch tensors with a count and routing that change from call to call: per-token layout in
+  bf16 and fp8 block-128 (quantised in dispatch), expanded layout in bf16;
+- the MoRI-shaped op against a naive torch definition (every rank's inputs gathered, the expected rows and
+  sums computed with torch on the CPU), bf16 and pre-quantised fp8;
+- dispatch + combine captured in torch.cuda.graph, replayed with new data, for the native group and the op.
 
     torchrun --nproc_per_node=2 python/gpu/check_torchrun.py
+
+Rank 0 prints each rank's failures and PASSED or FAILED; the exit status is 1 on any failure.
 """
 
 import os
@@ -14,55 +21,87 @@ import torch.distributed as dist
 
 import rocep
 from rocep import bootstrap
+from rocep.mori import EpDispatchCombineConfig, EpDispatchCombineOp
+
+HIDDEN, TOP_K, EXPERTS_PER_RANK, MAX_TOKENS = 2048, 8, 16, 128
+failures = []
 
 
-def main() -> int:
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+def shape_and_bytes(array):
+    """A torch tensor (any dtype, fp8 included, on any device) or a numpy array as (shape, its bytes)."""
+    if hasattr(array, "cpu"):
+        array = array.detach().cpu().contiguous()
+        return tuple(array.shape), array.view(torch.uint8).numpy().tobytes() if array.numel() else b""
+    array = np.ascontiguousarray(array)
+    return array.shape, array.tobytes()
+
+
+def check(name, got, expected):
+    if shape_and_bytes(got) != shape_and_bytes(expected):
+        failures.append(name)
+
+
+def config_for(world, layout=rocep.Layout.PER_TOKEN, dispatch_format=rocep.TokenFormat.BF16):
     config = rocep.EpConfig()
-    config.hidden, config.top_k, config.num_experts = 2048, 8, 16 * world
-    config.max_tokens_per_rank, config.expert_alignment = 128, 16
-    boot = bootstrap.from_torch()
-    gpu = rocep.Group(boot, config, rocep.Backend.GPU)
-    cpu = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE)
-    rows = config.max_recv_tokens(world)
-    failures = []
+    config.hidden, config.top_k, config.num_experts = HIDDEN, TOP_K, EXPERTS_PER_RANK * world
+    config.max_tokens_per_rank, config.expert_alignment = MAX_TOKENS, 16
+    config.layout, config.dispatch_format = layout, dispatch_format
+    return config
 
-    def check(name, got, expected):
-        got = got.cpu().numpy() if hasattr(got, "cpu") else np.asarray(got)
-        if got.shape != expected.shape or not np.array_equal(got.view(np.uint8), expected.view(np.uint8)):
-            failures.append(name)
 
-    def inputs(seed, n):
-        g = torch.Generator().manual_seed(seed * 1000 + rank)
-        tokens = (torch.rand(n, config.hidden, generator=g) * 8 - 4).to(torch.bfloat16)
-        ids = torch.stack([torch.randperm(config.num_experts, generator=g)[:config.top_k] for _ in range(n)])
-        ids = ids.to(torch.int32)
-        ids[torch.rand(ids.shape, generator=g) < 0.2] = -1
-        weights = torch.rand(n, config.top_k, generator=g)
-        expert_rows = (torch.rand(rows, config.hidden, generator=g) * 2 - 1).to(torch.bfloat16)
-        return tokens, ids, weights, expert_rows
+def inputs(seed, rank, n, world, rows):
+    """Fresh random inputs on the CPU: tokens bf16, distinct ids with some -1, weights, expert rows bf16."""
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    tokens = (torch.rand(n, HIDDEN, generator=g) * 8 - 4).to(torch.bfloat16)
+    ids = torch.argsort(torch.rand(n, EXPERTS_PER_RANK * world, generator=g), dim=1)[:, :TOP_K].int()
+    ids[torch.rand(ids.shape, generator=g) < 0.2] = -1
+    weights = torch.rand(n, TOP_K, generator=g)
+    expert_rows = (torch.rand(rows, HIDDEN, generator=g) * 2 - 1).to(torch.bfloat16)
+    return tokens, ids, weights, expert_rows
 
-    for step, n in enumerate([128, 1, 77]):
-        tokens, ids, weights, expert_rows = inputs(step, n)
+
+def bits(tensor):
+    return tensor.view(torch.uint16).numpy()
+
+
+def check_native(boot, rank, world, layout, dispatch_format):
+    name = f"{layout} {dispatch_format}"
+    gpu_config = config_for(world, layout, dispatch_format)
+    gpu = rocep.Group(boot, gpu_config, rocep.Backend.GPU, layout)
+    cpu = rocep.Group(boot, gpu_config, rocep.Backend.CPU_REFERENCE, layout)
+    expanded = layout == rocep.Layout.EXPANDED
+    rows = gpu.config.max_recv_rows(world) if expanded else gpu.config.max_recv_tokens(world)
+    for step, n in enumerate([MAX_TOKENS, 1, 77, 0, 100]):
+        tokens, ids, weights, expert_rows = inputs(step, rank, n, world, rows)
         got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda())
-        ref = cpu.dispatch(tokens.view(torch.uint16).numpy(), ids.numpy(), weights.numpy())
+        ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy())
         count = ref.count()
-        check(f"step {step} num_recv_tokens", got.num_recv_tokens, ref.num_recv_tokens)
-        for field in ("tokens", "topk_ids", "topk_weights", "src_info"):
-            check(f"step {step} {field}", getattr(got, field)[:count], getattr(ref, field)[:count])
-        check(f"step {step} row_offsets", got.row_offsets.view(torch.int32), ref.row_offsets.view(np.int32))
-        used = int(ref.row_offsets[-1])
-        check(f"step {step} sorted_token_ids", got.sorted_token_ids[:used], ref.sorted_token_ids[:used])
-        out = gpu.combine(expert_rows.cuda(), n)
-        expected = cpu.combine(expert_rows.view(torch.uint16).numpy(), n)
-        check(f"step {step} combined", out.view(torch.uint16), expected)
+        fields = ("tokens", "src_info", "weights") if expanded else ("tokens", "topk_ids", "topk_weights", "src_info")
+        if dispatch_format != rocep.TokenFormat.BF16:
+            fields += ("scales",)  # per-token rows: [P, scale bytes]
+        for field in fields:
+            check(f"{name} step {step} {field}", getattr(got, field)[:count], getattr(ref, field)[:count])
+        check(f"{name} step {step} row_offsets", got.row_offsets.view(torch.int32), ref.row_offsets.view(np.int32))
+        if not expanded:
+            check(f"{name} step {step} num_recv_tokens", got.num_recv_tokens, ref.num_recv_tokens)
+            used = int(ref.row_offsets[-1])
+            check(f"{name} step {step} sorted_token_ids", got.sorted_token_ids[:used], ref.sorted_token_ids[:used])
+            out = gpu.combine(expert_rows.cuda(), n)
+            expected = cpu.combine(bits(expert_rows), n)
+        else:
+            out = gpu.combine(expert_rows.cuda(), n, row_weights=got.weights)
+            expected = cpu.combine(bits(expert_rows), n, row_weights=ref.weights)
+        check(f"{name} step {step} combined", out.view(torch.uint16), expected)
         gpu.synchronize()
 
-    # Graph capture: the same count, new data written into the captured tensors before each replay.
-    n = 64
-    tokens, ids, weights, expert_rows = (t.cuda() for t in inputs(10, n))
+
+def check_native_graph(boot, rank, world):
+    """One count, new data written into the captured tensors before each replay."""
+    config = config_for(world)
+    gpu = rocep.Group(boot, config, rocep.Backend.GPU)
+    cpu = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE)
+    n, rows = 64, gpu.config.max_recv_tokens(world)
+    tokens, ids, weights, expert_rows = (t.cuda() for t in inputs(10, rank, n, world, rows))
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         graph = torch.cuda.CUDAGraph()
@@ -70,24 +109,142 @@ def main() -> int:
             captured = gpu.dispatch(tokens, ids, weights)
             captured_out = gpu.combine(expert_rows, n)
     for replay in range(3):
-        new = inputs(20 + replay, n)
+        new = inputs(20 + replay, rank, n, world, rows)
         for target, source in zip((tokens, ids, weights, expert_rows), new):
             target.copy_(source)
         torch.cuda.synchronize()
         graph.replay()
         torch.cuda.synchronize()
-        ref = cpu.dispatch(new[0].view(torch.uint16).numpy(), new[1].numpy(), new[2].numpy())
+        ref = cpu.dispatch(bits(new[0]), new[1].numpy(), new[2].numpy())
         count = ref.count()
-        check(f"replay {replay} tokens", captured.tokens[:count], ref.tokens[:count])
-        expected = cpu.combine(new[3].view(torch.uint16).numpy(), n)
-        check(f"replay {replay} combined", captured_out.view(torch.uint16), expected)
+        check(f"graph replay {replay} tokens", captured.tokens[:count], ref.tokens[:count])
+        check(f"graph replay {replay} topk_ids", captured.topk_ids[:count], ref.topk_ids[:count])
+        check(f"graph replay {replay} combined", captured_out.view(torch.uint16), cpu.combine(bits(new[3]), n))
+    del graph
 
+
+def fp8_quantise(tokens):
+    """bf16 [n, hidden] -> (e4m3fn codes, float32 block-128 scales [n, hidden / 128]), any valid encoding."""
+    blocks = tokens.float().view(tokens.shape[0], -1, 128)
+    amax = blocks.abs().amax(dim=2).clamp(min=1e-4)
+    codes = (blocks * (448.0 / amax[:, :, None])).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return codes.view(tokens.shape), amax / 448.0
+
+
+def naive_mori(rank, world, all_tokens, all_ids, all_weights, all_scales):
+    """What rank `rank` receives by the op's definition: per source rank, then token, each token with an
+    expert here once; its indices global for this rank's experts, -1 elsewhere."""
+    first, last = rank * EXPERTS_PER_RANK, (rank + 1) * EXPERTS_PER_RANK
+    rows = []
+    for source in range(world):
+        for t in range(all_ids[source].shape[0]):
+            mine = (all_ids[source][t] >= first) & (all_ids[source][t] < last)
+            if mine.any():
+                rows.append((source, t, torch.where(mine, all_ids[source][t], -1)))
+    tokens = torch.stack([all_tokens[s][t] for s, t, _ in rows]) if rows else None
+    scales = torch.stack([all_scales[s][t] for s, t, _ in rows]) if rows and all_scales[0] is not None else None
+    weights = torch.stack([all_weights[s][t] for s, t, _ in rows]) if rows else None
+    indices = torch.stack([i for _, _, i in rows]) if rows else None
+    return [(s, t) for s, t, _ in rows], tokens, scales, weights, indices
+
+
+def check_mori(boot, rank, world, fp8):
+    name = "mori fp8" if fp8 else "mori bf16"
+    config = EpDispatchCombineConfig(
+        data_type=torch.float8_e4m3fn if fp8 else torch.bfloat16, rank=rank, world_size=world,
+        hidden_dim=HIDDEN, scale_dim=HIDDEN // 128 if fp8 else 0, scale_type_size=4 if fp8 else 0,
+        max_token_type_size=4, max_num_inp_token_per_rank=MAX_TOKENS, num_experts_per_rank=EXPERTS_PER_RANK,
+        num_experts_per_token=TOP_K)
+    op = EpDispatchCombineOp(config, boot, rocep.Backend.GPU)
+    for step, n in enumerate([MAX_TOKENS, 13, 0, 90]):
+        tokens, ids, weights, _ = inputs(40 + step, rank, n, world, 0)
+        scales = None
+        if fp8:
+            tokens, scales = fp8_quantise(tokens)
+        gathered = [None] * world  # fp8 tensors do not pickle: their bytes travel
+        dist.all_gather_object(gathered, (tokens.view(torch.uint8), ids, weights, scales))
+        gathered = [(payload.view(tokens.dtype),) + rest for payload, *rest in gathered]
+        order, want_tokens, want_scales, want_weights, want_indices = naive_mori(rank, world, *zip(*gathered))
+        out, out_weights, out_scales, out_indices, recv_num_token = op.dispatch(
+            tokens.cuda(), weights.cuda(), scales.cuda() if fp8 else None, ids.long().cuda())
+        count = int(recv_num_token[0])
+        if count != len(order):
+            failures.append(f"{name} step {step} recv_num_token {count}, expected {len(order)}")
+            continue
+        if count:
+            check(f"{name} step {step} out", out[:count], want_tokens)
+            check(f"{name} step {step} out_weights", out_weights[:count], want_weights)
+            check(f"{name} step {step} out_indices", out_indices[:count], want_indices)
+            if fp8:
+                check(f"{name} step {step} out_scales", out_scales[:count], want_scales)
+        # Combine: the expert output of a row is half its token, as bf16; every rank's rows are gathered
+        # and each of this rank's tokens summed over the ranks that received it, ascending, in float32.
+        value = (out[:count].float() * 0.5).to(torch.bfloat16)
+        expert_output = torch.zeros(out.shape[0], HIDDEN, dtype=torch.bfloat16, device="cuda")
+        expert_output[:count] = value
+        combined, combined_weights = op.combine(expert_output, out_weights, out_indices)
+        sent = [None] * world
+        dist.all_gather_object(sent, (order, expert_output[:count].cpu()))
+        expected = torch.zeros(n, HIDDEN)
+        for source_rank in range(world):
+            for row, (source, t) in enumerate(sent[source_rank][0]):
+                if source == rank:
+                    expected[t] += sent[source_rank][1][row].float()
+        check(f"{name} step {step} combined", combined[:n], expected.to(torch.bfloat16))
+        check(f"{name} step {step} combined weights", combined_weights, weights.cuda())
+
+
+def check_mori_graph(boot, rank, world):
+    config = EpDispatchCombineConfig(
+        data_type=torch.bfloat16, rank=rank, world_size=world, hidden_dim=HIDDEN, scale_dim=0, scale_type_size=0,
+        max_token_type_size=4, max_num_inp_token_per_rank=MAX_TOKENS, num_experts_per_rank=EXPERTS_PER_RANK,
+        num_experts_per_token=TOP_K)
+    op = EpDispatchCombineOp(config, boot, rocep.Backend.GPU)
+    cpu = rocep.Group(boot, config_for(world), rocep.Backend.CPU_REFERENCE)
+    n, rows = 48, cpu.config.max_recv_tokens(world)
+    tokens, ids, weights, _ = (t.cuda() if t is not None else None for t in inputs(60, rank, n, world, 0))
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out, _, _, _, recv_num_token = op.dispatch(tokens, weights, None, ids)
+            combined, _ = op.combine(out, None, None)  # each received row back unchanged: the sum of its copies
+    for replay in range(3):
+        new = inputs(70 + replay, rank, n, world, 0)
+        for target, source in zip((tokens, ids, weights), new):
+            target.copy_(source)
+        torch.cuda.synchronize()
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = cpu.dispatch(bits(new[0]), new[1].numpy(), new[2].numpy())
+        count = ref.count()
+        check(f"mori graph replay {replay} out", out[:count], ref.tokens[:count].view(np.uint16))
+        echoed = np.zeros((rows, HIDDEN), np.uint16)
+        echoed[:count] = ref.tokens[:count].view(np.uint16)
+        check(f"mori graph replay {replay} combined", combined.view(torch.uint16), cpu.combine(echoed, n))
+    del graph
+
+
+def main() -> int:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    boot = bootstrap.from_torch()
+    for layout, dispatch_format in ((rocep.Layout.PER_TOKEN, rocep.TokenFormat.BF16),
+                                    (rocep.Layout.PER_TOKEN, rocep.TokenFormat.FP8_BLOCK128),
+                                    (rocep.Layout.EXPANDED, rocep.TokenFormat.BF16)):
+        check_native(boot, rank, world, layout, dispatch_format)
+    check_native_graph(boot, rank, world)
+    check_mori(boot, rank, world, fp8=False)
+    check_mori(boot, rank, world, fp8=True)
+    check_mori_graph(boot, rank, world)
+    torch.cuda.synchronize()
     all_failures = [None] * world
     dist.all_gather_object(all_failures, failures)
     if rank == 0:
         print("rank failures:", all_failures)
         print("PASSED" if not any(all_failures) else "FAILED")
-    del graph, captured, captured_out, gpu, cpu  # collective teardown, while the process group lives
+    dist.barrier()
     dist.destroy_process_group()
     return 1 if any(all_failures) else 0
 

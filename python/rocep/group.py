@@ -24,7 +24,9 @@ class DispatchResult:
     num_recv_tokens: Any  # [1] int32: the rows below it are this call's
     sorted_token_ids: Any  # [R] int32
     block_expert_ids: Any  # [R / expert_alignment] int32
-    row_offsets: Any  # [L + 1] uint32: row_offsets[L] = num_tokens_post_padded
+    row_offsets: Any  # [L + 1] uint32 (int32 in torch): row_offsets[L] = num_tokens_post_padded
+    native: Any = None  # the arrays as the module takes them, converted once
+    group: Any = None  # the module's group the arrays belong to
 
     def count(self) -> int:
         return int(np.asarray(_to_host(self.num_recv_tokens))[0])
@@ -37,13 +39,21 @@ class ExpandedResult:
 
     tokens: Any  # [R, payload bytes] uint8
     scales: Any  # the scale tensor (formats.hpp layouts) as uint8 bytes, or None for bf16
-    row_offsets: Any  # [L + 1] uint32: expert e's rows are [row_offsets[e], row_offsets[e + 1])
+    row_offsets: Any  # [L + 1] uint32 (int32 in torch): expert e's rows are [row_offsets[e], row_offsets[e + 1])
     expert_ids: Any  # [L] int32
     src_info: Any  # [R, 3] int32: source rank, source token, k
     weights: Any  # [R] float32: the router weight of the row's (token, expert) pair
+    native: Any = None  # the arrays as the module takes them, converted once
+    group: Any = None  # the module's group the arrays belong to
 
     def count(self) -> int:
         return int(np.asarray(_to_host(self.row_offsets))[-1])
+
+
+def _torch():
+    import torch
+
+    return torch
 
 
 def _to_host(array):
@@ -62,7 +72,8 @@ class Group:
         self.config = self._group.config
         self.rank, self.world_size = self._group.rank, self._group.world_size
         self._gpu = self._group.backend == _rocep.Backend.GPU
-        self._pending = None  # combine_send's arrays, until combine_recv
+        self._pending = None  # combine_send's arrays and result, until combine_recv
+        self._tokens = 0  # the last dispatch's token count: the rows combine writes
         self._sent = None  # dispatch_send's converted inputs, until dispatch_recv
 
     @property
@@ -71,19 +82,31 @@ class Group:
 
     def _empty(self, shape, dtype: str):
         if self._gpu:
-            import torch
-
-            return torch.empty(shape, dtype=getattr(torch, dtype), device="cuda")
+            torch = _torch()
+            # torch's uint32 tensors support few operations: offsets come as int32 (the same bits).
+            return torch.empty(shape, dtype=torch.int32 if dtype == "uint32" else getattr(torch, dtype),
+                               device="cuda")
         return np.empty(shape, dtype=dtype)
 
     def _stream(self) -> int:
         if self._gpu:
-            import torch
-
-            return torch.cuda.current_stream().cuda_stream
+            return _torch().cuda.current_stream().cuda_stream
         return 0
 
     def _outputs(self):
+        """Fresh outputs of the group's layout, with their arrays converted for the module once."""
+        result = self._allocate_outputs()
+        if isinstance(result, ExpandedResult):
+            result.native = _rocep.ExpandedOutputArrays(result.tokens, result.scales, result.row_offsets,
+                                                        result.expert_ids, result.src_info, result.weights)
+        else:
+            result.native = _rocep.OutputArrays(result.tokens, result.scales, result.topk_ids, result.topk_weights,
+                                                result.src_info, result.num_recv_tokens, result.sorted_token_ids,
+                                                result.block_expert_ids, result.row_offsets)
+        result.group = self._group
+        return result
+
+    def _allocate_outputs(self):
         config, world = self.config, self.world_size
         if config.layout == _rocep.Layout.EXPANDED:
             rows = config.max_recv_rows(world)
@@ -113,18 +136,12 @@ class Group:
             row_offsets=self._empty((self._group.num_local_experts + 1,), "uint32"),
         )
 
-    @staticmethod
-    def _arrays(result):
-        if isinstance(result, ExpandedResult):
-            return _rocep.ExpandedOutputArrays(result.tokens, result.scales, result.row_offsets, result.expert_ids,
-                                               result.src_info, result.weights)
-        return _rocep.OutputArrays(result.tokens, result.scales, result.topk_ids, result.topk_weights,
-                                   result.src_info, result.num_recv_tokens, result.sorted_token_ids,
-                                   result.block_expert_ids, result.row_offsets)
-
-    def _inputs(self, tokens, topk_ids):
+    def _inputs(self, tokens, topk_ids, token_scales):
         """int64 ids as int32 (a copy); torch fp8 tokens as their bytes, their encoding checked against the
-        config's. Anything else goes to the checks of the module as it is."""
+        config's; scales as their bytes (float32 block-128 scales, e8m0 or e4m3 scale types). Anything else
+        goes to the checks of the module as it is."""
+        if token_scales is not None and str(token_scales.dtype) not in ("uint8", "torch.uint8"):
+            token_scales = token_scales.view(np.uint8 if isinstance(token_scales, np.ndarray) else _torch().uint8)
         if str(getattr(topk_ids, "dtype", "")) in ("int64", "torch.int64"):
             topk_ids = topk_ids.astype(np.int32) if isinstance(topk_ids, np.ndarray) else topk_ids.int()
         dtype = str(getattr(tokens, "dtype", ""))
@@ -136,66 +153,97 @@ class Group:
                 raise _rocep.InvalidInputError(
                     f"tokens: dtype {dtype} does not match the group's dispatch_format "
                     f"{self.config.dispatch_format} / fp8_encoding {self.config.fp8_encoding}")
-            import torch
+            tokens = tokens.view(_torch().uint8)
+        return tokens, topk_ids, token_scales
 
-            tokens = tokens.view(torch.uint8)
-        return tokens, topk_ids
+    def _reused(self, out):
+        """out (a result of an earlier dispatch of this group) to write into, or fresh outputs."""
+        if out is None:
+            return self._outputs()
+        if out.group is not self._group:
+            raise _rocep.InvalidInputError("out: must be a result of an earlier dispatch of this group")
+        return out
 
-    def dispatch(self, tokens, topk_ids, topk_weights, token_scales=None) -> DispatchResult:
+    def dispatch(self, tokens, topk_ids, topk_weights, token_scales=None, out=None) -> DispatchResult:
         """Sends every token to the ranks of its experts; returns this rank's received tokens. Collective.
         tokens: bf16 [T, hidden], or the payload bytes [T, payload] with token_scales for pre-quantised
-        tokens; topk_ids int32 or int64 [T, top_k]; topk_weights float32 [T, top_k]. Bad inputs raise
-        rocep.InvalidInputError after this rank took part with zero tokens."""
-        tokens, topk_ids = self._inputs(tokens, topk_ids)
-        result = self._outputs()
-        self._group.dispatch(tokens, topk_ids, topk_weights, token_scales, self._arrays(result), self._stream())
+        tokens; topk_ids int32 or int64 [T, top_k]; topk_weights float32 [T, top_k]. out: a result of an
+        earlier dispatch of this group to write into instead of allocating (its contents are replaced).
+        Bad inputs raise rocep.InvalidInputError after this rank took part with zero tokens."""
+        result = self._reused(out)
+        tokens, topk_ids, token_scales = self._inputs(tokens, topk_ids, token_scales)
+        self._tokens = 0
+        self._group.dispatch(tokens, topk_ids, topk_weights, token_scales, result.native, self._stream())
+        self._tokens = topk_ids.shape[0]
         return result
 
     def dispatch_send(self, tokens, topk_ids, topk_weights, token_scales=None) -> None:
         """The send half of dispatch: returns once issued; the inputs must stay alive until dispatch_recv."""
-        tokens, topk_ids = self._inputs(tokens, topk_ids)
-        self._sent = (tokens, topk_ids)  # kept alive until dispatch_recv
+        tokens, topk_ids, token_scales = self._inputs(tokens, topk_ids, token_scales)
+        self._sent = (tokens, topk_ids, token_scales)  # kept alive until dispatch_recv
+        self._tokens = 0
         self._group.dispatch_send(tokens, topk_ids, topk_weights, token_scales, self._stream())
+        self._tokens = topk_ids.shape[0]
 
-    def dispatch_recv(self) -> DispatchResult:
-        """The receive half of dispatch: waits for every peer's send and returns this rank's tokens."""
-        result = self._outputs()
-        self._group.dispatch_recv(self._arrays(result), self._stream())
+    def dispatch_recv(self, out=None) -> DispatchResult:
+        """The receive half of dispatch: waits for every peer's send and returns this rank's tokens (into
+        out, as for dispatch, when given)."""
+        result = self._reused(out)
+        self._group.dispatch_recv(result.native, self._stream())
         self._sent = None
         return result
 
-    def _combine_arguments(self, expert_outputs, num_tokens, shared_expert_output, row_weights):
-        # `out` gets a row even for no tokens (the call needs a buffer); a shared expert of no tokens adds nothing.
+    def _combine_arguments(self, expert_outputs, num_tokens, shared_expert_output, row_weights, out):
+        """The call's arrays and the result to return, and the error to raise after taking part. The rows
+        combine writes are the last dispatch's tokens, whatever num_tokens says: a wrong num_tokens or a
+        short `out` is written to a buffer of the right size, then raised as InvalidInputError."""
+        tokens, error = self._tokens, None
+        if num_tokens != tokens:
+            error = (f"num_tokens = {num_tokens} is invalid: this rank's last dispatch had {tokens} tokens "
+                     "(the combine went ahead for those)")
         unreduced = self.config.layout == _rocep.Layout.EXPANDED and row_weights is None
-        shape = (max(num_tokens, 1),) + ((self.config.top_k,) if unreduced else ()) + (self.config.hidden,)
-        out = self._empty(shape, "bfloat16" if self._gpu else "uint16")
-        shared = shared_expert_output if num_tokens > 0 else None
-        return expert_outputs, row_weights, shared, out[:max(num_tokens, 1)], out[:num_tokens]
+        row_shape = ((self.config.top_k,) if unreduced else ()) + (self.config.hidden,)
+        if out is not None and (tuple(out.shape[1:]) != row_shape or out.shape[0] < tokens):
+            error = error or (f"out: shape must be ({tokens} or more, {', '.join(map(str, row_shape))}), "
+                              f"is {tuple(out.shape)} (the combine went ahead into a buffer of its own)")
+            out = None
+        if out is None:  # a row even for no tokens: the call needs a buffer
+            out = self._empty((max(tokens, 1),) + row_shape, "bfloat16" if self._gpu else "uint16")
+        shared = shared_expert_output if tokens > 0 else None  # a shared expert of no tokens adds nothing
+        return (expert_outputs, row_weights, shared, out[:max(tokens, 1)]), out[:tokens], error
 
-    def combine(self, expert_outputs, num_tokens: int, shared_expert_output=None, row_weights=None):
+    def combine(self, expert_outputs, num_tokens: int, shared_expert_output=None, row_weights=None, out=None):
         """Returns this rank's tokens (bf16 bits on the CPU reference). Per-token layout: expert_outputs
         [P, hidden], one row per received token, weights applied; out [num_tokens, hidden], the rows of every
         rank that received each token summed in ascending rank order in float32 (+ the shared expert),
         rounded once. Expanded layout: expert_outputs [R, hidden], one per dispatched row; with row_weights
         [R] (normally the dispatch's weights) the weighted sum [num_tokens, hidden], without them every
-        slot's row [num_tokens, top_k, hidden]. Collective."""
-        rows, weights, shared, out, result = self._combine_arguments(expert_outputs, num_tokens,
-                                                                     shared_expert_output, row_weights)
-        self._group.combine(rows, weights, shared, out, self._stream())
+        slot's row [num_tokens, top_k, hidden]. num_tokens is the last dispatch's token count. out: an
+        array of at least num_tokens rows to write into instead of allocating; the result is its first
+        num_tokens rows. Collective."""
+        arguments, result, error = self._combine_arguments(expert_outputs, num_tokens, shared_expert_output,
+                                                           row_weights, out)
+        self._group.combine(*arguments, self._stream())
+        if error:
+            raise _rocep.InvalidInputError(error)
         return result
 
-    def combine_send(self, expert_outputs, num_tokens: int, shared_expert_output=None, row_weights=None) -> None:
+    def combine_send(self, expert_outputs, num_tokens: int, shared_expert_output=None, row_weights=None,
+                     out=None) -> None:
         """The send half of combine; combine_recv returns the tokens. The arrays must stay alive until then."""
-        self._pending = self._combine_arguments(expert_outputs, num_tokens, shared_expert_output, row_weights)
-        self._group.combine_send(*self._pending[:4], self._stream())
+        arguments, result, error = self._combine_arguments(expert_outputs, num_tokens, shared_expert_output,
+                                                           row_weights, out)
+        self._pending = (arguments, result)
+        self._group.combine_send(*arguments, self._stream())
+        if error:
+            raise _rocep.InvalidInputError(error)
 
     def combine_recv(self):
         """The receive half of combine: waits for every peer's rows and returns this rank's tokens."""
         if self._pending is None:
             raise _rocep.CallOrderError("combine_recv: no combine_send before it on this rank")
-        rows, weights, shared, out, result = self._pending
-        self._pending = None
-        self._group.combine_recv(rows, weights, shared, out, self._stream())
+        (arguments, result), self._pending = self._pending, None
+        self._group.combine_recv(*arguments, self._stream())
         return result
 
     def synchronize(self) -> None:

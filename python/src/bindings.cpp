@@ -88,6 +88,14 @@ void check(const char* name, const Array& array, nb::dlpack::dtype dtype, const 
   }
 }
 
+// Row offsets: uint32 as in C++, or int32 with the same bits (torch's uint32 tensors support few operations;
+// offsets stay below 2^31).
+void check_row_offsets(const Array& array, int64_t extent, bool on_gpu) {
+  const nb::dlpack::dtype dtype =
+      array.dtype() == nb::dtype<int32_t>() ? nb::dtype<int32_t>() : nb::dtype<uint32_t>();
+  check("row_offsets", array, dtype, "uint32 or int32", {extent}, on_gpu);
+}
+
 // The per-token layout's output arrays, in DispatchResult's order (rocep/group.py).
 struct OutputArrays {
   Array tokens;
@@ -121,7 +129,7 @@ rocep::DispatchOutputs dispatch_outputs(const rocep::EpGroup& group, const Expan
       static_cast<int64_t>(rocep::format_payload_bytes(config.dispatch_format, config.hidden));
   const auto local = static_cast<int64_t>(group.num_local_experts());
   check("recv_tokens", arrays.tokens, nb::dtype<uint8_t>(), "uint8", {rows, payload}, gpu);
-  check("row_offsets", arrays.row_offsets, nb::dtype<uint32_t>(), "uint32", {local + 1}, gpu);
+  check_row_offsets(arrays.row_offsets, local + 1, gpu);
   check("expert_ids", arrays.expert_ids, nb::dtype<int32_t>(), "int32", {local}, gpu);
   check("src_info", arrays.src_info, nb::dtype<int32_t>(), "int32", {rows, 3}, gpu);
   check("recv_weights", arrays.weights, nb::dtype<float>(), "float32", {rows}, gpu);
@@ -161,8 +169,7 @@ rocep::DispatchOutputs dispatch_outputs(const rocep::EpGroup& group, const Outpu
   check("sorted_token_ids", arrays.sorted_token_ids, nb::dtype<int32_t>(), "int32", {entries}, gpu);
   check("block_expert_ids", arrays.block_expert_ids, nb::dtype<int32_t>(), "int32",
         {entries / config.expert_alignment}, gpu);
-  check("row_offsets", arrays.row_offsets, nb::dtype<uint32_t>(), "uint32",
-        {static_cast<int64_t>(group.num_local_experts()) + 1}, gpu);
+  check_row_offsets(arrays.row_offsets, static_cast<int64_t>(group.num_local_experts()) + 1, gpu);
   rocep::DispatchOutputs outputs;
   outputs.recv_tokens = arrays.tokens.data();
   if (scales > 0) {
@@ -442,7 +449,7 @@ NB_MODULE(_rocep, m) {
         } else {
           check("out", out, nb::dtype<uint8_t>(), "uint8", {rows, payload}, gpu);
         }
-        check("row_offsets", row_offsets, nb::dtype<uint32_t>(), "uint32", {-1}, gpu);
+        check_row_offsets(row_offsets, -1, gpu);
         rocep::SiluArgs args;
         args.gate_up = gate_up.data();
         args.out = out.data();

@@ -115,6 +115,45 @@ def test_bad_input_raises_on_its_rank_and_the_peers_complete():
         assert out.shape[1] == config.hidden
 
 
+def test_bad_combine_arguments_raise_on_their_rank_after_it_took_part():
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    seed = shared_seed()
+    rows = bf16.from_float(np.random.default_rng(seed).uniform(-1, 1, (config.max_recv_tokens(WORLD), config.hidden)))
+    tokens, ids, weights = rank_inputs(config, seed, RANK, num_tokens=8)
+    group.dispatch(tokens, ids, weights)
+    expected = group.combine(rows, len(ids)).copy()
+    for bad in (dict(num_tokens=3), dict(out=np.zeros((2, config.hidden), np.uint16))):
+        group.dispatch(tokens, ids, weights)
+        arguments = dict(num_tokens=len(ids))
+        if RANK == 0:
+            arguments.update(bad)
+            with pytest.raises(rocep.InvalidInputError, match="num_tokens = 3|out: shape"):
+                group.combine(rows, **arguments)
+        else:  # the peers get their rows, rank 0's included
+            assert (group.combine(rows, **arguments) == expected).all()
+
+
+def test_outputs_of_an_earlier_call_are_written_again_with_out():
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    earlier = rank_inputs(config, shared_seed(), RANK)
+    first = group.dispatch(*earlier)
+    group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(earlier[1]))
+    inputs = rank_inputs(config, shared_seed(), RANK)
+    fresh = group.dispatch(*inputs)
+    combined = group.combine(np.ones((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(inputs[1]))
+    again = group.dispatch(*inputs, out=first)
+    buffer = np.zeros((config.max_tokens_per_rank, config.hidden), np.uint16)
+    into = group.combine(np.ones((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(inputs[1]),
+                         out=buffer)
+    count = fresh.count()
+    assert again is first and again.count() == count
+    assert (again.tokens[:count] == fresh.tokens[:count]).all()
+    assert (again.src_info[:count] == fresh.src_info[:count]).all()
+    assert (into == combined).all() and np.shares_memory(into, buffer)
+
+
 def test_calls_out_of_order_raise_call_order_error_and_the_group_goes_on():
     config = make_config()
     group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
@@ -256,3 +295,25 @@ def test_expanded_layout_matches_the_naive_definition():
     for t in range(len(ids)):
         for k in range(config.top_k):
             assert (unreduced[t, k] == (tokens[t] if ids[t][k] >= 0 else 0)).all(), f"token {t} slot {k}"
+
+
+def test_pre_quantised_fp8_tokens_and_float32_scales_travel_unchanged():
+    config = make_config()
+    config.dispatch_format = rocep.TokenFormat.FP8_BLOCK128
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    local = config.num_local_experts(WORLD)
+    seed = shared_seed()
+    inputs = [rank_inputs(config, seed, rank) for rank in range(WORLD)]
+    payloads = [np.random.default_rng(seed + 31 * rank).integers(0, 256, (len(inputs[rank][1]), config.hidden),
+                                                                  dtype=np.uint8) for rank in range(WORLD)]
+    scales = [np.random.default_rng(seed + 37 * rank).uniform(0.01, 1, (len(inputs[rank][1]), config.hidden // 128))
+              .astype(np.float32) for rank in range(WORLD)]
+    _, ids, weights = inputs[RANK]
+    result = group.dispatch(payloads[RANK], ids, weights, token_scales=scales[RANK])
+    rows = [(s, t) for s in range(WORLD) for t in range(len(inputs[s][1]))
+            if any(i >= 0 and i // local == RANK for i in inputs[s][1][t])]
+    assert result.count() == len(rows)
+    for row, (s, t) in enumerate(rows):
+        assert (result.tokens[row] == payloads[s][t]).all()
+        assert (result.scales[row].view(np.float32) == scales[s][t]).all()
+    group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(ids))
