@@ -115,7 +115,7 @@ class TorchArrays:
     def fp8_round_trip(self, x, encoding):
         """x [T, hidden] bf16 quantised to fp8 block-128 and back, as rocep's dispatch quantises it."""
         dtype, largest = self.fp8_type(encoding)
-        blocks = x.float().view(x.shape[0], -1, 128)
+        blocks = x.float().view(x.shape[0], x.shape[1] // 128, 128)
         amax = blocks.abs().amax(dim=2, keepdim=True).clamp(min=1e-4)
         codes = (blocks * (largest / amax)).clamp(-largest, largest).to(dtype)
         return self.bf16((codes.float() * (amax / largest)).view(x.shape))

@@ -125,7 +125,7 @@ def check_native_graph(boot, rank, world):
 
 def fp8_quantise(tokens):
     """bf16 [n, hidden] -> (e4m3fn codes, float32 block-128 scales [n, hidden / 128]), any valid encoding."""
-    blocks = tokens.float().view(tokens.shape[0], -1, 128)
+    blocks = tokens.float().view(tokens.shape[0], tokens.shape[1] // 128, 128)
     amax = blocks.abs().amax(dim=2).clamp(min=1e-4)
     codes = (blocks * (448.0 / amax[:, :, None])).clamp(-448, 448).to(torch.float8_e4m3fn)
     return codes.view(tokens.shape), amax / 448.0
@@ -163,7 +163,7 @@ def check_mori(boot, rank, world, fp8):
             tokens, scales = fp8_quantise(tokens)
         gathered = [None] * world  # fp8 tensors do not pickle: their bytes travel
         dist.all_gather_object(gathered, (tokens.view(torch.uint8), ids, weights, scales))
-        gathered = [(payload.view(tokens.dtype),) + rest for payload, *rest in gathered]
+        gathered = [(payload.view(tokens.dtype), *rest) for payload, *rest in gathered]
         order, want_tokens, want_scales, want_weights, want_indices = naive_mori(rank, world, *zip(*gathered))
         out, out_weights, out_scales, out_indices, recv_num_token = op.dispatch(
             tokens.cuda(), weights.cuda(), scales.cuda() if fp8 else None, ids.long().cuda())
