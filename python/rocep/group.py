@@ -50,6 +50,19 @@ class ExpandedResult:
         return int(np.asarray(_to_host(self.row_offsets))[-1])
 
 
+# Dtypes of pre-quantised payloads and their scales, per dispatch format (torch's names; uint8 = the bytes).
+_PAYLOAD_DTYPES = {
+    _rocep.TokenFormat.FP8_BLOCK128: ("uint8", "float8_e4m3fn", "float8_e4m3fnuz"),
+    _rocep.TokenFormat.MXFP8: ("uint8", "float8_e4m3fn"),
+}
+_SCALE_DTYPES = {
+    _rocep.TokenFormat.FP8_BLOCK128: ("float32",),
+    _rocep.TokenFormat.MXFP8: ("uint8", "float8_e8m0fnu"),
+    _rocep.TokenFormat.MXFP4: ("uint8", "float8_e8m0fnu"),
+    _rocep.TokenFormat.NVFP4: ("uint8", "float8_e4m3fn"),
+}
+
+
 def _torch():
     import torch
 
@@ -137,60 +150,88 @@ class Group:
         )
 
     def _inputs(self, tokens, topk_ids, token_scales):
-        """int64 ids as int32 (a copy); torch fp8 tokens as their bytes, their encoding checked against the
-        config's; scales as their bytes (float32 block-128 scales, e8m0 or e4m3 scale types). Anything else
-        goes to the checks of the module as it is."""
-        if token_scales is not None and str(token_scales.dtype) not in ("uint8", "torch.uint8"):
-            token_scales = token_scales.view(np.uint8 if isinstance(token_scales, np.ndarray) else _torch().uint8)
+        """(tokens, topk_ids, token_scales, error) as the module takes them: int64 ids as int32 (a copy);
+        torch fp8 tokens and any scale type as their bytes, once their dtypes are checked against the
+        group's dispatch_format. error names a bad dtype (None when fine); the module checks the rest."""
         if str(getattr(topk_ids, "dtype", "")) in ("int64", "torch.int64"):
             topk_ids = topk_ids.astype(np.int32) if isinstance(topk_ids, np.ndarray) else topk_ids.int()
-        dtype = str(getattr(tokens, "dtype", ""))
-        if dtype.startswith("torch.float8"):
-            encoding = {"torch.float8_e4m3fn": _rocep.Fp8Encoding.E4M3FN,
-                        "torch.float8_e4m3fnuz": _rocep.Fp8Encoding.E4M3FNUZ}.get(dtype)
-            if self.config.dispatch_format != _rocep.TokenFormat.FP8_BLOCK128 or encoding is None or \
-                    self.config.fp8_encoding not in (_rocep.Fp8Encoding.AUTO, encoding):
-                raise _rocep.InvalidInputError(
-                    f"tokens: dtype {dtype} does not match the group's dispatch_format "
-                    f"{self.config.dispatch_format} / fp8_encoding {self.config.fp8_encoding}")
-            tokens = tokens.view(_torch().uint8)
-        return tokens, topk_ids, token_scales
+        if token_scales is None:
+            return tokens, topk_ids, None, None
+        format_ = self.config.dispatch_format
+        token_dtype = str(getattr(tokens, "dtype", "")).replace("torch.", "")
+        allowed_tokens = _PAYLOAD_DTYPES.get(format_, ("uint8",))
+        if format_ == _rocep.TokenFormat.FP8_BLOCK128:
+            fnuz = token_dtype == "float8_e4m3fnuz"
+            encoding = _rocep.Fp8Encoding.E4M3FNUZ if fnuz else _rocep.Fp8Encoding.E4M3FN
+            if token_dtype.startswith("float8") and self.config.fp8_encoding != encoding:
+                allowed_tokens = ("uint8", "float8_" + str(self.config.fp8_encoding).split(".")[-1].lower())
+        scale_dtype = str(getattr(token_scales, "dtype", "")).replace("torch.", "")
+        allowed_scales = _SCALE_DTYPES.get(format_, ())
+        if scale_dtype not in allowed_scales:
+            return tokens, topk_ids, token_scales, (
+                f"token_scales: dtype {scale_dtype} is invalid for dispatch_format {format_}: allowed are "
+                f"{', '.join(allowed_scales) or 'none (bf16 carries no scales)'}")
+        if token_dtype not in allowed_tokens:
+            return tokens, topk_ids, token_scales, (
+                f"tokens: dtype {token_dtype} is invalid for pre-quantised tokens of dispatch_format "
+                f"{format_}: allowed are {', '.join(allowed_tokens)}")
+        as_bytes = np.uint8 if isinstance(tokens, np.ndarray) else _torch().uint8
+        return tokens.view(as_bytes), topk_ids, token_scales.view(as_bytes), None
 
-    def _reused(self, out):
-        """out (a result of an earlier dispatch of this group) to write into, or fresh outputs."""
-        if out is None:
-            return self._outputs()
-        if out.group is not self._group:
-            raise _rocep.InvalidInputError("out: must be a result of an earlier dispatch of this group")
-        return out
+    def _no_tokens(self):
+        """Inputs of zero tokens, for a rank that takes part in a dispatch whose inputs it refused."""
+        hidden, top_k = self.config.hidden, self.config.top_k
+        tokens = self._empty((0, hidden), "bfloat16" if self._gpu else "uint16")
+        return tokens, self._empty((0, top_k), "int32"), self._empty((0, top_k), "float32"), None
+
+    def _checked(self, tokens, topk_ids, topk_weights, token_scales, out):
+        """The module's inputs and outputs for a dispatch, and the error to raise after taking part (None when
+        the arguments are fine): a bad argument makes this rank take part with zero tokens."""
+        tokens, topk_ids, token_scales, error = self._inputs(tokens, topk_ids, token_scales)
+        if out is not None and getattr(out, "group", None) is not self._group:
+            error, out = error or "out: must be a result of an earlier dispatch of this group", None
+        result = self._outputs() if out is None else out
+        if error:
+            return self._no_tokens(), result, \
+                f"dispatch on rank {self.rank}: {error} (this rank took part with zero tokens)"
+        return (tokens, topk_ids, topk_weights, token_scales), result, None
 
     def dispatch(self, tokens, topk_ids, topk_weights, token_scales=None, out=None) -> DispatchResult:
         """Sends every token to the ranks of its experts; returns this rank's received tokens. Collective.
-        tokens: bf16 [T, hidden], or the payload bytes [T, payload] with token_scales for pre-quantised
-        tokens; topk_ids int32 or int64 [T, top_k]; topk_weights float32 [T, top_k]. out: a result of an
-        earlier dispatch of this group to write into instead of allocating (its contents are replaced).
-        Bad inputs raise rocep.InvalidInputError after this rank took part with zero tokens."""
-        result = self._reused(out)
-        tokens, topk_ids, token_scales = self._inputs(tokens, topk_ids, token_scales)
+        tokens: bf16 [T, hidden]; or, pre-quantised, the payload [T, payload bytes] (uint8, or torch's fp8
+        dtype of an fp8 format) with token_scales [T, scales] (float32 for fp8 block-128, e8m0 or uint8 for
+        MX formats, e4m3fn or uint8 for nvfp4); topk_ids int32 or int64 [T, top_k]; topk_weights float32
+        [T, top_k]. out: a result of an earlier dispatch of this group to write into instead of allocating
+        (its contents are replaced). Bad arguments raise rocep.InvalidInputError after this rank took part
+        with zero tokens, so that its peers complete."""
+        inputs, result, error = self._checked(tokens, topk_ids, topk_weights, token_scales, out)
         self._tokens = 0
-        self._group.dispatch(tokens, topk_ids, topk_weights, token_scales, result.native, self._stream())
-        self._tokens = topk_ids.shape[0]
+        self._group.dispatch(*inputs, result.native, self._stream())
+        if error:
+            raise _rocep.InvalidInputError(error)
+        self._tokens = inputs[1].shape[0]
         return result
 
     def dispatch_send(self, tokens, topk_ids, topk_weights, token_scales=None) -> None:
         """The send half of dispatch: returns once issued; the inputs must stay alive until dispatch_recv."""
-        tokens, topk_ids, token_scales = self._inputs(tokens, topk_ids, token_scales)
-        self._sent = (tokens, topk_ids, token_scales)  # kept alive until dispatch_recv
+        inputs, _, error = self._checked(tokens, topk_ids, topk_weights, token_scales, None)
+        self._sent = inputs  # kept alive until dispatch_recv
         self._tokens = 0
-        self._group.dispatch_send(tokens, topk_ids, topk_weights, token_scales, self._stream())
-        self._tokens = topk_ids.shape[0]
+        self._group.dispatch_send(*inputs, self._stream())
+        if error:
+            raise _rocep.InvalidInputError(error)
+        self._tokens = inputs[1].shape[0]
 
     def dispatch_recv(self, out=None) -> DispatchResult:
         """The receive half of dispatch: waits for every peer's send and returns this rank's tokens (into
         out, as for dispatch, when given)."""
-        result = self._reused(out)
+        bad_out = out is not None and getattr(out, "group", None) is not self._group
+        result = self._outputs() if out is None or bad_out else out
         self._group.dispatch_recv(result.native, self._stream())
         self._sent = None
+        if bad_out:
+            raise _rocep.InvalidInputError("out: must be a result of an earlier dispatch of this group (the "
+                                           "receive went ahead into outputs of its own)")
         return result
 
     def _combine_arguments(self, expert_outputs, num_tokens, shared_expert_output, row_weights, out):

@@ -317,3 +317,26 @@ def test_pre_quantised_fp8_tokens_and_float32_scales_travel_unchanged():
         assert (result.tokens[row] == payloads[s][t]).all()
         assert (result.scales[row].view(np.float32) == scales[s][t]).all()
     group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(ids))
+
+
+def test_pre_quantised_tokens_of_a_wrong_dtype_raise_after_taking_part():
+    config = make_config()
+    config.dispatch_format = rocep.TokenFormat.FP8_BLOCK128
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    _, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=4)
+    payload = np.zeros((4, config.hidden), np.uint8)
+    scales = np.ones((4, config.hidden // 128), np.float32)
+    bad = [(dict(token_scales=scales.astype(np.float64)),
+            "token_scales: dtype float64 is invalid.*allowed are float32"),
+           (dict(tokens=payload.astype(np.int8)), "tokens: dtype int8 is invalid.*allowed are uint8")]
+    for change, message in bad:
+        arguments = dict(tokens=payload, token_scales=scales)
+        if RANK == 0:
+            arguments.update(change)
+            with pytest.raises(rocep.InvalidInputError, match=message):
+                group.dispatch(arguments["tokens"], ids, weights, token_scales=arguments["token_scales"])
+            group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), 0)
+        else:
+            result = group.dispatch(payload, ids, weights, token_scales=scales)
+            assert not (result.src_info[:result.count(), 0] == 0).any()  # nothing from rank 0
+            group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(ids))
