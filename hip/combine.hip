@@ -420,8 +420,8 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
 
 // The per-token send: the row of every token this rank received from another rank, into that rank's combine
 // region at [rank][token] (where the weighted combine puts a partial), PerTokenTuning::kBatchTokens tokens
-// at a time with PerTokenTuning::kVectorsInFlight loads in flight per thread. Its own tokens' rows stay in
-// expert_outputs, where its receive reads them.
+// at a time with PerTokenTuning::kCombineVectorsInFlight loads in flight per thread. Its own tokens' rows
+// stay in expert_outputs, where its receive reads them.
 __device__ void send_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
   const Shape& shape = group.shape;
   constexpr int kBatch = PerTokenTuning::kBatchTokens;
@@ -460,8 +460,8 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
       }
     }
     __syncthreads();
-    copy_rows<PerTokenTuning::kVectorsInFlight>(from, to, count,
-                                                static_cast<uint32_t>(row_bytes / kVectorBytes));
+    copy_rows<PerTokenTuning::kCombineVectorsInFlight>(from, to, count,
+                                                       static_cast<uint32_t>(row_bytes / kVectorBytes));
     for (int place = 0; place < count; ++place) {
       group.peers.publish_block(PeerRegion::kCombine, sources[place], offsets[place], row_bytes);
     }
@@ -474,19 +474,17 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
                    &Signals::combine_arrived);
 }
 
-// The per-token receive's vectors that each thread sums at once, and the inputs it loads for each of them
-// before it adds any: kSummedVectors x kSummedInputs loads in flight.
-inline constexpr int kSummedVectors = 8;
-inline constexpr int kSummedInputs = 2;
-
 // The per-token receive: out[t] = the rows of t from every rank that received it, in ascending rank order
 // (this rank's own from expert_outputs, the others' from the combine region), plus the shared expert,
 // summed in float32 and rounded once; PerTokenTuning::kBatchTokens tokens at a time, their vectors one
-// sequence of which each thread sums kSummedVectors at once, kSummedInputs inputs at a time.
+// sequence of which each thread sums kSummedVectors at once, kSummedInputs inputs at a time (both from
+// PerTokenTuning: kSummedVectors x kSummedInputs loads in flight).
 __device__ void receive_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                        uint64_t sequence) {
   const Shape& shape = group.shape;
   constexpr int kBatch = PerTokenTuning::kBatchTokens;
+  constexpr int kSummedVectors = PerTokenTuning::kSummedVectors;
+  constexpr int kSummedInputs = PerTokenTuning::kSummedInputs;
   const bool arrived = block_wait_for_peers(group.signals->combine_arrived, sequence, shape.world,
                                             group.timeout_ticks, group.status, Operation::kCombineRecv);
   if (arrived && blockIdx.x == 0 && static_cast<int>(threadIdx.x) < shape.world) {
@@ -596,17 +594,17 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_send_per_token(GroupView group, rocep::device::CombineArgs args) {
   send_rows_per_token(group, args);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_recv_per_token(GroupView group, rocep::device::CombineArgs args) {
   receive_rows_per_token(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_per_token(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
   send_rows_per_token(group, args);
@@ -641,9 +639,11 @@ hipError_t load_combine_kernels(bool per_token, int* resident_blocks) {
       reinterpret_cast<const void*>(&rocep_combine_recv_per_token),
       reinterpret_cast<const void*>(&rocep_combine_per_token)};
   int unused = 1 << 30;  // the other layout's kernels are loaded too, but their residency is not the group's
-  hipError_t status = load_kernels(per_token ? by_token : expanded, resident_blocks);
+  constexpr int kPerTokenThreads = PerTokenTuning::kCombineThreads;
+  hipError_t status = per_token ? load_kernels(by_token, resident_blocks, kPerTokenThreads)
+                                : load_kernels(expanded, resident_blocks);
   if (status == hipSuccess) {
-    status = load_kernels(per_token ? expanded : by_token, &unused);
+    status = per_token ? load_kernels(expanded, &unused) : load_kernels(by_token, &unused, kPerTokenThreads);
   }
   return status;
 }
@@ -652,20 +652,29 @@ hipError_t load_combine_kernels(bool per_token, int* resident_blocks) {
 // signal.
 hipError_t launch_combine_send(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
                                hipStream_t stream) {
-  return launch_kernel(group.shape.per_token != 0 ? &rocep_combine_send_per_token : &rocep_combine_send, grid,
-                       Residency::kBlockByBlock, stream, group, args);
+  if (group.shape.per_token != 0) {
+    return launch_kernel<PerTokenTuning::kCombineThreads>(&rocep_combine_send_per_token, grid,
+                                                          Residency::kBlockByBlock, stream, group, args);
+  }
+  return launch_kernel(&rocep_combine_send, grid, Residency::kBlockByBlock, stream, group, args);
 }
 
 hipError_t launch_combine_recv(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
                                hipStream_t stream) {
-  return launch_kernel(group.shape.per_token != 0 ? &rocep_combine_recv_per_token : &rocep_combine_recv, grid,
-                       Residency::kBlockByBlock, stream, group, args);
+  if (group.shape.per_token != 0) {
+    return launch_kernel<PerTokenTuning::kCombineThreads>(&rocep_combine_recv_per_token, grid,
+                                                          Residency::kBlockByBlock, stream, group, args);
+  }
+  return launch_kernel(&rocep_combine_recv, grid, Residency::kBlockByBlock, stream, group, args);
 }
 
 hipError_t launch_combine(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
                           hipStream_t stream) {
-  return launch_kernel(group.shape.per_token != 0 ? &rocep_combine_per_token : &rocep_combine, grid,
-                       Residency::kWholeGrid, stream, group, args);
+  if (group.shape.per_token != 0) {
+    return launch_kernel<PerTokenTuning::kCombineThreads>(&rocep_combine_per_token, grid,
+                                                          Residency::kWholeGrid, stream, group, args);
+  }
+  return launch_kernel(&rocep_combine, grid, Residency::kWholeGrid, stream, group, args);
 }
 
 }  // namespace rocep::device

@@ -388,7 +388,7 @@ template <bool kPerToken>
 __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args,
                             unsigned long long* scratch) {
   const Shape& shape = group.shape;
-  __shared__ int32_t given[kBlockThreads];
+  __shared__ int32_t given[kPerToken ? PerTokenTuning::kDispatchThreads : kBlockThreads];
   __shared__ unsigned long long destinations[kChunkTokens];
   const int num_tokens = tokens_to_send(shape, args);
   if (blockIdx.x == 0 && threadIdx.x == 0 && num_tokens != requested_tokens(args)) {
@@ -465,7 +465,7 @@ __device__ void prefix_chunk_rows(const GroupView& group, const RowLayout& layou
   const int chunks = dispatch_chunks(shape);
   for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
     uint32_t rows = 0;
-    for (int first = 0; first < chunks; first += kScanBlockThreads) {
+    for (int first = 0; first < chunks; first += static_cast<int>(blockDim.x)) {
       const int chunk = first + threadIdx.x;
       const std::size_t entry = static_cast<std::size_t>(chunk) * shape.local_experts + expert;
       const auto count = chunk < chunks ? static_cast<uint32_t>(__popcll(layout.masks[entry])) : 0u;
@@ -505,7 +505,7 @@ __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvAr
   const Shape& shape = group.shape;
   uint32_t* offsets = layout.offsets;
   uint32_t offset = 0;
-  for (int first = 0; first < shape.local_experts; first += kScanBlockThreads) {
+  for (int first = 0; first < shape.local_experts; first += static_cast<int>(blockDim.x)) {
     const int expert = first + threadIdx.x;
     uint32_t rows = 0;
     uint32_t padded = 0;
@@ -989,7 +989,7 @@ __device__ uint32_t count_received_tokens(const GroupView& group, const Dispatch
   const int entries = dispatch_chunks(shape);
   const unsigned long long* masks = region_token_masks(group.dispatch_region, shape, 0, 0);
   uint32_t total = 0;
-  for (int first = 0; first < entries; first += kScanBlockThreads) {
+  for (int first = 0; first < entries; first += static_cast<int>(blockDim.x)) {
     const int entry = first + static_cast<int>(threadIdx.x);
     const auto count = entry < entries ? static_cast<uint32_t>(__popcll(masks[entry])) : 0u;
     uint32_t block_count = 0;
@@ -1174,18 +1174,18 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   dispatch_kernel<false>(group, send_args, recv_args);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
     rocep_dispatch_send_per_token(GroupView group, DispatchSendArgs args) {
   __shared__ unsigned long long scratch[kBlockRankingMasks];
   send_tokens<true>(group, args, scratch);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
     rocep_dispatch_recv_per_token(GroupView group, DispatchRecvArgs args) {
   receive_per_token_kernel(group, args);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
     rocep_dispatch_per_token(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
   __shared__ RowLayoutMemory memory;
@@ -1220,9 +1220,11 @@ hipError_t load_dispatch_kernels(bool per_token, int* resident_blocks) {
       reinterpret_cast<const void*>(&rocep_dispatch_recv_per_token),
       reinterpret_cast<const void*>(&rocep_dispatch_per_token)};
   int unused = 1 << 30;  // the other layout's kernels are loaded too, but their residency is not the group's
-  hipError_t status = load_kernels(per_token ? by_token : expanded, resident_blocks);
+  constexpr int kPerTokenThreads = PerTokenTuning::kDispatchThreads;
+  hipError_t status = per_token ? load_kernels(by_token, resident_blocks, kPerTokenThreads)
+                                : load_kernels(expanded, resident_blocks);
   if (status == hipSuccess) {
-    status = load_kernels(per_token ? expanded : by_token, &unused);
+    status = per_token ? load_kernels(expanded, &unused) : load_kernels(by_token, &unused, kPerTokenThreads);
   }
   return status;
 }
@@ -1231,14 +1233,18 @@ hipError_t load_dispatch_kernels(bool per_token, int* resident_blocks) {
 // scales) and the fused call (its own send's signal) wait on their grid.
 hipError_t launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, const LaunchGrid& grid,
                                 hipStream_t stream) {
-  return launch_kernel(group.shape.per_token != 0 ? &rocep_dispatch_send_per_token : &rocep_dispatch_send,
-                       grid, Residency::kBlockByBlock, stream, group, args);
+  if (group.shape.per_token != 0) {
+    return launch_kernel<PerTokenTuning::kDispatchThreads>(&rocep_dispatch_send_per_token, grid,
+                                                           Residency::kBlockByBlock, stream, group, args);
+  }
+  return launch_kernel(&rocep_dispatch_send, grid, Residency::kBlockByBlock, stream, group, args);
 }
 
 hipError_t launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, const LaunchGrid& grid,
                                 hipStream_t stream) {
   if (group.shape.per_token != 0) {
-    return launch_kernel(&rocep_dispatch_recv_per_token, grid, Residency::kWholeGrid, stream, group, args);
+    return launch_kernel<PerTokenTuning::kDispatchThreads>(&rocep_dispatch_recv_per_token, grid,
+                                                           Residency::kWholeGrid, stream, group, args);
   }
   return launch_kernel(
       scales_laid_out_later(group.shape) ? &rocep_dispatch_recv_scale_runs : &rocep_dispatch_recv, grid,
@@ -1248,8 +1254,8 @@ hipError_t launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& 
 hipError_t launch_dispatch(const GroupView& group, const DispatchSendArgs& send_args,
                            const DispatchRecvArgs& recv_args, const LaunchGrid& grid, hipStream_t stream) {
   if (group.shape.per_token != 0) {
-    return launch_kernel(&rocep_dispatch_per_token, grid, Residency::kWholeGrid, stream, group, send_args,
-                         recv_args);
+    return launch_kernel<PerTokenTuning::kDispatchThreads>(
+        &rocep_dispatch_per_token, grid, Residency::kWholeGrid, stream, group, send_args, recv_args);
   }
   return launch_kernel(scales_laid_out_later(group.shape) ? &rocep_dispatch_scale_runs : &rocep_dispatch,
                        grid, Residency::kWholeGrid, stream, group, send_args, recv_args);

@@ -99,13 +99,22 @@ struct DispatchRecvArgs {
   int32_t* block_expert_ids;  // [scale_rows / alignment]
 };
 
-// How the per-token receive spreads its copies over a block: the tokens a block copies at once (their
-// rows found first, then every vector of all of them loaded before any is stored), and the 16-byte vectors
-// each thread keeps in flight. More of either keeps more bytes in flight per multiprocessor, which is what
-// a small SM budget needs. One set for every architecture until one is measured to want another.
+// How the per-token kernels keep bytes in flight, which is what a small SM budget needs. Each kernel runs one
+// block per multiprocessor of the budget, of kDispatchThreads or kCombineThreads threads: more threads keep
+// more loads in flight at once, within a register file that then gives each thread fewer registers. A block
+// copies kBatchTokens tokens at a time (their rows found first, then every vector of all of them loaded
+// before any is stored), each thread keeping kVectorsInFlight (dispatch) or kCombineVectorsInFlight (the
+// combine send) 16-byte vectors in flight; the combine receive sums kSummedVectors vectors per thread at
+// once, loading kSummedInputs inputs of each before adding any. One set for every architecture until one
+// is measured to want another (docs/performance.md, per-token layout).
 struct PerTokenTuning {
+  static constexpr int kDispatchThreads = 512;
   static constexpr int kBatchTokens = 32;
-  static constexpr int kVectorsInFlight = 16;
+  static constexpr int kVectorsInFlight = 16;  // the dispatch kernels' copies
+  static constexpr int kCombineThreads = 1024;
+  static constexpr int kCombineVectorsInFlight = 8;  // the combine send's copies
+  static constexpr int kSummedVectors = 4;
+  static constexpr int kSummedInputs = 1;
 };
 
 struct CombineArgs {
@@ -117,17 +126,18 @@ struct CombineArgs {
 
 // Loads every dispatch / combine kernel now. With lazy loading, a kernel's first launch waits for the device
 // to idle, which a spinning receive kernel of the same process can prevent forever; loading them all when
-// the group is created rules that out. Also lowers *resident_blocks to the fewest blocks of kBlockThreads
-// that any of them keeps resident on one multiprocessor: kernels that wait on other blocks of their own grid
-// (a grid barrier, or the wait for their own send's signal) need the whole grid resident at once. Returns
-// the runtime's status.
-inline hipError_t load_kernels(std::initializer_list<const void*> kernels, int* resident_blocks) {
+// the group is created rules that out. Also lowers *resident_blocks to the fewest blocks (of `threads`, the
+// kernels' block size) that any of them keeps resident on one multiprocessor: kernels that wait on other
+// blocks of their own grid (a grid barrier, or the wait for their own send's signal) need the whole grid
+// resident at once. Returns the runtime's status.
+inline hipError_t load_kernels(std::initializer_list<const void*> kernels, int* resident_blocks,
+                               int threads = kBlockThreads) {
   for (const void* kernel : kernels) {
     hipFuncAttributes attributes;
     hipError_t status = hipFuncGetAttributes(&attributes, kernel);
     int blocks = 0;
     if (status == hipSuccess) {
-      status = hipOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kBlockThreads, 0);
+      status = hipOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0);
     }
     if (status != hipSuccess) {
       return status;
@@ -142,7 +152,7 @@ hipError_t load_combine_kernels(bool per_token, int* resident_blocks);
 
 // The grid of every kernel of one group (the host's CommPolicy decides it).
 struct LaunchGrid {
-  int blocks;  // blocks of kBlockThreads: one per multiprocessor of the budget, all resident for kAllSms
+  int blocks;  // one per multiprocessor of the budget (more for kAllSms, all resident), of any kernel's size
   bool cooperative;  // launch the kernels that need their whole grid resident cooperatively
 };
 
@@ -156,19 +166,19 @@ struct NotDeduced {
   using type = T;
 };
 
-// Launches `kernel` on grid.blocks blocks of kBlockThreads with `params`, converted to the kernel's own
-// parameter types. A kWholeGrid kernel of a cooperative grid is launched cooperatively: the runtime starts it
-// only with every block resident, and refuses a grid that cannot be (hipErrorCooperativeLaunchTooLarge).
-// Returns the runtime's status of the launch.
-template <typename... Params>
+// Launches `kernel` on grid.blocks blocks of kThreads (the kernel's launch bound) with `params`, converted to
+// the kernel's own parameter types. A kWholeGrid kernel of a cooperative grid is launched cooperatively: the
+// runtime starts it only with every block resident, and refuses a grid that cannot be
+// (hipErrorCooperativeLaunchTooLarge). Returns the runtime's status of the launch.
+template <int kThreads = kBlockThreads, typename... Params>
 hipError_t launch_kernel(void (*kernel)(Params...), const LaunchGrid& grid, Residency residency,
                          hipStream_t stream, typename NotDeduced<Params>::type... params) {
   void* arguments[] = {static_cast<void*>(&params)...};
   const auto* function = reinterpret_cast<const void*>(kernel);
   if (grid.cooperative && residency == Residency::kWholeGrid) {
-    return hipLaunchCooperativeKernel(function, dim3(grid.blocks), dim3(kBlockThreads), arguments, 0, stream);
+    return hipLaunchCooperativeKernel(function, dim3(grid.blocks), dim3(kThreads), arguments, 0, stream);
   }
-  return hipLaunchKernel(function, dim3(grid.blocks), dim3(kBlockThreads), arguments, 0, stream);
+  return hipLaunchKernel(function, dim3(grid.blocks), dim3(kThreads), arguments, 0, stream);
 }
 
 // Each launcher returns the runtime's status of its launch.
