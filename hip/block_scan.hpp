@@ -9,15 +9,13 @@
 
 namespace rocep::device {
 
-// The largest block it serves.
-inline constexpr int kMaxScanThreads = 1024;
-
-// Every thread of a block (a multiple of the wave size, at most kMaxScanThreads threads) calls it. Returns
-// the sum of `value` over the threads before this one and stores the block's total in *total. It holds
-// block barriers and may be called again in a loop.
+// Every thread of a block of kThreads threads (a multiple of the wave size) calls it. Returns the sum of
+// `value` over the threads before this one and stores the block's total in *total. It holds block barriers
+// and may be called again in a loop.
+template <int kThreads>
 __device__ inline uint32_t block_exclusive_scan(uint32_t value, uint32_t* total) {
-  const int waves = static_cast<int>(blockDim.x) / kWaveSize;
-  __shared__ uint32_t wave_totals[kMaxScanThreads / kWaveSize];
+  constexpr int kWaves = kThreads / kWaveSize;
+  __shared__ uint32_t wave_totals[kWaves];
   const int lane = threadIdx.x % kWaveSize;
   const int wave = threadIdx.x / kWaveSize;
   uint32_t inclusive = value;
@@ -32,10 +30,9 @@ __device__ inline uint32_t block_exclusive_scan(uint32_t value, uint32_t* total)
   __syncthreads();
   uint32_t before = 0;
   uint32_t sum = 0;
-  for (int w = 0; w < kMaxScanThreads / kWaveSize; ++w) {
-    const uint32_t wave_total = w < waves ? wave_totals[w] : 0u;
-    before += w < wave ? wave_total : 0u;
-    sum += wave_total;
+  for (int w = 0; w < kWaves; ++w) {
+    before += w < wave ? wave_totals[w] : 0u;
+    sum += wave_totals[w];
   }
   *total = sum;
   return before + inclusive - value;

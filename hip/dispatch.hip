@@ -458,19 +458,20 @@ __device__ inline RowLayout row_layout(RowLayoutMemory* memory, const GroupView&
                                         : region_masks(group.dispatch_region, group.shape, 0, 0)};
 }
 
-// Blocks over local experts: chunk_rows becomes, per expert, the rows of all earlier chunks (in (source,
-// token) order), counted from the senders' masks; expert_rows gets each expert's total.
+// Blocks (of kThreads threads) over local experts: chunk_rows becomes, per expert, the rows of all earlier
+// chunks (in (source, token) order), counted from the senders' masks; expert_rows gets each expert's total.
+template <int kThreads>
 __device__ void prefix_chunk_rows(const GroupView& group, const RowLayout& layout) {
   const Shape& shape = group.shape;
   const int chunks = dispatch_chunks(shape);
   for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
     uint32_t rows = 0;
-    for (int first = 0; first < chunks; first += static_cast<int>(blockDim.x)) {
+    for (int first = 0; first < chunks; first += kThreads) {
       const int chunk = first + threadIdx.x;
       const std::size_t entry = static_cast<std::size_t>(chunk) * shape.local_experts + expert;
       const auto count = chunk < chunks ? static_cast<uint32_t>(__popcll(layout.masks[entry])) : 0u;
       uint32_t block_rows = 0;
-      const uint32_t before = block_exclusive_scan(count, &block_rows);
+      const uint32_t before = block_exclusive_scan<kThreads>(count, &block_rows);
       if (chunk < chunks) {
         group.chunk_rows[entry] = rows + before;
       }
@@ -498,14 +499,16 @@ __device__ inline uint32_t rows_before_chunk(const GroupView& group, const RowLa
   return rows;
 }
 
-// Every block: offsets[e] = first row of local expert e, each expert's rows padded to the alignment;
+// Every block (of kThreads threads): offsets[e] = first row of local expert e, each expert's rows padded to
+// the alignment;
 // offsets[local_experts] = all rows. Block 0 also publishes them (and the statistics) to the caller.
+template <int kThreads>
 __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvArgs& args,
                                     const RowLayout& layout) {
   const Shape& shape = group.shape;
   uint32_t* offsets = layout.offsets;
   uint32_t offset = 0;
-  for (int first = 0; first < shape.local_experts; first += static_cast<int>(blockDim.x)) {
+  for (int first = 0; first < shape.local_experts; first += kThreads) {
     const int expert = first + threadIdx.x;
     uint32_t rows = 0;
     uint32_t padded = 0;
@@ -514,7 +517,7 @@ __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvAr
       padded = (rows + shape.alignment - 1) / shape.alignment * shape.alignment;
     }
     uint32_t block_rows = 0;
-    const uint32_t position = block_exclusive_scan(padded, &block_rows);
+    const uint32_t position = block_exclusive_scan<kThreads>(padded, &block_rows);
     if (expert < shape.local_experts) {
       offsets[expert] = offset + position;
       if (blockIdx.x == 0) {
@@ -538,9 +541,11 @@ __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvAr
   __syncthreads();
 }
 
-// Once every source's ids are here: leaves each expert's first row in layout.offsets, every block, from the
+// Once every source's ids are here: leaves each expert's first row in layout.offsets, every block (of
+// kThreads threads), from the
 // senders' masks (a ranked_in_block receive first copies them into the block's shared memory; one with many
 // chunks takes their prefix in a pass and a grid barrier). False if the grid barrier gave up.
+template <int kThreads>
 __device__ bool lay_out_rows(const GroupView& group, const DispatchRecvArgs& args, RowLayoutMemory* memory,
                              const RowLayout& layout) {
   const Shape& shape = group.shape;
@@ -551,13 +556,13 @@ __device__ bool lay_out_rows(const GroupView& group, const DispatchRecvArgs& arg
     }
     __syncthreads();
   } else if (dispatch_chunks(shape) > kChunksSummedInPlace) {
-    prefix_chunk_rows(group, layout);
+    prefix_chunk_rows<kThreads>(group, layout);
     if (!grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
                       Operation::kDispatchRecv)) {
       return false;
     }
   }
-  compute_row_offsets(group, args, layout);
+  compute_row_offsets<kThreads>(group, args, layout);
   return true;
 }
 
@@ -938,7 +943,7 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
     return;
   }
   count_dispatch(group, sequence);
-  if (!lay_out_rows(group, args, memory, layout)) {
+  if (!lay_out_rows<kBlockThreads>(group, args, memory, layout)) {
     invalidate_layout(shape, args);
     return;
   }
@@ -981,7 +986,8 @@ __device__ inline int32_t token_row(const GroupView& group, const uint32_t* base
   return static_cast<int32_t>(before + __popcll(masks[entry] & ((1ull << (token % kChunkTokens)) - 1)));
 }
 
-// Every block: bases[entry] = received tokens before (source, chunk) entry `entry` (when the entries fit),
+// Every block (of PerTokenTuning::kDispatchThreads): bases[entry] = received tokens before (source, chunk)
+// entry `entry` (when the entries fit),
 // and the total; block 0 publishes the total as num_recv_tokens.
 __device__ uint32_t count_received_tokens(const GroupView& group, const DispatchRecvArgs& args,
                                           uint32_t* bases) {
@@ -989,11 +995,11 @@ __device__ uint32_t count_received_tokens(const GroupView& group, const Dispatch
   const int entries = dispatch_chunks(shape);
   const unsigned long long* masks = region_token_masks(group.dispatch_region, shape, 0, 0);
   uint32_t total = 0;
-  for (int first = 0; first < entries; first += static_cast<int>(blockDim.x)) {
+  for (int first = 0; first < entries; first += PerTokenTuning::kDispatchThreads) {
     const int entry = first + static_cast<int>(threadIdx.x);
     const auto count = entry < entries ? static_cast<uint32_t>(__popcll(masks[entry])) : 0u;
     uint32_t block_count = 0;
-    const uint32_t before = block_exclusive_scan(count, &block_count);
+    const uint32_t before = block_exclusive_scan<PerTokenTuning::kDispatchThreads>(count, &block_count);
     if (entry < entries && entries <= kTokenBaseEntries) {
       bases[entry] = total + before;
     }
@@ -1062,7 +1068,7 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
     return;
   }
   count_dispatch(group, sequence);
-  if (!lay_out_rows(group, args, memory, layout)) {
+  if (!lay_out_rows<PerTokenTuning::kDispatchThreads>(group, args, memory, layout)) {
     invalidate_per_token(shape, args);
     return;
   }
