@@ -5,7 +5,8 @@
   bf16 and fp8 block-128 (quantised in dispatch), expanded layout in bf16;
 - the MoRI-shaped op against a naive torch definition (every rank's inputs gathered, the expected rows and
   sums computed with torch on the CPU), bf16 and pre-quantised fp8;
-- dispatch + combine captured in torch.cuda.graph, replayed with new data, for the native group and the op.
+- dispatch + combine captured in torch.cuda.graph, replayed with new data, for the native group and the op;
+- torch CPU tensors on the CPU reference, against numpy arrays.
 
     torchrun --nproc_per_node=2 python/gpu/check_torchrun.py
 
@@ -225,6 +226,22 @@ def check_mori_graph(boot, rank, world):
     del graph
 
 
+def check_torch_on_cpu_reference(boot, rank, world):
+    """torch CPU tensors on the CPU reference give the bits that numpy arrays give."""
+    cpu = rocep.Group(boot, config_for(world), rocep.Backend.CPU_REFERENCE)
+    n = 50
+    tokens, ids, weights, expert_rows = inputs(90, rank, n, world, cpu.config.max_recv_tokens(world))
+    from_torch = cpu.dispatch(tokens, ids, weights)
+    out_torch = cpu.combine(expert_rows, n)
+    from_numpy = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy())
+    out_numpy = cpu.combine(bits(expert_rows), n)
+    count = from_numpy.count()
+    check("torch on cpu num_recv_tokens", from_torch.num_recv_tokens, from_numpy.num_recv_tokens)
+    for field in ("tokens", "topk_ids", "topk_weights", "src_info"):
+        check(f"torch on cpu {field}", getattr(from_torch, field)[:count], getattr(from_numpy, field)[:count])
+    check("torch on cpu combined", out_torch, out_numpy)
+
+
 def main() -> int:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -238,6 +255,7 @@ def main() -> int:
     check_mori(boot, rank, world, fp8=False)
     check_mori(boot, rank, world, fp8=True)
     check_mori_graph(boot, rank, world)
+    check_torch_on_cpu_reference(boot, rank, world)
     torch.cuda.synchronize()
     all_failures = [None] * world
     dist.all_gather_object(all_failures, failures)
