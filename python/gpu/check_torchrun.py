@@ -4,7 +4,8 @@
   fresh random torch tensors with a count and routing that change from call to call: per-token layout in
   bf16 and fp8 block-128 (quantised in dispatch), expanded layout in bf16;
 - the MoRI-shaped op against a naive torch definition (every rank's inputs gathered, the expected rows and
-  sums computed with torch on the CPU), bf16 and pre-quantised fp8;
+  sums computed with torch on the CPU), bf16 and pre-quantised fp8, fused and split calls, and
+  local_expert_count;
 - dispatch + combine captured in torch.cuda.graph, replayed with new data, for the native group and the op;
 - torch CPU tensors on the CPU reference, against numpy arrays.
 
@@ -166,9 +167,20 @@ def check_mori(boot, rank, world, fp8):
         dist.all_gather_object(gathered, (tokens.view(torch.uint8), ids, weights, scales))
         gathered = [(payload.view(tokens.dtype), *rest) for payload, *rest in gathered]
         order, want_tokens, want_scales, want_weights, want_indices = naive_mori(rank, world, *zip(*gathered))
-        out, out_weights, out_scales, out_indices, recv_num_token = op.dispatch(
-            tokens.cuda(), weights.cuda(), scales.cuda() if fp8 else None, ids.long().cuda())
+        split = step % 2 == 1  # odd steps through the split calls
+        arguments = (tokens.cuda(), weights.cuda(), scales.cuda() if fp8 else None, ids.long().cuda())
+        if split:
+            out, out_weights, out_scales, out_indices, recv_num_token = op.dispatch_send(*arguments)
+            op.dispatch_recv()
+        else:
+            out, out_weights, out_scales, out_indices, recv_num_token = op.dispatch(*arguments)
         count = int(recv_num_token[0])
+        naive_counts = torch.zeros(EXPERTS_PER_RANK, dtype=torch.int32)
+        if count:
+            valid = want_indices[want_indices >= 0] - rank * EXPERTS_PER_RANK
+            naive_counts += torch.bincount(valid.long(), minlength=EXPERTS_PER_RANK).int()
+        check(f"{name} step {step} local_expert_count",
+              rocep.mori.local_expert_count(config, out_indices, recv_num_token), naive_counts)
         if count != len(order):
             failures.append(f"{name} step {step} recv_num_token {count}, expected {len(order)}")
             continue
@@ -183,7 +195,11 @@ def check_mori(boot, rank, world, fp8):
         value = (out[:count].float() * 0.5).to(torch.bfloat16)
         expert_output = torch.zeros(out.shape[0], HIDDEN, dtype=torch.bfloat16, device="cuda")
         expert_output[:count] = value
-        combined, combined_weights = op.combine(expert_output, out_weights, out_indices)
+        if split:
+            combined, combined_weights = op.combine_send(expert_output, out_weights, out_indices)
+            op.combine_recv()
+        else:
+            combined, combined_weights = op.combine(expert_output, out_weights, out_indices)
         sent = [None] * world
         dist.all_gather_object(sent, (order, expert_output[:count].cpu()))
         expected = torch.zeros(n, HIDDEN)

@@ -3,7 +3,8 @@
 The native API mirrors the C++ one (include/rocep/ep_group.hpp): ``EpConfig``, ``Group`` created over a
 bootstrap (``rocep.bootstrap``) in either layout, its fused and split dispatch / combine on arrays, and
 ``silu_and_quantize``.
-``rocep.mori`` has a MoRI-shaped op. Exceptions are ``rocep.Error`` and its subclasses.
+``rocep.EpDispatchCombineConfig`` / ``rocep.EpDispatchCombineOp`` (module ``rocep.mori``) are a MoRI-shaped
+op. Exceptions are ``rocep.Error`` and its subclasses.
 """
 
 from ._rocep import (
@@ -27,6 +28,7 @@ from ._rocep import (
     silu_and_quantize,
 )
 from .group import DispatchResult, ExpandedResult, Group
+from .mori import EpDispatchCombineConfig, EpDispatchCombineOp
 
 __all__ = [
     "ALL_SMS",
@@ -36,6 +38,8 @@ __all__ = [
     "CallOrderError",
     "ConfigError",
     "DispatchResult",
+    "EpDispatchCombineConfig",
+    "EpDispatchCombineOp",
     "ExpandedResult",
     "EpConfig",
     "Error",

@@ -2,24 +2,30 @@
 
 Names, argument order and return tuples follow MoRI's documented Python API:
 
-    config = rocep.mori.EpDispatchCombineConfig(data_type=..., rank=..., world_size=..., hidden_dim=...,
-                                                scale_dim=..., scale_type_size=..., max_token_type_size=...,
-                                                max_num_inp_token_per_rank=..., num_experts_per_rank=...,
-                                                num_experts_per_token=..., gpu_per_node=...)
-    op = rocep.mori.EpDispatchCombineOp(config, bootstrap)
+    config = rocep.EpDispatchCombineConfig(data_type=..., rank=..., world_size=..., hidden_dim=...,
+                                           scale_dim=..., scale_type_size=..., max_token_type_size=...,
+                                           max_num_inp_token_per_rank=..., num_experts_per_rank=...,
+                                           num_experts_per_token=..., gpu_per_node=...)
+    op = rocep.EpDispatchCombineOp(config, bootstrap)
     out, out_weights, out_scales, out_indices, recv_num_token = op.dispatch(input, weights, scales, indices)
     combined, combined_weights = op.combine(expert_output, weights, indices)
+    # split: dispatch_send returns dispatch's tuple, valid once dispatch_recv() ran on the stream; the same
+    # for combine_send / combine_recv
+    counts = rocep.mori.local_expert_count(config, out_indices, recv_num_token)
 
 Differences, by design: the group is created over a rocep bootstrap (rocep.bootstrap), not MoRI's shmem
 init; out_indices hold the global ids of this rank's experts and -1 for the slots of other ranks (which a
 server's expert map sends to -1 anyway); combine sums one row per received token over the ranks in
 ascending rank order in float32 (weights already applied by the caller), and returns the weights of this
-rank's own tokens as given to dispatch. An op is not reentrant: one dispatch, then its combine. For two
-micro-batches in flight (two-batch overlap), create one op per micro-batch.
+rank's own tokens as given to dispatch. MoRI's launch settings (block_num, warp_num_per_block,
+rdma_block_num, kernel_type, use_external_inp_buf, num_qp_per_pe) are taken and ignored: rocep sizes its
+grids from EpConfig.num_sms. Outputs live in the op's buffers until its next call, as MoRI's do. An op is
+not reentrant: one dispatch, then its combine. For two micro-batches in flight (two-batch overlap), create
+one op per micro-batch.
 """
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +50,34 @@ class EpDispatchCombineConfig:
     num_experts_per_rank: int
     num_experts_per_token: int
     gpu_per_node: int = 0  # ranks per node; 0 = detect
+    # MoRI's launch settings: accepted for drop-in use, not used (rocep's grids follow EpConfig.num_sms).
+    warp_num_per_block: int = 8
+    block_num: int = 80
+    use_external_inp_buf: bool = True
+    kernel_type: Any = None
+    rdma_block_num: int = 0
+    num_qp_per_pe: int = 1
+
+
+def local_expert_count(config: EpDispatchCombineConfig, indices, total_recv_token_num, out=None):
+    """Tokens routed to each of this rank's experts: int32 [num_experts_per_rank], counting the (row, slot)
+    pairs of indices [P, top_k] (global ids, -1 elsewhere) in the rows below total_recv_token_num[0].
+    MoRI's launch_local_expert_count, on arrays; on the GPU without a host synchronisation (graph-safe)."""
+    experts, first = config.num_experts_per_rank, config.rank * config.num_experts_per_rank
+    if isinstance(indices, np.ndarray):
+        valid = (np.arange(indices.shape[0])[:, None] < int(np.asarray(total_recv_token_num)[0])) & \
+            (indices >= first) & (indices < first + experts)
+        counts = np.bincount((indices - first)[valid], minlength=experts).astype(np.int32)
+        if out is None:
+            return counts
+        out[:] = counts
+        return out
+    torch = _torch()
+    rows = torch.arange(indices.shape[0], device=indices.device)[:, None] < total_recv_token_num[0]
+    valid = rows & (indices >= first) & (indices < first + experts)
+    local = torch.where(valid, indices - first, 0).long().flatten()
+    out = torch.zeros(experts, dtype=torch.int32, device=indices.device) if out is None else out.zero_()
+    return out.scatter_add_(0, local, valid.flatten().int())
 
 
 class EpDispatchCombineOp:
@@ -75,16 +109,12 @@ class EpDispatchCombineOp:
             raise _rocep.ConfigError(
                 f"EpDispatchCombineConfig: rank = {config.rank}, world_size = {config.world_size}, but the "
                 f"bootstrap says rank {self._group.rank} of {self._group.world_size}")
-        self._weights = None
+        self._weights = None  # the last dispatch's weights: combine returns them
         self._received = None  # dispatch's outputs, reused by every call (as MoRI's live in its buffers)
+        self._indices = None  # out_indices, reused alike
         self._combined = None  # combine's output rows [max_num_inp_token_per_rank, hidden], reused alike
 
-    def dispatch(self, input, weights, scales, indices, **unused):
-        """Returns (out, out_weights, out_scales, out_indices, recv_num_token): out [P, hidden], the rows
-        below recv_num_token[0] valid, in (source rank, source token) order. The outputs live in the op's
-        buffers until its next dispatch, as MoRI's do."""
-        result = self._received = self._group.dispatch(input, indices, weights, scales, out=self._received)
-        self._weights = weights
+    def _dispatch_tuple(self, result):
         out_scales = result.scales
         if isinstance(result.tokens, np.ndarray):
             out = result.tokens.view(np.uint16)
@@ -93,23 +123,77 @@ class EpDispatchCombineOp:
             fp8 = str(self.config.data_type) in _FP8_ENCODINGS
             out = result.tokens.view(self.config.data_type if fp8 else torch.bfloat16)
             out_scales = out_scales.view(torch.float32) if fp8 else None
-        first_expert = self._group.rank * self.config.num_experts_per_rank
-        local = result.topk_ids
-        where = np.where if isinstance(local, np.ndarray) else _torch().where  # no host sync: graph-safe
-        out_indices = where(local >= 0, local + first_expert, -1)
-        return out, result.topk_weights, out_scales, out_indices, result.num_recv_tokens
+        return out, result.topk_weights, out_scales, self._indices, result.num_recv_tokens
 
-    def combine(self, input, weights, indices, **unused):
-        """Returns (out, out_weights): this rank's tokens [num_tokens, hidden] and their weights. out lives in
-        the op's buffer until its next combine."""
-        num_tokens = self._weights.shape[0] if self._weights is not None else 0
+    def _write_global_indices(self) -> None:
+        """The received rows' ids as global expert ids (-1 for the other ranks' slots) into self._indices,
+        from the local ids the receive wrote; on the GPU by torch on the stream, without a host sync."""
+        local = self._received.topk_ids
+        first = self._group.rank * self.config.num_experts_per_rank
+        if isinstance(local, np.ndarray):
+            self._indices[:] = np.where(local >= 0, local + first, -1)
+        else:
+            _torch().where(local >= 0, local + first, -1, out=self._indices)
+
+    def _allocate(self) -> None:
+        if self._received is None:
+            self._received = self._group._outputs()
+            local = self._received.topk_ids
+            self._indices = np.empty_like(local) if isinstance(local, np.ndarray) else _torch().empty_like(local)
+
+    def dispatch(self, input, weights, scales, indices, **launch_settings):
+        """Returns (out, out_weights, out_scales, out_indices, recv_num_token): out [P, hidden], the rows
+        below recv_num_token[0] valid, in (source rank, source token) order."""
+        self._allocate()
+        self._group.dispatch(input, indices, weights, scales, out=self._received)
+        self._weights = weights
+        self._write_global_indices()
+        return self._dispatch_tuple(self._received)
+
+    def dispatch_send(self, input, weights, scales, indices, **launch_settings):
+        """The send half: returns dispatch's tuple, whose tensors hold the tokens once dispatch_recv() ran
+        (on the stream). The inputs must stay alive until then."""
+        self._allocate()
+        self._group.dispatch_send(input, indices, weights, scales)
+        self._weights = weights
+        return self._dispatch_tuple(self._received)
+
+    def dispatch_recv(self, **launch_settings) -> None:
+        """The receive half: waits for every peer's send and fills dispatch_send's tensors."""
+        self._group.dispatch_recv(out=self._received)
+        self._write_global_indices()
+
+    def _combined_rows(self):
         if self._combined is None:
             rows = max(self.config.max_num_inp_token_per_rank, 1)
-            self._combined = self._group._empty((rows, self.config.hidden_dim),
-                                                "bfloat16" if self._group.backend == _rocep.Backend.GPU else "uint16")
-        out = self._group.combine(input, num_tokens, out=self._combined)
-        weights_out, self._weights = self._weights, None
-        return out, weights_out
+            dtype = "bfloat16" if self._group.backend == _rocep.Backend.GPU else "uint16"
+            self._combined = self._group._empty((rows, self.config.hidden_dim), dtype)
+        return self._combined
+
+    def combine(self, input, weights, indices, call_reset: bool = False, **launch_settings):
+        """Returns (out, out_weights): this rank's tokens [num_tokens, hidden] and their weights."""
+        num_tokens = self._weights.shape[0] if self._weights is not None else 0
+        out = self._group.combine(input, num_tokens, out=self._combined_rows())
+        return out, self._weights
+
+    def combine_send(self, input, weights, indices, **launch_settings):
+        """The send half: returns combine's pair, whose rows hold the tokens once combine_recv() ran."""
+        num_tokens = self._weights.shape[0] if self._weights is not None else 0
+        rows = self._combined_rows()
+        self._group.combine_send(input, num_tokens, out=rows)
+        return rows[:num_tokens], self._weights
+
+    def combine_recv(self, **launch_settings) -> None:
+        """The receive half: waits for every peer's rows and sums them into combine_send's rows."""
+        self._group.combine_recv()
+
+    def get_dispatch_src_token_pos(self):
+        """Per received row: source rank * max_num_inp_token_per_rank + source token (rows below
+        recv_num_token[0] are this call's)."""
+        if self._received is None:
+            raise _rocep.CallOrderError("get_dispatch_src_token_pos: no dispatch on this op yet")
+        src_info = self._received.src_info
+        return src_info[:, 0] * self.config.max_num_inp_token_per_rank + src_info[:, 1]
 
     def reset(self) -> None:
         """Nothing to reset: rocep's calls need no host work between them. Kept for MoRI's call sequence."""

@@ -140,7 +140,7 @@ def test_outputs_of_an_earlier_call_are_written_again_with_out():
     earlier = rank_inputs(config, shared_seed(), RANK)
     first = group.dispatch(*earlier)
     group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(earlier[1]))
-    inputs = rank_inputs(config, shared_seed(), RANK)
+    inputs = rank_inputs(config, shared_seed(), RANK, num_tokens=10)  # rows to share memory with `buffer`
     fresh = group.dispatch(*inputs)
     combined = group.combine(np.ones((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(inputs[1]))
     again = group.dispatch(*inputs, out=first)
@@ -340,3 +340,37 @@ def test_pre_quantised_tokens_of_a_wrong_dtype_raise_after_taking_part():
             result = group.dispatch(payload, ids, weights, token_scales=scales)
             assert not (result.src_info[:result.count(), 0] == 0).any()  # nothing from rank 0
             group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(ids))
+
+
+def test_mori_split_calls_local_expert_count_and_source_positions():
+    config = rocep.EpDispatchCombineConfig(data_type=np.uint16, rank=RANK, world_size=WORLD, hidden_dim=128,
+                                           scale_dim=0, scale_type_size=1, max_token_type_size=4,
+                                           max_num_inp_token_per_rank=16, num_experts_per_rank=2,
+                                           num_experts_per_token=2, block_num=64, warp_num_per_block=16)
+    op = rocep.EpDispatchCombineOp(config, bootstrap.from_mpi4py(COMM), rocep.Backend.CPU_REFERENCE)
+    fused = rocep.EpDispatchCombineOp(config, bootstrap.from_mpi4py(COMM), rocep.Backend.CPU_REFERENCE)
+    seed = shared_seed()
+    inputs = [rank_inputs(make_config(128, 2, 2, 16, 1), seed, rank) for rank in range(WORLD)]
+    tokens, ids, weights = inputs[RANK]
+    expected = fused.dispatch(tokens, weights, None, ids, block_num=32)
+    sent = op.dispatch_send(tokens, weights, None, ids)
+    op.dispatch_recv()
+    count = int(expected[4][0])
+    assert int(sent[4][0]) == count
+    for got, want in zip(sent[:4], expected[:4]):
+        if want is not None:
+            assert (got[:count] == want[:count]).all()
+    # Per local expert: the (row, slot) pairs naming it, from the naive definition.
+    naive = [sum(1 for s in range(WORLD) for token_ids in inputs[s][1] for i in token_ids if i == RANK * 2 + e)
+             for e in range(2)]
+    assert list(rocep.mori.local_expert_count(config, sent[3], sent[4])) == naive
+    positions = op.get_dispatch_src_token_pos()[:count]
+    rows = [s * 16 + t for s in range(WORLD) for t in range(len(inputs[s][1]))
+            if any(i >= 0 and i // 2 == RANK for i in inputs[s][1][t])]
+    assert list(positions) == rows
+    rows_out = np.zeros((op._group.config.max_recv_tokens(WORLD), 128), np.uint16)
+    rows_out[:count] = sent[0][:count]
+    want_out, want_weights = fused.combine(rows_out, expected[1], expected[3])
+    got_out, got_weights = op.combine_send(rows_out, sent[1], sent[3])
+    op.combine_recv()
+    assert (got_out == want_out).all() and (got_weights == weights).all()
