@@ -72,7 +72,12 @@ def main():
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     if args.experts % world != 0:
         parser.error(f"--experts={args.experts} is invalid: allowed are multiples of the world size {world}")
+    measure(args, rank, world)  # its groups are gone when it returns: their teardown is collective
+    dist.barrier()
+    dist.destroy_process_group()
 
+
+def measure(args, rank: int, world: int) -> None:
     config = rocep.EpConfig()
     config.hidden, config.top_k, config.num_experts = args.hidden, args.top_k, args.experts
     config.max_tokens_per_rank = args.tokens
@@ -118,9 +123,6 @@ def main():
         for name, ((dispatch_host, dispatch_device), (combine_host, combine_device)) in results.items():
             print(f"{name:<48} {dispatch_host:>14.1f} {dispatch_device:>8.1f} {combine_host:>14.1f} "
                   f"{combine_device:>8.1f}")
-    dist.barrier()
-    del op, group
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -97,6 +97,15 @@ def check_native(boot, rank, world, layout, dispatch_format):
         gpu.synchronize()
 
 
+def replay_with(graph, captured_inputs, new_inputs):
+    """Writes new data into the tensors a graph captured as its inputs, replays it and waits for it."""
+    for target, source in zip(captured_inputs, new_inputs):
+        target.copy_(source)
+    torch.cuda.synchronize()
+    graph.replay()
+    torch.cuda.synchronize()
+
+
 def check_native_graph(boot, rank, world):
     """One count, new data written into the captured tensors before each replay."""
     config = config_for(world)
@@ -112,11 +121,7 @@ def check_native_graph(boot, rank, world):
             captured_out = gpu.combine(expert_rows, n)
     for replay in range(3):
         new = inputs(20 + replay, rank, n, world, rows)
-        for target, source in zip((tokens, ids, weights, expert_rows), new):
-            target.copy_(source)
-        torch.cuda.synchronize()
-        graph.replay()
-        torch.cuda.synchronize()
+        replay_with(graph, (tokens, ids, weights, expert_rows), new)
         ref = cpu.dispatch(bits(new[0]), new[1].numpy(), new[2].numpy())
         count = ref.count()
         check(f"graph replay {replay} tokens", captured.tokens[:count], ref.tokens[:count])
@@ -228,11 +233,7 @@ def check_mori_graph(boot, rank, world):
             combined, _ = op.combine(out, None, None)  # each received row back unchanged: the sum of its copies
     for replay in range(3):
         new = inputs(70 + replay, rank, n, world, 0)
-        for target, source in zip((tokens, ids, weights), new):
-            target.copy_(source)
-        torch.cuda.synchronize()
-        graph.replay()
-        torch.cuda.synchronize()
+        replay_with(graph, (tokens, ids, weights), new)
         ref = cpu.dispatch(bits(new[0]), new[1].numpy(), new[2].numpy())
         count = ref.count()
         check(f"mori graph replay {replay} out", out[:count], ref.tokens[:count].view(np.uint16))
