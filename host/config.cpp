@@ -199,6 +199,15 @@ void EpConfig::validate(int world_size) const {
           range(1, kMaxAlignment));
   require(std::isfinite(timeout_seconds) && timeout_seconds > 0 && timeout_seconds <= kMaxTimeoutSeconds,
           "timeout_seconds", timeout_seconds, "allowed range is (0, 86400]");
+  if (local_only) {
+    require(allreduce_world_size >= 1 && allreduce_world_size <= world_size &&
+                world_size % allreduce_world_size == 0,
+            "allreduce_world_size", allreduce_world_size,
+            range(1, world_size) + ", dividing the world size " + std::to_string(world_size));
+  } else {
+    require(allreduce_world_size == 1, "allreduce_world_size", allreduce_world_size,
+            "allowed value is 1 unless local_only is set");
+  }
 }
 
 int EpConfig::num_local_experts(int world_size) const {
@@ -226,7 +235,11 @@ std::string EpConfig::describe() const {
     text += std::string("/") + to_string(fp8_encoding);
   }
   text += std::string(" combine=") + to_string(combine_dtype) + " layout=" + to_string(layout) +
-          " alignment=" + std::to_string(expert_alignment) + " sms=";
+          " alignment=" + std::to_string(expert_alignment);
+  if (local_only) {
+    text += " local_only allreduce_world_size=" + std::to_string(allreduce_world_size);
+  }
+  text += " sms=";
   if (num_sms == kDefaultSms) {
     text += "default";
   } else if (num_sms == kAllSms) {

@@ -30,6 +30,11 @@ DeviceBuffer zeroed(std::size_t bytes, DeviceMemoryKind kind = DeviceMemoryKind:
 GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(world.rank()), world_(world) {
   // Every check before the first agreement sees the same values on every rank (the config is agreed, the
   // node layout is gathered), so every rank throws alike.
+  if (config.local_only) {
+    throw ConfigError(
+        "EpConfig.local_only = true is not supported by backend gpu yet; the CPU reference "
+        "implements it (Backend::kCpuReference)");
+  }
   const NodeLayout layout = node_layout(world, config.gpus_per_node);
   if (layout.num_nodes != 1) {
     throw ConfigError("EpGroup: backend gpu needs every rank on one node (this node has " +

@@ -91,6 +91,13 @@ std::vector<ByteVector> exchange_messages(Bootstrap& bootstrap, const std::vecto
   return result;
 }
 
+// Local-only mode: what this rank sent to itself, and nothing from or to the others.
+std::vector<ByteVector> own_messages(std::vector<ByteVector> messages, int rank) {
+  std::vector<ByteVector> kept(messages.size());
+  kept[rank] = std::move(messages[rank]);
+  return kept;
+}
+
 // A row of `hidden` bf16 values as float32, accumulated by fused multiply-add.
 void fma_row(float weight, const bf16_bits* row, int hidden, float* accumulator) {
   for (int i = 0; i < hidden; ++i) {
@@ -211,7 +218,8 @@ void ReferenceEp::dispatch_send(const DispatchInputs& inputs, void* /*stream*/) 
   }
   sent_tokens_ = num_tokens;
   sent_topk_ids_ = std::move(checked_ids);
-  received_messages_ = exchange_messages(bootstrap_, messages);
+  received_messages_ = config_.local_only ? own_messages(std::move(messages), rank())
+                                          : exchange_messages(bootstrap_, messages);
 }
 
 std::vector<std::vector<ReferenceEp::Arrival>> ReferenceEp::decode_arrivals() const {
@@ -416,7 +424,17 @@ void ReferenceEp::combine_send(const CombineArgs& args, void* /*stream*/) {
       }
     }
   }
-  combine_messages_ = exchange_messages(bootstrap_, messages);
+  combine_messages_ = config_.local_only ? own_messages(std::move(messages), rank())
+                                         : exchange_messages(bootstrap_, messages);
+}
+
+bool ReferenceEp::in_shared_expert_slice(int token) const {
+  if (!config_.local_only) {
+    return true;
+  }
+  const int64_t ranks = config_.allreduce_world_size;
+  const int64_t position = rank() % ranks;
+  return token >= sent_tokens_ * position / ranks && token < sent_tokens_ * (position + 1) / ranks;
 }
 
 void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
@@ -425,8 +443,13 @@ void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
   const int hidden = config_.hidden;
   std::vector<MessageReader> readers;
   const int32_t weighted = sends_partials(args) ? 1 : 0;
+  // The ranks whose rows this rank sums: every rank, or in local-only mode this rank alone.
+  auto contributes = [&](int source) { return !config_.local_only || source == rank(); };
   for (int source = 0; source < world; ++source) {
     readers.emplace_back(combine_messages_[source]);
+    if (!contributes(source)) {
+      continue;
+    }
     const auto source_weighted = readers.back().read_one<int32_t>();
     if (source_weighted != weighted) {
       // The messages cannot be read as this rank's combine would: out is left as it was.
@@ -440,8 +463,9 @@ void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
   // Which ranks got each token, from the ids this rank dispatched.
   auto rank_has_token = [&](int token, int destination) {
     const int32_t* ids = sent_topk_ids_.data() + static_cast<std::size_t>(token) * top_k;
-    return std::any_of(ids, ids + top_k,
-                       [&](int32_t id) { return id >= 0 && id / local_experts_ == destination; });
+    return contributes(destination) && std::any_of(ids, ids + top_k, [&](int32_t id) {
+             return id >= 0 && id / local_experts_ == destination;
+           });
   };
   auto* out = static_cast<bf16_bits*>(args.out);
   const auto* shared = static_cast<const bf16_bits*>(args.shared_expert_output);
@@ -461,7 +485,7 @@ void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
           accumulator[i] += bf16_to_float(partial[i]);
         }
       }
-      if (shared != nullptr) {
+      if (shared != nullptr && in_shared_expert_slice(token)) {
         for (int i = 0; i < hidden; ++i) {
           accumulator[i] += bf16_to_float(shared[static_cast<std::size_t>(token) * hidden + i]);
         }
@@ -484,7 +508,7 @@ void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
         }
       }
       for (int k = 0; k < top_k; ++k) {
-        if (ids[k] < 0) {
+        if (ids[k] < 0 || !contributes(ids[k] / local_experts_)) {
           std::fill_n(out + (static_cast<std::size_t>(token) * top_k + k) * hidden, hidden, bf16_bits{0});
         }
       }

@@ -62,6 +62,9 @@ class ReferenceEp final : public EpBackend {
   }
   void lay_out_expanded(const std::vector<std::vector<Arrival>>& arrivals, const DispatchOutputs& outputs);
   void lay_out_per_token(const std::vector<std::vector<Arrival>>& arrivals, const DispatchOutputs& outputs);
+  // Whether the shared expert output is added to `token` of the call: always, except in local-only mode,
+  // where only this rank's slice of the tokens gets it (EpConfig::local_only).
+  bool in_shared_expert_slice(int token) const;
 
   // Records a failure unless one is recorded already (the first is the cause).
   void record(device::StatusCode code, device::Operation operation, int peer, int token, int slot, int value);

@@ -59,6 +59,17 @@ struct EpConfig {
   // the fused-MoE kernel that reads it.
   int expert_alignment = 1;
   double timeout_seconds = 10.0;  // bound on every device-side wait
+  // Local-only mode (the specification's skip_a2a), for attention run tensor-parallel: every rank of an
+  // all-reduce group holds the same tokens and runs only its own experts on them. Dispatch lays out, in the
+  // group's layout, only the (token, expert) pairs of this rank's experts from this rank's own tokens, and
+  // moves nothing across ranks; combine sums them here. The shared expert output is added only to this
+  // rank's slice of the tokens: with A = allreduce_world_size and position p = rank % A, tokens
+  // [T * p / A, T * (p + 1) / A) of the call's T, so that after the caller's all-reduce over the A ranks
+  // each token carries the shared expert once. allreduce_world_size must divide the world size; it must be
+  // 1 when local_only is false. The CPU reference implements it; the GPU backend refuses it (ConfigError)
+  // until its kernels do.
+  bool local_only = false;
+  int allreduce_world_size = 1;
 
   // Throws ConfigError naming the first offending field, its value and the allowed range. `world_size` is
   // the number of ranks of the group: num_experts must divide evenly among them.

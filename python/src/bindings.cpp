@@ -359,6 +359,8 @@ NB_MODULE(_rocep, m) {
       .def_rw("layout", &rocep::EpConfig::layout)
       .def_rw("expert_alignment", &rocep::EpConfig::expert_alignment)
       .def_rw("timeout_seconds", &rocep::EpConfig::timeout_seconds)
+      .def_rw("local_only", &rocep::EpConfig::local_only)
+      .def_rw("allreduce_world_size", &rocep::EpConfig::allreduce_world_size)
       .def("validate", &rocep::EpConfig::validate, nb::arg("world_size"))
       .def("num_local_experts", &rocep::EpConfig::num_local_experts, nb::arg("world_size"))
       .def("max_recv_rows", &rocep::EpConfig::max_recv_rows, nb::arg("world_size"))

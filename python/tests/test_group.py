@@ -374,3 +374,63 @@ def test_mori_split_calls_local_expert_count_and_source_positions():
     got_out, got_weights = op.combine_send(rows_out, sent[1], sent[3])
     op.combine_recv()
     assert (got_out == want_out).all() and (got_weights == weights).all()
+
+
+def local_only_config(config, allreduce_world_size):
+    local = rocep.EpConfig(config)
+    local.local_only, local.allreduce_world_size = True, allreduce_world_size
+    return local
+
+
+@pytest.mark.parametrize("layout", [rocep.Layout.PER_TOKEN, rocep.Layout.EXPANDED])
+def test_local_only_outputs_summed_over_ranks_equal_the_all_to_all_result(layout):
+    # Attention run tensor-parallel over the whole group: every rank holds the same tokens (rank 0's draw).
+    config = make_config(alignment=1)
+    seed = shared_seed()
+    tokens, ids, weights = rank_inputs(config, seed, 0, num_tokens=20)
+    boot = bootstrap.from_mpi4py(COMM)
+    full = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE, layout)
+    local = rocep.Group(boot, local_only_config(config, WORLD), rocep.Backend.CPU_REFERENCE, layout)
+    rng = np.random.default_rng(seed + 1)
+    # Rank r's experts turn token t into value[r][t] (the same whichever rank sent it: every rank sent t).
+    value = bf16.from_float(rng.uniform(-2, 2, (WORLD, len(ids), config.hidden)))
+    shared = bf16.from_float(rng.uniform(-1, 1, (len(ids), config.hidden)))
+    expanded = layout == rocep.Layout.EXPANDED
+
+    def combine(group, received, **shared_expert):
+        """The received rows' expert outputs combined (expanded: weighted by the dispatch's weights)."""
+        capacity = config.max_recv_rows(WORLD) if expanded else config.max_recv_tokens(WORLD)
+        rows = np.zeros((capacity, config.hidden), np.uint16)
+        count = received.count()
+        rows[:count] = value[RANK][received.src_info[:count, 1]]
+        return group.combine(rows, len(ids), row_weights=received.weights if expanded else None, **shared_expert)
+
+    received = local.dispatch(tokens, ids, weights)
+    count = received.count()
+    assert (received.src_info[:count, 0] == RANK).all()  # nothing crossed ranks
+    mine = [t for t in range(len(ids)) if any(i >= 0 and i // config.num_local_experts(WORLD) == RANK
+                                              for i in ids[t])]
+    assert sorted(set(received.src_info[:count, 1])) == mine
+    local_out = combine(local, received)
+    expected = combine(full, full.dispatch(tokens, ids, weights))
+    # The caller's all-reduce, in float32 over the ranks in ascending order, rounded once.
+    summed = bf16.from_float(sum(bf16.to_float(out) for out in COMM.allgather(local_out)))
+    assert (summed == expected).all()
+
+    # The shared expert: added on this rank's slice of the tokens only, so each token gets it once in all.
+    with_shared = combine(local, local.dispatch(tokens, ids, weights), shared_expert_output=shared)
+    first, last = len(ids) * RANK // WORLD, len(ids) * (RANK + 1) // WORLD
+    for t in range(len(ids)):
+        own = bf16.to_float(local_out[t])  # this rank's own rows, rounded once
+        want = bf16.from_float(own + bf16.to_float(shared[t])) if first <= t < last else local_out[t]
+        assert (with_shared[t] == want).all(), f"token {t}"
+
+
+def test_local_only_needs_a_dividing_allreduce_world_size_and_is_refused_off_local_only():
+    config = make_config()
+    with pytest.raises(rocep.ConfigError, match="EpConfig.allreduce_world_size = 2"):
+        bad = rocep.EpConfig(config)
+        bad.allreduce_world_size = 2
+        rocep.Group(bootstrap.from_mpi4py(COMM), bad, rocep.Backend.CPU_REFERENCE)
+    with pytest.raises(rocep.ConfigError, match=f"EpConfig.allreduce_world_size = {WORLD + 1}"):
+        rocep.Group(bootstrap.from_mpi4py(COMM), local_only_config(config, WORLD + 1), rocep.Backend.CPU_REFERENCE)
