@@ -500,8 +500,8 @@ __device__ inline uint32_t rows_before_chunk(const GroupView& group, const RowLa
 }
 
 // Every block (of kThreads threads): offsets[e] = first row of local expert e, each expert's rows padded to
-// the alignment;
-// offsets[local_experts] = all rows. Block 0 also publishes them (and the statistics) to the caller.
+// the alignment; offsets[local_experts] = all rows. Block 0 also publishes them (and the statistics) to the
+// caller.
 template <int kThreads>
 __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvArgs& args,
                                     const RowLayout& layout) {
@@ -542,9 +542,9 @@ __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvAr
 }
 
 // Once every source's ids are here: leaves each expert's first row in layout.offsets, every block (of
-// kThreads threads), from the
-// senders' masks (a ranked_in_block receive first copies them into the block's shared memory; one with many
-// chunks takes their prefix in a pass and a grid barrier). False if the grid barrier gave up.
+// kThreads threads), from the senders' masks (a ranked_in_block receive first copies them into the block's
+// shared memory; one with many chunks takes their prefix in a pass and a grid barrier). False if the grid
+// barrier gave up.
 template <int kThreads>
 __device__ bool lay_out_rows(const GroupView& group, const DispatchRecvArgs& args, RowLayoutMemory* memory,
                              const RowLayout& layout) {
@@ -987,8 +987,7 @@ __device__ inline int32_t token_row(const GroupView& group, const uint32_t* base
 }
 
 // Every block (of PerTokenTuning::kDispatchThreads): bases[entry] = received tokens before (source, chunk)
-// entry `entry` (when the entries fit),
-// and the total; block 0 publishes the total as num_recv_tokens.
+// entry `entry` (when the entries fit), and the total; block 0 publishes the total as num_recv_tokens.
 __device__ uint32_t count_received_tokens(const GroupView& group, const DispatchRecvArgs& args,
                                           uint32_t* bases) {
   const Shape& shape = group.shape;
