@@ -44,6 +44,8 @@ const char* to_string(CombineDtype dtype) {
   switch (dtype) {
     case CombineDtype::kBf16:
       return "bf16";
+    case CombineDtype::kFp8Block128:
+      return "fp8_block128";
   }
   return "unknown";
 }
@@ -173,8 +175,9 @@ void EpConfig::validate(int world_size) const {
   const int encoding_code = static_cast<int>(fp8_encoding);
   require(encoding_code >= 0 && encoding_code <= static_cast<int>(Fp8Encoding::kE4m3fnuz), "fp8_encoding",
           encoding_code, "allowed values are 0 (auto), 1 (e4m3fn), 2 (e4m3fnuz)");
-  require(combine_dtype == CombineDtype::kBf16, "combine_dtype", static_cast<int>(combine_dtype),
-          "allowed value is 0 (bf16)");
+  const int combine_code = static_cast<int>(combine_dtype);
+  require(combine_code >= 0 && combine_code <= static_cast<int>(CombineDtype::kFp8Block128), "combine_dtype",
+          combine_code, "allowed values are 0 (bf16), 1 (fp8_block128)");
   const int layout_code = static_cast<int>(layout);
   require(layout_code >= 0 && layout_code <= static_cast<int>(Layout::kPerToken), "layout", layout_code,
           "allowed values are 0 (expanded), 1 (per-token)");
@@ -183,6 +186,9 @@ void EpConfig::validate(int world_size) const {
   require(hidden % multiple == 0, "hidden", hidden,
           std::string("must be a multiple of ") + std::to_string(multiple) + " for dispatch_format " +
               to_string(dispatch_format));
+  const int combine_multiple = format_column_multiple(TokenFormat::kFp8Block128);
+  require(combine_dtype != CombineDtype::kFp8Block128 || hidden % combine_multiple == 0, "hidden", hidden,
+          "must be a multiple of " + std::to_string(combine_multiple) + " for combine_dtype fp8_block128");
   require(num_experts >= 1 && num_experts <= kMaxExperts, "num_experts", num_experts, range(1, kMaxExperts));
   require(num_experts % world_size == 0, "num_experts", num_experts,
           "must be divisible by the world size " + std::to_string(world_size));

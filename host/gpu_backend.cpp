@@ -30,6 +30,11 @@ DeviceBuffer zeroed(std::size_t bytes, DeviceMemoryKind kind = DeviceMemoryKind:
 GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(world.rank()), world_(world) {
   // Every check before the first agreement sees the same values on every rank (the config is agreed, the
   // node layout is gathered), so every rank throws alike.
+  if (config.combine_dtype != CombineDtype::kBf16) {
+    throw ConfigError(std::string("EpConfig.combine_dtype = ") + to_string(config.combine_dtype) +
+                      " is not supported by backend gpu yet; the CPU reference implements it "
+                      "(Backend::kCpuReference)");
+  }
   if (config.local_only) {
     throw ConfigError(
         "EpConfig.local_only = true is not supported by backend gpu yet; the CPU reference "

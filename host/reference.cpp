@@ -397,12 +397,32 @@ void ReferenceEp::combine_send(const CombineArgs& args, void* /*stream*/) {
   }
   std::vector<float> accumulator(hidden);
   std::vector<bf16_bits> partial(hidden);
+  // A partial bound for another rank in fp8 (combine_dtype), from its float32 values; else in bf16.
+  ByteVector quantized(format_payload_bytes(TokenFormat::kFp8Block128, hidden) +
+                       format_scale_bytes(TokenFormat::kFp8Block128, hidden));
+  auto append_partial = [&](ByteVector& message, int destination, const float* values) {
+    if (crosses_in_fp8(destination)) {
+      const std::size_t payload_bytes = format_payload_bytes(TokenFormat::kFp8Block128, hidden);
+      quantize_row(TokenFormat::kFp8Block128, config_.fp8_encoding, values, hidden, 1.0f, quantized.data(),
+                   quantized.data() + payload_bytes);
+      append(message, quantized.data(), quantized.size());
+    } else {
+      std::transform(values, values + hidden, partial.begin(), float_to_bf16);
+      append(message, partial.data(), hidden);
+    }
+  };
   for (int source = 0; source < world; ++source) {
     for (const ReceivedToken& received : received_tokens_[source]) {
       ByteVector& message = messages[source];
       append(message, &received.token, 1);
       if (config_.layout == Layout::kPerToken) {
-        append(message, expert_outputs + static_cast<std::size_t>(received.token_row) * hidden, hidden);
+        const bf16_bits* row = expert_outputs + static_cast<std::size_t>(received.token_row) * hidden;
+        if (crosses_in_fp8(source)) {
+          std::transform(row, row + hidden, accumulator.begin(), bf16_to_float);
+          append_partial(message, source, accumulator.data());
+        } else {
+          append(message, row, hidden);  // as given
+        }
       } else if (args.row_weights != nullptr) {
         std::fill(accumulator.begin(), accumulator.end(), 0.0f);
         for (int k = 0; k < top_k; ++k) {
@@ -412,8 +432,7 @@ void ReferenceEp::combine_send(const CombineArgs& args, void* /*stream*/) {
                     accumulator.data());
           }
         }
-        std::transform(accumulator.begin(), accumulator.end(), partial.begin(), float_to_bf16);
-        append(message, partial.data(), hidden);
+        append_partial(message, source, accumulator.data());
       } else {
         for (int k = 0; k < top_k; ++k) {
           const int32_t row = received.rows[k];
@@ -472,7 +491,10 @@ void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
 
   if (weighted != 0) {
     std::vector<float> accumulator(hidden);
+    std::vector<float> values(hidden);
     std::vector<bf16_bits> partial(hidden);
+    const std::size_t payload_bytes = format_payload_bytes(TokenFormat::kFp8Block128, hidden);
+    ByteVector quantized(payload_bytes + format_scale_bytes(TokenFormat::kFp8Block128, hidden));
     for (int token = 0; token < sent_tokens_; ++token) {
       std::fill(accumulator.begin(), accumulator.end(), 0.0f);
       for (int source = 0; source < world; ++source) {
@@ -480,9 +502,17 @@ void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
           continue;
         }
         readers[source].read_one<int32_t>();
-        readers[source].read(partial.data(), hidden);
+        // What `source` sent here crossed in fp8 when this rank is another rank to it.
+        if (source != rank() && config_.combine_dtype == CombineDtype::kFp8Block128) {
+          readers[source].read(quantized.data(), quantized.size());
+          dequantize_row(TokenFormat::kFp8Block128, config_.fp8_encoding, quantized.data(),
+                         quantized.data() + payload_bytes, hidden, 1.0f, values.data());
+        } else {
+          readers[source].read(partial.data(), hidden);
+          std::transform(partial.begin(), partial.end(), values.begin(), bf16_to_float);
+        }
         for (int i = 0; i < hidden; ++i) {
-          accumulator[i] += bf16_to_float(partial[i]);
+          accumulator[i] += values[i];
         }
       }
       if (shared != nullptr && in_shared_expert_slice(token)) {

@@ -65,6 +65,11 @@ class ReferenceEp final : public EpBackend {
   // Whether the shared expert output is added to `token` of the call: always, except in local-only mode,
   // where only this rank's slice of the tokens gets it (EpConfig::local_only).
   bool in_shared_expert_slice(int token) const;
+  // Whether a combine partial bound for `destination` crosses in fp8 (EpConfig::combine_dtype): every
+  // partial to another rank; this rank's own stays bf16.
+  bool crosses_in_fp8(int destination) const {
+    return config_.combine_dtype == CombineDtype::kFp8Block128 && destination != rank();
+  }
 
   // Records a failure unless one is recorded already (the first is the cause).
   void record(device::StatusCode code, device::Operation operation, int peer, int token, int slot, int value);

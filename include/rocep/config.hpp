@@ -10,8 +10,15 @@
 namespace rocep {
 
 // Element type of the expert outputs that combine reads and of the combined tokens it writes.
+// What the partial rows of a combine carry across ranks. kFp8Block128: each partial row that crosses to
+// another rank (a per-token combine's row, a weighted combine's per-rank sum, taken in float32 before any
+// rounding) is quantised as fp8 block-128 tokens are (formats.hpp, in EpConfig::fp8_encoding), then
+// dequantised (element * scale, float32) and summed at the owner; a rank's own partial stays bf16, as it
+// never crosses. The unweighted expanded combine returns every slot's row in bf16 either way. The CPU
+// reference implements kFp8Block128; the GPU backend refuses it (ConfigError) until its kernels do.
 enum class CombineDtype : int32_t {
   kBf16 = 0,
+  kFp8Block128 = 1,
 };
 
 const char* to_string(CombineDtype dtype);

@@ -337,6 +337,9 @@ NB_MODULE(_rocep, m) {
       .value("AUTO", rocep::Fp8Encoding::kAuto)
       .value("E4M3FN", rocep::Fp8Encoding::kE4m3fn)
       .value("E4M3FNUZ", rocep::Fp8Encoding::kE4m3fnuz);
+  nb::enum_<rocep::CombineDtype>(m, "CombineDtype")
+      .value("BF16", rocep::CombineDtype::kBf16)
+      .value("FP8_BLOCK128", rocep::CombineDtype::kFp8Block128);
   nb::enum_<rocep::Layout>(m, "Layout")
       .value("EXPANDED", rocep::Layout::kExpanded)
       .value("PER_TOKEN", rocep::Layout::kPerToken);
@@ -354,6 +357,7 @@ NB_MODULE(_rocep, m) {
       .def_rw("max_tokens_per_rank", &rocep::EpConfig::max_tokens_per_rank)
       .def_rw("dispatch_format", &rocep::EpConfig::dispatch_format)
       .def_rw("fp8_encoding", &rocep::EpConfig::fp8_encoding)
+      .def_rw("combine_dtype", &rocep::EpConfig::combine_dtype)
       .def_rw("gpus_per_node", &rocep::EpConfig::gpus_per_node)
       .def_rw("num_sms", &rocep::EpConfig::num_sms)
       .def_rw("layout", &rocep::EpConfig::layout)

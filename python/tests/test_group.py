@@ -434,3 +434,66 @@ def test_local_only_needs_a_dividing_allreduce_world_size_and_is_refused_off_loc
         rocep.Group(bootstrap.from_mpi4py(COMM), bad, rocep.Backend.CPU_REFERENCE)
     with pytest.raises(rocep.ConfigError, match=f"EpConfig.allreduce_world_size = {WORLD + 1}"):
         rocep.Group(bootstrap.from_mpi4py(COMM), local_only_config(config, WORLD + 1), rocep.Backend.CPU_REFERENCE)
+
+
+def e4m3fn_magnitudes() -> np.ndarray:
+    """The finite non-negative e4m3fn values in code order (codes 0x00..0x7e): bias 7, subnormals below 2^-6."""
+    codes = np.arange(0x7f)
+    exponent, mantissa = codes >> 3, (codes & 7).astype(np.float64)
+    return np.where(exponent == 0, mantissa / 8 * 2.0**-6, (1 + mantissa / 8) * 2.0**(exponent - 7)).astype(np.float32)
+
+
+def fp8_block128_round_trip(values: np.ndarray) -> np.ndarray:
+    """float32 values quantised to e4m3fn block-128 and dequantised, as include/rocep/formats.hpp defines it:
+    scale = max(amax, 1e-4) / 448, element = e4m3fn(x * (448 / max(amax, 1e-4))) rounded to nearest even and
+    saturated, value = element * scale, all in float32. A naive model, independent of the library's codec."""
+    table = e4m3fn_magnitudes()
+    out = np.empty_like(values)
+    for first in range(0, len(values), 128):
+        x = values[first:first + 128]
+        amax = np.maximum(np.abs(x).max(), np.float32(1e-4))
+        scaled = np.abs(x * (np.float32(448) / amax))
+        above = np.clip(np.searchsorted(table, scaled), 1, len(table) - 1)
+        below = above - 1
+        to_below, to_above = scaled - table[below], table[above] - scaled
+        code = np.where((to_below < to_above) | ((to_below == to_above) & (below % 2 == 0)), below, above)
+        code = np.where(scaled >= table[-1], len(table) - 1, code)
+        out[first:first + 128] = np.copysign(table[code], x) * (amax / np.float32(448))
+    return out
+
+
+def calc_diff(x, y) -> float:
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    return float(1 - 2 * (x * y).sum() / (x * x + y * y).sum())
+
+
+def test_fp8_combine_matches_its_definition_and_stays_close_to_the_bf16_combine():
+    config = make_config()
+    fp8_config = rocep.EpConfig(config)
+    fp8_config.combine_dtype = rocep.CombineDtype.FP8_BLOCK128
+    boot = bootstrap.from_mpi4py(COMM)
+    groups = [rocep.Group(boot, c, rocep.Backend.CPU_REFERENCE) for c in (config, fp8_config)]
+    local = config.num_local_experts(WORLD)
+    seed = shared_seed()
+    inputs = [rank_inputs(config, seed, rank, num_tokens=16) for rank in range(WORLD)]
+    rng = np.random.default_rng(seed + 1)
+    rows_of = {(r, s, t): bf16.from_float(rng.standard_normal(config.hidden))
+               for r in range(WORLD) for s in range(WORLD) for t in range(16)}
+    outs = []
+    for group in groups:
+        received = group.dispatch(*inputs[RANK])
+        rows = np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16)
+        for row in range(received.count()):
+            source, token = received.src_info[row, :2]
+            rows[row] = rows_of[(RANK, source, token)]
+        outs.append(group.combine(rows, 16))
+    bf16_out, fp8_out = outs
+    ids = inputs[RANK][1]
+    for t in range(16):
+        total = np.zeros(config.hidden, np.float32)
+        for r in range(WORLD):  # ascending; another rank's row crossed in fp8, this rank's own stayed bf16
+            if any(i >= 0 and i // local == r for i in ids[t]):
+                row = bf16.to_float(rows_of[(r, RANK, t)])
+                total += row if r == RANK else fp8_block128_round_trip(row)
+        assert (fp8_out[t] == bf16.from_float(total)).all(), f"token {t}"
+    assert calc_diff(bf16.to_float(fp8_out), bf16.to_float(bf16_out)) < 2e-3
