@@ -9,17 +9,12 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <random>
 #include <vector>
 
+#include "gpu_support.hpp"
 #include "hip/shmem_transport.hpp"
-#include "host/bootstrap.hpp"
-#include "host/device.hpp"
-#include "host/gpu_check.hpp"
-#include "host/node.hpp"
 #include "host/shmem_engine.hpp"
-#include "rocep/mpi.hpp"
 
 namespace {
 
@@ -39,12 +34,9 @@ std::vector<uint8_t> round_bytes(uint32_t seed, int pe, int round, std::size_t b
 class ShmemEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int local_devices = rocep::device_count();
-    int fewest_devices = 0;
-    MPI_Allreduce(&local_devices, &fewest_devices, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     int world = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    if (fewest_devices == 0) {
+    if (!rocep::testing::use_rank_gpu()) {
       GTEST_SKIP() << "no GPU visible (hipGetDeviceCount/cudaGetDeviceCount returned 0): SHMEM test not run";
     }
     if (world < 2) {
@@ -55,10 +47,6 @@ class ShmemEngineTest : public ::testing::Test {
 
 TEST_F(ShmemEngineTest, PutsWithASignalArriveWholeRoundAfterRoundAndAMissingSignalTimesOut) {
   rocep::MpiBootstrap world(MPI_COMM_WORLD);
-  const rocep::NodeLayout layout = rocep::node_layout(world, 0);
-  const int device =
-      rocep::device_for_local_rank(layout.local_rank, rocep::device_count(), std::getenv("ROCEP_DEVICE"));
-  rocep::set_device(device);
   uint32_t seed = static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   MPI_Bcast(&seed, 1, MPI_UINT32_T, 0, MPI_COMM_WORLD);
 
@@ -76,7 +64,7 @@ TEST_F(ShmemEngineTest, PutsWithASignalArriveWholeRoundAfterRoundAndAMissingSign
 
   const int next = (engine->pe() + 1) % engine->pes();
   const int previous = (engine->pe() + engine->pes() - 1) % engine->pes();
-  const uint64_t second_ticks = rocep::wall_clock_rate_hz(device);
+  const uint64_t second_ticks = rocep::wall_clock_rate_hz(rocep::current_device());
   for (int round = 1; round <= 3; ++round) {
     const std::size_t bytes = kBytes >> (round - 1);  // 4, 2, 1 MiB: the rest of the inbox stays poisoned
     const std::vector<uint8_t> mine = round_bytes(seed, engine->pe(), round, bytes);
