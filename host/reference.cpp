@@ -502,8 +502,7 @@ void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
           continue;
         }
         readers[source].read_one<int32_t>();
-        // What `source` sent here crossed in fp8 when this rank is another rank to it.
-        if (source != rank() && config_.combine_dtype == CombineDtype::kFp8Block128) {
+        if (crosses_in_fp8(source)) {
           readers[source].read(quantized.data(), quantized.size());
           dequantize_row(TokenFormat::kFp8Block128, config_.fp8_encoding, quantized.data(),
                          quantized.data() + payload_bytes, hidden, 1.0f, values.data());

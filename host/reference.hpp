@@ -65,10 +65,10 @@ class ReferenceEp final : public EpBackend {
   // Whether the shared expert output is added to `token` of the call: always, except in local-only mode,
   // where only this rank's slice of the tokens gets it (EpConfig::local_only).
   bool in_shared_expert_slice(int token) const;
-  // Whether a combine partial bound for `destination` crosses in fp8 (EpConfig::combine_dtype): every
-  // partial to another rank; this rank's own stays bf16.
-  bool crosses_in_fp8(int destination) const {
-    return config_.combine_dtype == CombineDtype::kFp8Block128 && destination != rank();
+  // Whether the combine partials between this rank and `peer` (either way) cross in fp8
+  // (EpConfig::combine_dtype): every partial between two ranks; a rank's own stays bf16.
+  bool crosses_in_fp8(int peer) const {
+    return config_.combine_dtype == CombineDtype::kFp8Block128 && peer != rank();
   }
 
   // Records a failure unless one is recorded already (the first is the cause).
