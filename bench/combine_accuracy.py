@@ -13,11 +13,7 @@ from mpi4py import MPI
 
 import rocep
 from rocep import bf16, bootstrap
-
-
-def calc_diff(x, y) -> float:
-    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    return float(1 - 2 * (x * y).sum() / (x * x + y * y).sum())
+from rocep.accuracy import calc_diff
 
 
 def combined(config, layout, tokens, ids, weights, outputs_of, combine_dtype):

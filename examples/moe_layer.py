@@ -19,11 +19,7 @@ import numpy as np
 
 import rocep
 from rocep import bf16, bootstrap
-
-
-def calc_diff(x, y) -> float:
-    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    return float(1 - 2 * (x * y).sum() / (x * x + y * y).sum())
+from rocep.accuracy import calc_diff
 
 
 class NumpyArrays:

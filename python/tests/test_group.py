@@ -8,6 +8,7 @@ from mpi4py import MPI
 
 import rocep
 from rocep import bf16, bootstrap
+from rocep.accuracy import calc_diff
 from rocep.mori import EpDispatchCombineConfig, EpDispatchCombineOp
 
 COMM = MPI.COMM_WORLD
@@ -460,11 +461,6 @@ def fp8_block128_round_trip(values: np.ndarray) -> np.ndarray:
         code = np.where(scaled >= table[-1], len(table) - 1, code)
         out[first:first + 128] = np.copysign(table[code], x) * (amax / np.float32(448))
     return out
-
-
-def calc_diff(x, y) -> float:
-    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    return float(1 - 2 * (x * y).sum() / (x * x + y * y).sum())
 
 
 def test_fp8_combine_matches_its_definition_and_stays_close_to_the_bf16_combine():
