@@ -133,7 +133,8 @@ class EpDispatchCombineOp:
         if isinstance(local, np.ndarray):
             self._indices[:] = np.where(local >= 0, local + first, -1)
         else:
-            _torch().where(local >= 0, local + first, -1, out=self._indices)
+            # -1 stays -1; a local id gains the rank's first expert (torch.where has no out= with a scalar)
+            self._indices.copy_(local).add_(local.ge(0).to(local.dtype) * first)
 
     def _allocate(self) -> None:
         if self._received is None:
