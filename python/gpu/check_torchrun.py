@@ -7,6 +7,7 @@
   sums computed with torch on the CPU), bf16 and pre-quantised fp8, fused and split calls, and
   local_expert_count;
 - dispatch + combine captured in torch.cuda.graph, replayed with new data, for the native group and the op;
+- a group with cupy arrays (cupy inputs and outputs, calls on cupy's current stream), bit for bit;
 - torch CPU tensors on the CPU reference, against numpy arrays.
 
     torchrun --nproc_per_node=2 python/gpu/check_torchrun.py
@@ -31,6 +32,8 @@ failures = []
 
 def shape_and_bytes(array):
     """A torch tensor (any dtype, fp8 included, on any device) or a numpy array as (shape, its bytes)."""
+    if hasattr(array, "get"):  # cupy
+        array = array.get()
     if hasattr(array, "cpu"):
         array = array.detach().cpu().contiguous()
         return tuple(array.shape), array.view(torch.uint8).numpy().tobytes() if array.numel() else b""
@@ -94,6 +97,33 @@ def check_native(boot, rank, world, layout, dispatch_format):
             out = gpu.combine(expert_rows.cuda(), n, row_weights=got.weights)
             expected = cpu.combine(bits(expert_rows), n, row_weights=ref.weights)
         check(f"{name} step {step} combined", out.view(torch.uint16), expected)
+        gpu.synchronize()
+
+
+def check_cupy(boot, rank, world):
+    """A group whose arrays are cupy's: cupy inputs (bf16 as uint16 bits), cupy outputs, cupy's stream."""
+    try:
+        import cupy
+    except ImportError:
+        print(f"rank {rank}: cupy is not installed: its check did not run")
+        return
+    config = config_for(world)
+    gpu = rocep.Group(boot, config, rocep.Backend.GPU, arrays="cupy")
+    cpu = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE)
+    rows = gpu.config.max_recv_tokens(world)
+    with cupy.cuda.Stream(non_blocking=True):
+        for step, n in enumerate([MAX_TOKENS, 5, 0, 60]):
+            tokens, ids, weights, expert_rows = inputs(80 + step, rank, n, world, rows)
+            got = gpu.dispatch(cupy.asarray(bits(tokens)), cupy.asarray(ids.long().numpy()),
+                               cupy.asarray(weights.numpy()))
+            ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy())
+            count = ref.count()
+            if not isinstance(got.tokens, cupy.ndarray):
+                failures.append(f"cupy step {step}: outputs are {type(got.tokens)}, not cupy arrays")
+            for field in ("tokens", "topk_ids", "topk_weights", "src_info"):
+                check(f"cupy step {step} {field}", getattr(got, field)[:count], getattr(ref, field)[:count])
+            check(f"cupy step {step} combined", gpu.combine(cupy.asarray(bits(expert_rows)), n),
+                  cpu.combine(bits(expert_rows), n))
         gpu.synchronize()
 
 
@@ -269,6 +299,7 @@ def main() -> int:
                                     (rocep.Layout.EXPANDED, rocep.TokenFormat.BF16)):
         check_native(boot, rank, world, layout, dispatch_format)
     check_native_graph(boot, rank, world)
+    check_cupy(boot, rank, world)
     check_mori(boot, rank, world, fp8=False)
     check_mori(boot, rank, world, fp8=True)
     check_mori_graph(boot, rank, world)

@@ -1,7 +1,8 @@
 """The native API on arrays: a group that allocates its outputs, in either layout (EpConfig.layout).
 
-On the CPU reference the arrays are numpy arrays (bf16 as uint16 bits); on the GPU backend, torch tensors
-on the current device, and calls go on the current torch stream.
+On the CPU reference the arrays are numpy arrays (bf16 as uint16 bits). On the GPU backend the group's array
+library (Group's `arrays`: torch when it is installed, else cupy) allocates the outputs on the current
+device, and calls go on that library's current stream; inputs may be any DLPack array of either.
 """
 
 from dataclasses import dataclass
@@ -69,22 +70,51 @@ def _torch():
     return torch
 
 
+_GPU_ARRAYS = ("torch", "cupy")
+
+
+def _gpu_arrays(arrays):
+    """The GPU backend's array library: `arrays`, or None for torch if importable, else cupy."""
+    for name in (arrays,) if arrays else _GPU_ARRAYS:
+        try:
+            __import__(name)
+            return name
+        except ImportError:
+            pass
+    raise _rocep.ConfigError(f"the GPU backend needs {arrays or 'torch or cupy'} for its arrays: install it")
+
+
+def _is_torch(array) -> bool:
+    return type(array).__module__.startswith("torch")
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
 def _to_host(array):
     return array.cpu().numpy() if hasattr(array, "cpu") else array
 
 
 class Group:
     """An expert-parallel group over a bootstrap (see rocep.bootstrap), in the layout of
-    `layout` (default: the per-token layout, which the servers' fused-MoE kernels read). Collective."""
+    `layout` (default: the per-token layout, which the servers' fused-MoE kernels read). `arrays` names the
+    GPU backend's array library ("torch" or "cupy"; None: torch if installed, else cupy). Collective."""
 
     def __init__(self, bootstrap, config: "_rocep.EpConfig", backend=_rocep.Backend.AUTO,
-                 layout=_rocep.Layout.PER_TOKEN):
+                 layout=_rocep.Layout.PER_TOKEN, arrays=None):
+        if arrays is not None and arrays not in _GPU_ARRAYS:  # before the collective creation, on every rank
+            raise _rocep.ConfigError(
+                f"arrays = {arrays!r} is invalid: allowed are None, {', '.join(map(repr, _GPU_ARRAYS))}")
         config = _rocep.EpConfig(config)  # the caller's stays as it is
         config.layout = layout
         self._group = _rocep.EpGroup(bootstrap, config, backend)
         self.config = self._group.config
         self.rank, self.world_size = self._group.rank, self._group.world_size
         self._gpu = self._group.backend == _rocep.Backend.GPU
+        self._arrays = _gpu_arrays(arrays) if self._gpu else "numpy"
         self._pending = None  # combine_send's arrays and result, until combine_recv
         self._tokens = 0  # the last dispatch's token count: the rows combine writes
         self._sent = None  # dispatch_send's converted inputs, until dispatch_recv
@@ -94,16 +124,20 @@ class Group:
         return self._group.backend
 
     def _empty(self, shape, dtype: str):
-        if self._gpu:
+        """An output array of the group's library; bf16 as uint16 bits where the library has no bfloat16."""
+        if self._arrays == "torch":
             torch = _torch()
             # torch's uint32 tensors support few operations: offsets come as int32 (the same bits).
             return torch.empty(shape, dtype=torch.int32 if dtype == "uint32" else getattr(torch, dtype),
                                device="cuda")
-        return np.empty(shape, dtype=dtype)
+        dtype = "uint16" if dtype == "bfloat16" else dtype
+        return _cupy().empty(shape, dtype=dtype) if self._arrays == "cupy" else np.empty(shape, dtype=dtype)
 
     def _stream(self) -> int:
-        if self._gpu:
+        if self._arrays == "torch":
             return _torch().cuda.current_stream().cuda_stream
+        if self._arrays == "cupy":
+            return _cupy().cuda.get_current_stream().ptr
         return 0
 
     def _outputs(self):
@@ -154,7 +188,7 @@ class Group:
         torch fp8 tokens and any scale type as their bytes, once their dtypes are checked against the
         group's dispatch_format. error names a bad dtype (None when fine); the module checks the rest."""
         if str(getattr(topk_ids, "dtype", "")) in ("int64", "torch.int64"):
-            topk_ids = topk_ids.astype(np.int32) if isinstance(topk_ids, np.ndarray) else topk_ids.int()
+            topk_ids = topk_ids.int() if _is_torch(topk_ids) else topk_ids.astype(np.int32)
         if token_scales is None:
             return tokens, topk_ids, None, None
         format_ = self.config.dispatch_format
@@ -175,13 +209,15 @@ class Group:
             return tokens, topk_ids, token_scales, (
                 f"tokens: dtype {token_dtype} is invalid for pre-quantised tokens of dispatch_format "
                 f"{format_}: allowed are {', '.join(allowed_tokens)}")
-        as_bytes = np.uint8 if isinstance(tokens, np.ndarray) else _torch().uint8
-        return tokens.view(as_bytes), topk_ids, token_scales.view(as_bytes), None
+        def as_bytes(array):  # torch's view takes a torch dtype; numpy's and cupy's a numpy one
+            return array.view(_torch().uint8 if _is_torch(array) else np.uint8)
+
+        return as_bytes(tokens), topk_ids, as_bytes(token_scales), None
 
     def _no_tokens(self):
         """Inputs of zero tokens, for a rank that takes part in a dispatch whose inputs it refused."""
         hidden, top_k = self.config.hidden, self.config.top_k
-        tokens = self._empty((0, hidden), "bfloat16" if self._gpu else "uint16")
+        tokens = self._empty((0, hidden), "bfloat16")
         return tokens, self._empty((0, top_k), "int32"), self._empty((0, top_k), "float32"), None
 
     def _checked(self, tokens, topk_ids, topk_weights, token_scales, out):
@@ -249,7 +285,7 @@ class Group:
                               f"is {tuple(out.shape)} (the combine went ahead into a buffer of its own)")
             out = None
         if out is None:  # a row even for no tokens: the call needs a buffer
-            out = self._empty((max(tokens, 1),) + row_shape, "bfloat16" if self._gpu else "uint16")
+            out = self._empty((max(tokens, 1),) + row_shape, "bfloat16")
         shared = shared_expert_output if tokens > 0 else None  # a shared expert of no tokens adds nothing
         return (expert_outputs, row_weights, shared, out[:max(tokens, 1)]), out[:tokens], error
 

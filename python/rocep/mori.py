@@ -167,8 +167,7 @@ class EpDispatchCombineOp:
     def _combined_rows(self):
         if self._combined is None:
             rows = max(self.config.max_num_inp_token_per_rank, 1)
-            dtype = "bfloat16" if self._group.backend == _rocep.Backend.GPU else "uint16"
-            self._combined = self._group._empty((rows, self.config.hidden_dim), dtype)
+            self._combined = self._group._empty((rows, self.config.hidden_dim), "bfloat16")
         return self._combined
 
     def combine(self, input, weights, indices, call_reset: bool = False, **launch_settings):

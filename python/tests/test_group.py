@@ -171,6 +171,8 @@ def test_bad_config_raises_config_error_naming_the_field():
     config.top_k = 0
     with pytest.raises(rocep.ConfigError, match="EpConfig.top_k = 0"):
         rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    with pytest.raises(rocep.ConfigError, match="arrays = 'jax' is invalid: allowed are None, 'torch', 'cupy'"):
+        rocep.Group(bootstrap.from_mpi4py(COMM), make_config(), rocep.Backend.CPU_REFERENCE, arrays="jax")
 
 
 def test_mori_shaped_op_matches_the_native_group():
