@@ -63,13 +63,51 @@ __device__ inline Vector16 pack(const Lanes& lanes) {
                   pack_word(lanes.value + 6)};
 }
 
+// A partial row on its way to a peer, or a combined row without an epilogue: stored as summed.
+struct NoEpilogue {
+  __device__ void apply(Lanes& /*values*/, int /*vector*/) const {}
+};
+
+// CombineArgs' epilogue on one combined row (include/rocep/types.hpp: the order), for token `token`.
+struct RowEpilogue {
+  float factor;               // applied when not 1
+  const float* token_factor;  // applied when set
+  const Vector16* residual;   // the token's residual row, added when set
+  __device__ RowEpilogue(const rocep::device::CombineArgs& args, int token, int vectors)
+      : factor(args.factor),
+        token_factor(args.token_factors != nullptr ? args.token_factors + token : nullptr),
+        residual(args.residual != nullptr ? reinterpret_cast<const Vector16*>(args.residual) +
+                                                static_cast<std::size_t>(token) * vectors
+                                          : nullptr) {}
+  __device__ void apply(Lanes& values, int vector) const {
+    if (factor != 1.0f) {
+      for (int lane = 0; lane < kLanes; ++lane) {
+        values.value[lane] *= factor;
+      }
+    }
+    if (token_factor != nullptr) {
+      const float by = *token_factor;
+      for (int lane = 0; lane < kLanes; ++lane) {
+        values.value[lane] *= by;
+      }
+    }
+    if (residual != nullptr) {
+      const Lanes added = unpack(residual[vector]);
+      for (int lane = 0; lane < kLanes; ++lane) {
+        values.value[lane] += added.value[lane];
+      }
+    }
+  }
+};
+
 // destination = bf16(sum_j weights[j] * rows[j]) over `vectors` vectors, accumulated in float32 by fused
 // multiply-add in list order. A plain sum uses weight 1: fma(1, y, s) rounds once, exactly like s + y. Each
 // thread keeps kStaged loads in flight before it uses them: kVectors of its vectors of kRows rows at once.
-template <int kVectors, int kRows>
+// `epilogue` applies to each summed vector before its store.
+template <int kVectors, int kRows, typename Epilogue>
 __device__ inline void reduce_rows_staged(Vector16* destination, const Vector16* const* rows,
                                           const float* weights, int count, int vectors, int thread,
-                                          int num_threads) {
+                                          int num_threads, const Epilogue& epilogue) {
   static_assert(kVectors * kRows == kStaged);
   for (int first = thread; first < vectors; first += kVectors * num_threads) {
     Lanes sum[kVectors] = {};
@@ -102,6 +140,7 @@ __device__ inline void reduce_rows_staged(Vector16* destination, const Vector16*
     for (int i = 0; i < kVectors; ++i) {
       const int index = first + i * num_threads;
       if (index < vectors) {
+        epilogue.apply(sum[i], index);
         destination[index] = pack(sum[i]);
       }
     }
@@ -113,14 +152,17 @@ __device__ inline void reduce_rows_staged(Vector16* destination, const Vector16*
 // on memory once per row with one or two loads in flight. The send of 4096 tokens at EP2 on H200: 111 ->
 // 77 us at hidden 2048, 134 -> 114 us at hidden 4096; hidden 7168 (3.5 vectors per thread) keeps one row
 // at a time, which spreading its loads over rows did not beat.
+template <typename Epilogue = NoEpilogue>
 __device__ inline void reduce_rows(Vector16* destination, const Vector16* const* rows, const float* weights,
-                                   int count, int vectors, int thread, int num_threads) {
+                                   int count, int vectors, int thread, int num_threads,
+                                   const Epilogue& epilogue = Epilogue{}) {
   if (vectors <= num_threads) {
-    reduce_rows_staged<1, kStaged>(destination, rows, weights, count, vectors, thread, num_threads);
+    reduce_rows_staged<1, kStaged>(destination, rows, weights, count, vectors, thread, num_threads, epilogue);
   } else if (vectors <= 2 * num_threads) {
-    reduce_rows_staged<2, kStaged / 2>(destination, rows, weights, count, vectors, thread, num_threads);
+    reduce_rows_staged<2, kStaged / 2>(destination, rows, weights, count, vectors, thread, num_threads,
+                                       epilogue);
   } else {
-    reduce_rows_staged<kStaged, 1>(destination, rows, weights, count, vectors, thread, num_threads);
+    reduce_rows_staged<kStaged, 1>(destination, rows, weights, count, vectors, thread, num_threads, epilogue);
   }
 }
 
@@ -350,6 +392,7 @@ __device__ inline int combine_batch_items(const Shape& shape, int items, int ite
   return short_rows && items > static_cast<int>(gridDim.x) ? items_per_batch : 1;
 }
 
+template <bool kEpilogue>
 __device__ void receive_partials(const GroupView& group, const rocep::device::CombineArgs& args,
                                  uint64_t sequence) {
   const Shape& shape = group.shape;
@@ -400,8 +443,15 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
       __syncthreads();
       for (int b = 0; b < batch_tokens && first + b * static_cast<int>(gridDim.x) < tokens; ++b) {
         const int b_token = first + b * static_cast<int>(gridDim.x);
-        reduce_rows(reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(b_token) * shape.hidden),
-                    partials + b * list_length, ones, partial_counts[b], vectors, threadIdx.x, blockDim.x);
+        auto* out =
+            reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(b_token) * args.out_row_stride);
+        if constexpr (kEpilogue) {
+          reduce_rows(out, partials + b * list_length, ones, partial_counts[b], vectors, threadIdx.x,
+                      blockDim.x, RowEpilogue(args, b_token, vectors));
+        } else {
+          reduce_rows(out, partials + b * list_length, ones, partial_counts[b], vectors, threadIdx.x,
+                      blockDim.x);
+        }
       }
       __syncthreads();  // the shared lists are rewritten for the next batch
     } else {
@@ -489,7 +539,10 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
 // (this rank's own from expert_outputs, the others' from the combine region), plus the shared expert,
 // summed in float32 and rounded once; PerTokenTuning::kBatchTokens tokens at a time, their vectors one
 // sequence of which each thread sums kSummedVectors at once, kSummedInputs inputs at a time (both from
-// PerTokenTuning: kSummedVectors x kSummedInputs loads in flight).
+// PerTokenTuning: kSummedVectors x kSummedInputs loads in flight). kEpilogue: CombineArgs' epilogue on each
+// token's values before their store (kernels of their own, so that its registers do not tax the plain
+// receive).
+template <bool kEpilogue>
 __device__ void receive_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                        uint64_t sequence) {
   const Shape& shape = group.shape;
@@ -592,8 +645,11 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
       for (int i = 0; i < kSummedVectors; ++i) {
         if (token_of[i] < batch_tokens) {
           const int out_token = first + token_of[i] * stride;
+          if constexpr (kEpilogue) {
+            RowEpilogue(args, out_token, vectors).apply(sums[i], vector_of[i]);
+          }
           reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(out_token) *
-                                                     shape.hidden)[vector_of[i]] = pack(sums[i]);
+                                                     args.out_row_stride)[vector_of[i]] = pack(sums[i]);
         }
       }
     }
@@ -612,14 +668,26 @@ extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_recv_per_token(GroupView group, rocep::device::CombineArgs args) {
-  receive_rows_per_token(group, args, group.block_calls[blockIdx.x].combines + 1);
+  receive_rows_per_token<false>(group, args, group.block_calls[blockIdx.x].combines + 1);
+}
+
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
+    rocep_combine_recv_per_token_epilogue(GroupView group, rocep::device::CombineArgs args) {
+  receive_rows_per_token<true>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_per_token(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
   send_rows_per_token(group, args);
-  receive_rows_per_token(group, args, sequence);
+  receive_rows_per_token<false>(group, args, sequence);
+}
+
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
+    rocep_combine_per_token_epilogue(GroupView group, rocep::device::CombineArgs args) {
+  const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
+  send_rows_per_token(group, args);
+  receive_rows_per_token<true>(group, args, sequence);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
@@ -629,26 +697,41 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_combine_recv(GroupView group, rocep::device::CombineArgs args) {
-  receive_partials(group, args, group.block_calls[blockIdx.x].combines + 1);
+  receive_partials<false>(group, args, group.block_calls[blockIdx.x].combines + 1);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
+    rocep_combine_recv_epilogue(GroupView group, rocep::device::CombineArgs args) {
+  receive_partials<true>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_combine(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
   send_partials(group, args);
-  receive_partials(group, args, sequence);
+  receive_partials<false>(group, args, sequence);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
+    rocep_combine_epilogue(GroupView group, rocep::device::CombineArgs args) {
+  const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
+  send_partials(group, args);
+  receive_partials<true>(group, args, sequence);
 }
 
 namespace rocep::device {
 
 hipError_t load_combine_kernels(bool per_token, int* resident_blocks) {
-  const std::initializer_list<const void*> expanded = {reinterpret_cast<const void*>(&rocep_combine_send),
-                                                       reinterpret_cast<const void*>(&rocep_combine_recv),
-                                                       reinterpret_cast<const void*>(&rocep_combine)};
+  const std::initializer_list<const void*> expanded = {
+      reinterpret_cast<const void*>(&rocep_combine_send), reinterpret_cast<const void*>(&rocep_combine_recv),
+      reinterpret_cast<const void*>(&rocep_combine_recv_epilogue),
+      reinterpret_cast<const void*>(&rocep_combine), reinterpret_cast<const void*>(&rocep_combine_epilogue)};
   const std::initializer_list<const void*> by_token = {
       reinterpret_cast<const void*>(&rocep_combine_send_per_token),
       reinterpret_cast<const void*>(&rocep_combine_recv_per_token),
-      reinterpret_cast<const void*>(&rocep_combine_per_token)};
+      reinterpret_cast<const void*>(&rocep_combine_recv_per_token_epilogue),
+      reinterpret_cast<const void*>(&rocep_combine_per_token),
+      reinterpret_cast<const void*>(&rocep_combine_per_token_epilogue)};
   int unused = 1 << 30;  // the other layout's kernels are loaded too, but their residency is not the group's
   constexpr int kPerTokenThreads = PerTokenTuning::kCombineThreads;
   hipError_t status = per_token ? load_kernels(by_token, resident_blocks, kPerTokenThreads)
@@ -672,20 +755,26 @@ hipError_t launch_combine_send(const GroupView& group, const CombineArgs& args, 
 
 hipError_t launch_combine_recv(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
                                hipStream_t stream) {
+  const bool epilogue = has_epilogue(args);
   if (group.shape.per_token != 0) {
-    return launch_kernel<PerTokenTuning::kCombineThreads>(&rocep_combine_recv_per_token, grid,
-                                                          Residency::kBlockByBlock, stream, group, args);
+    return launch_kernel<PerTokenTuning::kCombineThreads>(
+        epilogue ? &rocep_combine_recv_per_token_epilogue : &rocep_combine_recv_per_token, grid,
+        Residency::kBlockByBlock, stream, group, args);
   }
-  return launch_kernel(&rocep_combine_recv, grid, Residency::kBlockByBlock, stream, group, args);
+  return launch_kernel(epilogue ? &rocep_combine_recv_epilogue : &rocep_combine_recv, grid,
+                       Residency::kBlockByBlock, stream, group, args);
 }
 
 hipError_t launch_combine(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
                           hipStream_t stream) {
+  const bool epilogue = has_epilogue(args);
   if (group.shape.per_token != 0) {
-    return launch_kernel<PerTokenTuning::kCombineThreads>(&rocep_combine_per_token, grid,
-                                                          Residency::kWholeGrid, stream, group, args);
+    return launch_kernel<PerTokenTuning::kCombineThreads>(
+        epilogue ? &rocep_combine_per_token_epilogue : &rocep_combine_per_token, grid, Residency::kWholeGrid,
+        stream, group, args);
   }
-  return launch_kernel(&rocep_combine, grid, Residency::kWholeGrid, stream, group, args);
+  return launch_kernel(epilogue ? &rocep_combine_epilogue : &rocep_combine, grid, Residency::kWholeGrid,
+                       stream, group, args);
 }
 
 }  // namespace rocep::device

@@ -122,7 +122,22 @@ struct CombineArgs {
   const float* row_weights;        // null = unweighted
   const uint16_t* shared_expert_output;
   uint16_t* out;
+  // The reduced combine's epilogue (rocep::CombineArgs in include/rocep/types.hpp has its order).
+  float factor;
+  const float* token_factors;  // [tokens] or null
+  const uint16_t* residual;    // bf16 [tokens][hidden] or null
+  uint32_t
+      out_row_stride;  // elements between out rows of a reduced combine (hidden or more, a multiple of 8)
 };
+
+// Whether a reduced combine's values pass through an epilogue before their store (the out row stride aside):
+// such a combine runs kernels of their own (`_epilogue`), so that the registers the epilogue takes do not
+// tax the plain ones. The expanded ones keep the others' residency (kEpilogueBlocksPerSm blocks of
+// kBlockThreads per multiprocessor, at most 80 registers a thread), by which the group's grid is sized.
+ROCEP_HOST_DEVICE inline bool has_epilogue(const CombineArgs& args) {
+  return args.factor != 1.0f || args.token_factors != nullptr || args.residual != nullptr;
+}
+inline constexpr int kEpilogueBlocksPerSm = 3;
 
 // Loads every dispatch / combine kernel now. With lazy loading, a kernel's first launch waits for the device
 // to idle, which a spinning receive kernel of the same process can prevent forever; loading them all when

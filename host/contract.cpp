@@ -155,6 +155,20 @@ std::string combine_args_error(const EpConfig& config, int rank, const CombineAr
            " passed row_weights, but in the per-token layout each row is already weighted and summed over "
            "the rank's experts (row_weights must be null)";
   }
+  const bool epilogue = args.factor != 1.0f || args.token_factors != nullptr || args.residual != nullptr ||
+                        args.out_row_stride != 0;
+  if (epilogue && config.layout == Layout::kExpanded && args.row_weights == nullptr) {
+    return on_rank("combine", rank) +
+           " passed an epilogue (factor, token_factors, residual or out_row_stride) to an unweighted "
+           "combine, "
+           "whose rows come back unreduced: allowed only with row_weights or in the per-token layout";
+  }
+  if (args.out_row_stride != 0 &&
+      (args.out_row_stride < static_cast<std::size_t>(config.hidden) || args.out_row_stride % 8 != 0)) {
+    return on_rank("combine", rank) + " passed out_row_stride = " + std::to_string(args.out_row_stride) +
+           ": allowed are 0 (rows hidden apart) or a multiple of 8 of at least hidden = " +
+           std::to_string(config.hidden) + " (elements; rows stay 16-byte aligned)";
+  }
   return {};
 }
 

@@ -278,8 +278,16 @@ void GpuEp::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
 }
 
 device::CombineArgs GpuEp::combine_kernel_args(const CombineArgs& args) const {
-  return {static_cast<const uint16_t*>(args.expert_outputs), args.row_weights,
-          static_cast<const uint16_t*>(args.shared_expert_output), static_cast<uint16_t*>(args.out)};
+  const std::size_t stride =
+      args.out_row_stride != 0 ? args.out_row_stride : static_cast<std::size_t>(view_.shape.hidden);
+  return {static_cast<const uint16_t*>(args.expert_outputs),
+          args.row_weights,
+          static_cast<const uint16_t*>(args.shared_expert_output),
+          static_cast<uint16_t*>(args.out),
+          args.factor,
+          args.token_factors,
+          static_cast<const uint16_t*>(args.residual),
+          static_cast<uint32_t>(stride)};
 }
 
 void GpuEp::combine(const CombineArgs& args, void* stream) {

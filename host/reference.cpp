@@ -105,6 +105,22 @@ void fma_row(float weight, const bf16_bits* row, int hidden, float* accumulator)
   }
 }
 
+// CombineArgs' epilogue on one token's combined values (include/rocep/types.hpp), in its order.
+void apply_epilogue(const CombineArgs& args, int token, int hidden, float* values) {
+  const auto* residual = static_cast<const bf16_bits*>(args.residual);
+  for (int i = 0; i < hidden; ++i) {
+    if (args.factor != 1.0f) {
+      values[i] *= args.factor;
+    }
+    if (args.token_factors != nullptr) {
+      values[i] *= args.token_factors[token];
+    }
+    if (residual != nullptr) {
+      values[i] += bf16_to_float(residual[static_cast<std::size_t>(token) * hidden + i]);
+    }
+  }
+}
+
 }  // namespace
 
 ReferenceEp::ReferenceEp(Bootstrap& bootstrap, const EpConfig& config)
@@ -487,6 +503,8 @@ void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
            });
   };
   auto* out = static_cast<bf16_bits*>(args.out);
+  const std::size_t out_stride =
+      args.out_row_stride != 0 ? args.out_row_stride : static_cast<std::size_t>(hidden);
   const auto* shared = static_cast<const bf16_bits*>(args.shared_expert_output);
 
   if (weighted != 0) {
@@ -519,8 +537,9 @@ void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
           accumulator[i] += bf16_to_float(shared[static_cast<std::size_t>(token) * hidden + i]);
         }
       }
-      std::transform(accumulator.begin(), accumulator.end(), out + static_cast<std::size_t>(token) * hidden,
-                     float_to_bf16);
+      apply_epilogue(args, token, hidden, accumulator.data());
+      std::transform(accumulator.begin(), accumulator.end(),
+                     out + static_cast<std::size_t>(token) * out_stride, float_to_bf16);
     }
   } else {
     for (int token = 0; token < sent_tokens_; ++token) {

@@ -98,6 +98,20 @@ struct CombineArgs {
   const void* shared_expert_output = nullptr;
   // Where the combined tokens go; num_tokens is that of the matching dispatch.
   void* out = nullptr;
+
+  // The epilogue of a reduced combine (the per-token layout, or the expanded one with row_weights; the
+  // unweighted combine refuses it). On each combined float32 value v of token t and element h (the shared
+  // expert included), in this order, each operation rounded on its own:
+  //   v = v * factor               when factor != 1
+  //   v = v * token_factors[t]     when token_factors is set: [num_tokens] float32
+  //   v = v + residual[t][h]       when residual is set: [num_tokens, hidden] bf16, rows hidden apart
+  // then v is rounded to bf16 once and stored at out + t * out_row_stride + h, in elements. out_row_stride 0
+  // means hidden; a larger one (a multiple of 8: rows stay 16-byte aligned) writes into a slice of a wider
+  // row-major tensor, e.g. the first hidden columns of [num_tokens, 2 * hidden].
+  float factor = 1.0f;
+  const float* token_factors = nullptr;
+  const void* residual = nullptr;
+  std::size_t out_row_stride = 0;
 };
 
 }  // namespace rocep

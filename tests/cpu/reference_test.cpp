@@ -428,9 +428,40 @@ std::vector<bf16_bits> shared_expert_outputs(const Problem& problem) {
   return rows;
 }
 
+// A combine epilogue (CombineArgs: factor, token_factors, residual) of values drawn from the problem's seed
+// for this rank, writing rows `stride` elements apart.
+struct Epilogue {
+  explicit Epilogue(const Problem& problem)
+      : stride(static_cast<std::size_t>(problem.config.hidden) + 8),
+        token_factors(static_cast<std::size_t>(problem.config.max_tokens_per_rank)),
+        residual(static_cast<std::size_t>(problem.config.max_tokens_per_rank) * problem.config.hidden) {
+    std::mt19937_64 random(problem.seed ^ (0xe1ull * (problem.rank + 1)));
+    std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+    factor = value(random);
+    for (float& token_factor : token_factors) {
+      token_factor = value(random);
+    }
+    for (bf16_bits& element : residual) {
+      element = rocep::float_to_bf16(value(random));
+    }
+  }
+  // The epilogue's definition on one value, written out: multiply, multiply, add, each rounded.
+  float apply(float value, int token, int column, int hidden) const {
+    const float scaled = value * factor;
+    const float token_scaled = scaled * token_factors[token];
+    return token_scaled + rocep::bf16_to_float(residual[static_cast<std::size_t>(token) * hidden + column]);
+  }
+  std::size_t stride;
+  float factor = 1.0f;
+  std::vector<float> token_factors;
+  std::vector<bf16_bits> residual;
+};
+
 // Weighted combine on this rank: per destination rank the partial sum (fma in ascending k) rounded to bf16,
-// the partials summed in float32 in ascending rank order, the shared row added, one final rounding.
-std::vector<bf16_bits> naive_weighted_combine(const Problem& problem, bool with_shared_expert) {
+// the partials summed in float32 in ascending rank order, the shared row added, the epilogue (unless null),
+// one final rounding.
+std::vector<bf16_bits> naive_weighted_combine(const Problem& problem, bool with_shared_expert,
+                                              const Epilogue* epilogue = nullptr) {
   const RankInputs& in = problem.mine();
   const int top_k = problem.config.top_k;
   const int hidden = problem.config.hidden;
@@ -457,7 +488,8 @@ std::vector<bf16_bits> naive_weighted_combine(const Problem& problem, bool with_
       if (with_shared_expert) {
         sum += rocep::bf16_to_float(shared_expert_output(problem.seed, problem.rank, token, column));
       }
-      out.push_back(rocep::float_to_bf16(sum));
+      out.push_back(
+          rocep::float_to_bf16(epilogue != nullptr ? epilogue->apply(sum, token, column, hidden) : sum));
     }
   }
   return out;
@@ -481,15 +513,23 @@ std::vector<bf16_bits> naive_unweighted_combine(const Problem& problem) {
 
 enum class Combine { kWeighted, kWeightedWithSharedExpert, kUnweighted };
 
-// Runs a combine of the rows of `dispatched` into a poisoned out buffer of max_tokens_per_rank tokens.
+// Runs a combine of the rows of `dispatched` into a poisoned out buffer of max_tokens_per_rank tokens, rows
+// epilogue->stride apart with an epilogue.
 std::vector<bf16_bits> combine(ReferenceEp& ep, const Problem& problem, const DispatchBuffers& dispatched,
-                               Combine kind) {
+                               Combine kind, const Epilogue* epilogue = nullptr) {
   const std::vector<bf16_bits> y = expert_outputs(problem, dispatched);
   const std::vector<bf16_bits> shared = shared_expert_outputs(problem);
   const int slots = kind == Combine::kUnweighted ? problem.config.top_k : 1;
-  std::vector<bf16_bits> out = poisoned<bf16_bits>(std::size_t{1} * problem.config.max_tokens_per_rank *
-                                                   slots * problem.config.hidden);
+  const std::size_t row =
+      epilogue != nullptr ? epilogue->stride : std::size_t{1} * slots * problem.config.hidden;
+  std::vector<bf16_bits> out = poisoned<bf16_bits>(problem.config.max_tokens_per_rank * row);
   rocep::CombineArgs args;
+  if (epilogue != nullptr) {
+    args.factor = epilogue->factor;
+    args.token_factors = epilogue->token_factors.data();
+    args.residual = epilogue->residual.data();
+    args.out_row_stride = epilogue->stride;
+  }
   args.expert_outputs = y.data();
   args.row_weights = kind == Combine::kUnweighted ? nullptr : dispatched.recv_weights.data();
   args.shared_expert_output = kind == Combine::kWeightedWithSharedExpert ? shared.data() : nullptr;
@@ -540,6 +580,26 @@ TEST_P(ReferenceEpRoutingTest, WeightedCombineAddsSharedExpert) {
   const DispatchBuffers dispatched = dispatch(ep_, problem_);
   expect_combine_matches(combine(ep_, problem_, dispatched, Combine::kWeightedWithSharedExpert),
                          naive_weighted_combine(problem_, true), problem_.config.hidden);
+}
+
+TEST_P(ReferenceEpRoutingTest, WeightedCombineAppliesTheEpilogueIntoWiderRows) {
+  const DispatchBuffers dispatched = dispatch(ep_, problem_);
+  const Epilogue epilogue(problem_);
+  const std::vector<bf16_bits> out =
+      combine(ep_, problem_, dispatched, Combine::kWeightedWithSharedExpert, &epilogue);
+  const std::vector<bf16_bits> expected = naive_weighted_combine(problem_, true, &epilogue);
+  const int hidden = problem_.config.hidden;
+  for (int token = 0; token < problem_.mine().num_tokens; ++token) {
+    const bf16_bits* row = out.data() + token * epilogue.stride;
+    ASSERT_EQ(std::memcmp(row, expected.data() + static_cast<std::size_t>(token) * hidden,
+                          hidden * sizeof(bf16_bits)),
+              0)
+        << "combined row " << token << " differs";
+    ASSERT_TRUE(std::all_of(row + hidden, row + epilogue.stride,
+                            [](bf16_bits element) { return element == poisoned<bf16_bits>(1)[0]; }))
+        << "written between rows " << token << " and " << token + 1;
+  }
+  EXPECT_TRUE(still_poisoned(out, problem_.mine().num_tokens * epilogue.stride)) << "written past the tokens";
 }
 
 TEST_P(ReferenceEpRoutingTest, UnweightedCombineReturnsEverySlot) {
@@ -1153,6 +1213,32 @@ TEST_F(EpGroupInvalidInputTest, NullOutputIsRefusedOnItsRankAndMayBeRepeated) {
   group_.dispatch_recv(buffers.view());  // the valid repetition (the first call on the other ranks)
   expect_dispatch_matches(buffers, problem_);
   combine_and_check(buffers, problem_);
+  expect_usable();
+}
+
+TEST_F(EpGroupInvalidInputTest, EpilogueOfAnUnweightedCombineOrAnUnalignedStrideIsRefusedOnItsRank) {
+  DispatchBuffers buffers(problem_);
+  group_.dispatch(problem_.mine().view(), buffers.view());
+  const std::vector<bf16_bits> y = expert_outputs(problem_, buffers);
+  std::vector<bf16_bits> out = poisoned<bf16_bits>(std::size_t{1} * problem_.config.max_tokens_per_rank *
+                                                   problem_.config.top_k * problem_.config.hidden);
+  if (last_) {
+    rocep::CombineArgs unweighted{y.data(), nullptr, nullptr, out.data()};
+    unweighted.factor = 2.0f;
+    rocep::CombineArgs unaligned{y.data(), buffers.recv_weights.data(), nullptr, out.data()};
+    unaligned.out_row_stride = static_cast<std::size_t>(problem_.config.hidden) + 3;
+    for (const auto& [args, named] :
+         {std::pair{unweighted, "unweighted combine"}, std::pair{unaligned, "out_row_stride = "}}) {
+      try {
+        group_.combine(args);
+        ADD_FAILURE() << "no InvalidInputError for the " << named;
+      } catch (const rocep::InvalidInputError& error) {
+        EXPECT_NE(std::string(error.what()).find(named), std::string::npos) << error.what();
+        EXPECT_TRUE(names(error.what(), "rank", last_rank_)) << error.what();
+      }
+    }
+  }
+  combine_and_check(buffers, problem_);  // the valid call (the first on the other ranks)
   expect_usable();
 }
 

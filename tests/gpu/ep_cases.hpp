@@ -398,6 +398,61 @@ inline void expect_combined_matches(const DeviceBuffer& out, const std::vector<b
       << "combine wrote past its tokens";
 }
 
+// A combine epilogue of fresh random values (CombineArgs: factor, token_factors, residual) that writes rows
+// `stride` elements apart (a slice of a wider tensor), in host and in device memory.
+struct EpilogueData {
+  EpilogueData(const EpConfig& config, uint64_t seed)
+      : stride(static_cast<std::size_t>(config.hidden) + 24),
+        token_factors(static_cast<std::size_t>(config.max_tokens_per_rank)),
+        residual(static_cast<std::size_t>(config.max_tokens_per_rank) * config.hidden) {
+    std::mt19937 random(static_cast<unsigned>(seed ^ (0xe9ull * (world_rank() + 1))));
+    std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+    factor = 0.5f + static_cast<float>(random() % 8) / 8.0f;
+    for (float& token_factor : token_factors) {
+      token_factor = value(random);
+    }
+    for (bf16_bits& element : residual) {
+      element = float_to_bf16(value(random));
+    }
+    device_token_factors = upload(token_factors);
+    device_residual = upload(residual);
+  }
+  // `args` with this epilogue, on the host's arrays or on the device's.
+  CombineArgs with(CombineArgs args, bool on_device) const {
+    args.factor = factor;
+    args.token_factors = on_device ? device_token_factors.as<float>() : token_factors.data();
+    args.residual = on_device ? device_residual.get() : static_cast<const void*>(residual.data());
+    args.out_row_stride = stride;
+    return args;
+  }
+  std::size_t stride;  // hidden + 24: a multiple of 8 when hidden is
+  float factor = 1.0f;
+  std::vector<float> token_factors;
+  std::vector<bf16_bits> residual;
+  DeviceBuffer device_token_factors, device_residual;
+};
+
+// `out` (device, rows `stride` elements apart) holds the `tokens` rows of `expected` (rows `hidden` apart,
+// from the reference with the same stride) in the first `hidden` elements of each row, and the poison in
+// every other byte: the columns between the rows and the rows past the tokens.
+inline void expect_strided_rows_match(const DeviceBuffer& out, const std::vector<bf16_bits>& expected,
+                                      int tokens, int hidden, std::size_t stride) {
+  const auto got = download<bf16_bits>(out, out.bytes() / sizeof(bf16_bits));
+  ASSERT_LE(static_cast<std::size_t>(tokens) * stride, got.size());
+  for (int token = 0; token < tokens; ++token) {
+    const bf16_bits* row = got.data() + static_cast<std::size_t>(token) * stride;
+    ASSERT_TRUE(same_bytes(row, expected.data() + static_cast<std::size_t>(token) * stride,
+                           static_cast<std::size_t>(hidden) * sizeof(bf16_bits)))
+        << "token " << token << " differs";
+    ASSERT_TRUE(all_poison(reinterpret_cast<const uint8_t*>(row + hidden),
+                           reinterpret_cast<const uint8_t*>(row + stride)))
+        << "token " << token << ": written between the rows";
+  }
+  const auto* rest = reinterpret_cast<const uint8_t*>(got.data() + static_cast<std::size_t>(tokens) * stride);
+  EXPECT_TRUE(all_poison(rest, reinterpret_cast<const uint8_t*>(got.data() + got.size())))
+      << "written past the tokens";
+}
+
 // Runs dispatch + combine on the reference and on a new GPU group, each on fresh random inputs, and compares
 // everything: weighted (with the shared expert's rows) after split dispatch calls, unweighted after a fused
 // dispatch. The tokens are bf16, quantised in dispatch in a scaled format. With `in_input_buffer` (bf16),

@@ -220,6 +220,52 @@ TEST_F(GpuEp, QuantisedDispatchMatchesReference) {
   }
 }
 
+// The weighted combine's epilogue (factor, per-token factors, residual, rows into a wider tensor) against
+// the reference's, over calls with new data and counts, fused and split.
+TEST_F(GpuEp, CombineEpilogueMatchesTheReference) {
+  const EpConfig config = make_config(2048, 8, 64 / world_size(), 96, 4);
+  rocep::EpGroup reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::Stream stream;
+  const uint64_t seed = shared_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  const int counts[] = {96, 3, 0, 40};
+  for (int i = 0; i < 4; ++i) {
+    SCOPED_TRACE("call " + std::to_string(i));
+    const Inputs inputs = make_inputs(config, Routing::kUniform, seed + i, counts[i]);
+    const rocep::testing::ExpertData experts = rocep::testing::make_expert_data(config, seed + 20 + i);
+    const rocep::testing::EpilogueData epilogue(config, seed + 40 + i);
+    Expected expected = reference_results(config, inputs.view(), nullptr);
+    // reference_results' dispatch was on a group of its own: this one dispatches again for its combine.
+    const std::size_t rows = config.max_recv_rows(world_size());
+    std::vector<uint8_t> tokens(rows * config.hidden * sizeof(bf16_bits));
+    rocep::DispatchOutputs host{tokens.data(),
+                                expected.row_offsets.data(),
+                                expected.expert_ids.data(),
+                                expected.src_info.data(),
+                                expected.recv_weights.data(),
+                                nullptr};
+    reference.dispatch(inputs.view(), host);
+    std::vector<bf16_bits> combined(static_cast<std::size_t>(std::max(counts[i], 1)) * epilogue.stride);
+    reference.combine(epilogue.with(
+        {experts.outputs.data(), expected.recv_weights.data(), experts.shared.data(), combined.data()},
+        false));
+
+    const DeviceInputs device_inputs(inputs);
+    const DeviceOutputs outputs(config);
+    const rocep::testing::DeviceCombine device_combine(config, experts);
+    const DeviceBuffer out =
+        poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * epilogue.stride * sizeof(bf16_bits));
+    rocep::CombineArgs args = device_combine.args(outputs, /*weighted=*/true);
+    args.out = out.get();
+    rocep::testing::dispatch_on(group, device_inputs.view(), outputs.view(), i % 2 == 1, stream.get());
+    rocep::testing::combine_on(group, epilogue.with(args, true), i % 2 == 1, stream.get());
+    EXPECT_NO_THROW(group.synchronize(stream.get()));
+    expect_dispatch_matches(config, outputs, expected);
+    rocep::testing::expect_strided_rows_match(out, combined, counts[i], config.hidden, epilogue.stride);
+  }
+}
+
 TEST_F(GpuEp, TwoRunsAreBitIdenticalAndGraphReplaysMatchEager) {
   const EpConfig config = make_config(2048, 8, 64 / world_size(), 64);
   const uint64_t seed = shared_seed();

@@ -354,6 +354,39 @@ TEST_F(GpuPerToken, CallsThatChangeCountsAndRoutingsMatchTheReference) {
   ROCEP_GPU_CHECK(hipGraphDestroy(graph));
 }
 
+// The combine epilogue (factor, per-token factors, residual, rows into a wider tensor) against the
+// reference's, on one group over calls with new data and counts, fused and split.
+TEST_F(GpuPerToken, CombineEpilogueMatchesTheReference) {
+  const EpConfig config = per_token(make_config(2048, 8, 64 / world_size(), 96, 16));
+  const Sizes sizes(config);
+  rocep::EpGroup reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::Stream stream;
+  DeviceCall device(config, sizes);
+  const DeviceOutputs outputs(sizes);
+  const uint64_t seed = shared_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  const int counts[] = {96, 5, 0, 61};
+  for (int i = 0; i < 4; ++i) {
+    SCOPED_TRACE("call " + std::to_string(i));
+    const Call call = make_call(config, Routing::kUniform, seed + i, counts[i]);
+    const rocep::testing::EpilogueData epilogue(config, seed + 50 + i);
+    HostOutputs expected(config);
+    reference.dispatch(call.view(), expected.view());
+    std::vector<bf16_bits> combined(static_cast<std::size_t>(std::max(counts[i], 1)) * epilogue.stride);
+    reference.combine(epilogue.with({call.rows.data(), nullptr, call.shared.data(), combined.data()}, false));
+    device.load(call);
+    const DeviceBuffer out =
+        poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * epilogue.stride * sizeof(bf16_bits));
+    rocep::CombineArgs args = device.combine();
+    args.out = out.get();
+    rocep::testing::dispatch_on(group, device.inputs(false), outputs.view(sizes), i % 2 == 1, stream.get());
+    rocep::testing::combine_on(group, epilogue.with(args, true), i % 2 == 1, stream.get());
+    EXPECT_NO_THROW(group.synchronize(stream.get()));
+    rocep::testing::expect_strided_rows_match(out, combined, counts[i], config.hidden, epilogue.stride);
+  }
+}
+
 // 8 and 24 multiprocessors and the default share give the reference's outputs, so the same bits (each
 // budget that fits the rank's share of its GPU: under MPS at 25%, 24 does not).
 TEST_F(GpuPerToken, SmBudgetsGiveTheSameBits) {
