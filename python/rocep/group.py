@@ -270,7 +270,8 @@ class Group:
                                            "receive went ahead into outputs of its own)")
         return result
 
-    def _combine_arguments(self, expert_outputs, num_tokens, shared_expert_output, row_weights, out):
+    def _combine_arguments(self, expert_outputs, num_tokens, shared_expert_output, row_weights, out,
+                           epilogue=(1.0, None, None)):
         """The call's arrays and the result to return, and the error to raise after taking part. The rows
         combine writes are the last dispatch's tokens, whatever num_tokens says: a wrong num_tokens or a
         short `out` is written to a buffer of the right size, then raised as InvalidInputError."""
@@ -286,10 +287,14 @@ class Group:
             out = None
         if out is None:  # a row even for no tokens: the call needs a buffer
             out = self._empty((max(tokens, 1),) + row_shape, "bfloat16")
-        shared = shared_expert_output if tokens > 0 else None  # a shared expert of no tokens adds nothing
-        return (expert_outputs, row_weights, shared, out[:max(tokens, 1)]), out[:tokens], error
+        factor, token_factors, residual = epilogue
+        if tokens == 0:  # a shared expert or an epilogue of no tokens adds nothing
+            shared_expert_output = token_factors = residual = None
+        return (expert_outputs, row_weights, shared_expert_output, out[:max(tokens, 1)], float(factor),
+                token_factors, residual), out[:tokens], error
 
-    def combine(self, expert_outputs, num_tokens: int, shared_expert_output=None, row_weights=None, out=None):
+    def combine(self, expert_outputs, num_tokens: int, shared_expert_output=None, row_weights=None, out=None, *,
+                factor: float = 1.0, token_factors=None, residual=None):
         """Returns this rank's tokens (bf16 bits on the CPU reference). Per-token layout: expert_outputs
         [P, hidden], one row per received token, weights applied; out [num_tokens, hidden], the rows of every
         rank that received each token summed in ascending rank order in float32 (+ the shared expert),
@@ -297,19 +302,23 @@ class Group:
         [R] (normally the dispatch's weights) the weighted sum [num_tokens, hidden], without them every
         slot's row [num_tokens, top_k, hidden]. num_tokens is the last dispatch's token count. out: an
         array of at least num_tokens rows to write into instead of allocating; the result is its first
-        num_tokens rows. Collective."""
+        num_tokens rows. A reduced combine's out may be a slice of a wider tensor (rows any multiple of 8
+        elements apart, each row contiguous), and its epilogue applies to each summed float32 value v of
+        token t before the bf16 store: v * factor (unless 1), then * token_factors[t] (float32 [num_tokens]),
+        then + residual[t] (bf16 [num_tokens, hidden]), each rounded on its own. Collective."""
         arguments, result, error = self._combine_arguments(expert_outputs, num_tokens, shared_expert_output,
-                                                           row_weights, out)
+                                                           row_weights, out, (factor, token_factors, residual))
         self._group.combine(*arguments, self._stream())
         if error:
             raise _rocep.InvalidInputError(error)
         return result
 
     def combine_send(self, expert_outputs, num_tokens: int, shared_expert_output=None, row_weights=None,
-                     out=None) -> None:
-        """The send half of combine; combine_recv returns the tokens. The arrays must stay alive until then."""
+                     out=None, *, factor: float = 1.0, token_factors=None, residual=None) -> None:
+        """The send half of combine (same arguments); combine_recv returns the tokens. The arrays must stay
+        alive until then."""
         arguments, result, error = self._combine_arguments(expert_outputs, num_tokens, shared_expert_output,
-                                                           row_weights, out)
+                                                           row_weights, out, (factor, token_factors, residual))
         self._pending = (arguments, result)
         self._group.combine_send(*arguments, self._stream())
         if error:

@@ -51,13 +51,16 @@ class PythonBootstrap final : public rocep::Bootstrap {
 };
 
 using Array = nb::ndarray<nb::c_contig>;
+// An array of any strides: a combine's out, which may be a slice of a wider tensor.
+using StridedArray = nb::ndarray<>;
 
 // bf16 arrays: torch.bfloat16 (DLPack bfloat16), or their bits as uint16 (numpy has no bfloat16).
 constexpr nb::dlpack::dtype kBfloat16{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
 
 // Throws rocep::InvalidInputError naming `name` unless `array` holds `dtype` (or bf16 as uint16 bits where
 // `dtype` is bfloat16) with `shape` (entries < 0 are free) on the device the group's backend uses.
-void check(const char* name, const Array& array, nb::dlpack::dtype dtype, const char* dtype_name,
+template <typename AnyArray>
+void check(const char* name, const AnyArray& array, nb::dlpack::dtype dtype, const char* dtype_name,
            std::initializer_list<int64_t> shape, bool on_gpu) {
   const auto fail = [&](const std::string& what) {
     throw rocep::InvalidInputError(std::string(name) + ": " + what);
@@ -230,10 +233,13 @@ void raise_if(const std::string& error) {
 }
 
 // Per-token: expert_outputs [P, hidden], out [T, hidden]. Expanded: expert_outputs [R, hidden]; weighted
-// (row_weights [R]) out [T, hidden], unweighted out [T, top_k, hidden].
+// (row_weights [R]) out [T, hidden], unweighted out [T, top_k, hidden]. A reduced combine's out may be a
+// slice of a wider tensor (its row stride becomes out_row_stride) and may take the epilogue: factor,
+// token_factors [T] float32, residual [T, hidden] bf16.
 rocep::CombineArgs combine_args(const rocep::EpGroup& group, const Array& expert_outputs,
                                 const nb::object& row_weights, const nb::object& shared_expert_output,
-                                const Array& out) {
+                                const StridedArray& out, float factor, const nb::object& token_factors,
+                                const nb::object& residual) {
   const rocep::EpConfig& config = group.config();
   const bool gpu = group.backend() == rocep::Backend::kGpu;
   const bool per_token = config.layout == rocep::Layout::kPerToken;
@@ -241,7 +247,7 @@ rocep::CombineArgs combine_args(const rocep::EpGroup& group, const Array& expert
                                                    : config.max_recv_rows(group.world_size()));
   check("expert_outputs", expert_outputs, kBfloat16, "bfloat16 (or its bits as uint16)",
         {rows, config.hidden}, gpu);
-  rocep::CombineArgs args{expert_outputs.data(), nullptr, nullptr, out.data()};
+  rocep::CombineArgs args{expert_outputs.data(), nullptr, nullptr, nullptr};
   if (!row_weights.is_none()) {
     if (per_token) {
       throw rocep::InvalidInputError(
@@ -251,15 +257,48 @@ rocep::CombineArgs combine_args(const rocep::EpGroup& group, const Array& expert
     check("row_weights", weights, nb::dtype<float>(), "float32", {rows}, gpu);
     args.row_weights = static_cast<const float*>(weights.data());
   }
-  if (per_token || args.row_weights != nullptr) {
+  const bool reduced = per_token || args.row_weights != nullptr;
+  if (reduced) {
     check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {-1, config.hidden}, gpu);
+    if (out.shape(0) > 1 && out.stride(1) != 1) {
+      throw rocep::InvalidInputError("out: each row must be contiguous (stride 1 along hidden), has stride " +
+                                     std::to_string(out.stride(1)));
+    }
+    const int64_t row_stride = out.shape(0) > 1 ? out.stride(0) : config.hidden;
+    if (row_stride != config.hidden) {
+      if (row_stride < config.hidden) {
+        throw rocep::InvalidInputError(
+            "out: rows must be at least hidden = " + std::to_string(config.hidden) + " elements apart, are " +
+            std::to_string(row_stride));
+      }
+      args.out_row_stride = static_cast<std::size_t>(row_stride);
+    }
   } else {
     check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {-1, config.top_k, config.hidden}, gpu);
+    const bool contiguous = out.stride(2) == 1 && out.stride(1) == config.hidden &&
+                            (out.shape(0) <= 1 || out.stride(0) == int64_t{config.top_k} * config.hidden);
+    if (!contiguous) {
+      throw rocep::InvalidInputError("out: must be contiguous for the unweighted combine");
+    }
+  }
+  args.out = out.data();
+  args.factor = factor;
+  const auto tokens = static_cast<int64_t>(out.shape(0));
+  if (!token_factors.is_none()) {
+    const Array factors = nb::cast<Array>(token_factors);
+    check("token_factors", factors, nb::dtype<float>(), "float32", {tokens}, gpu);
+    args.token_factors = static_cast<const float*>(factors.data());
+  }
+  if (!residual.is_none()) {
+    const Array rows_added = nb::cast<Array>(residual);
+    check("residual", rows_added, kBfloat16, "bfloat16 (or its bits as uint16)", {tokens, config.hidden},
+          gpu);
+    args.residual = rows_added.data();
   }
   if (!shared_expert_output.is_none()) {
     const Array shared = nb::cast<Array>(shared_expert_output);
     check("shared_expert_output", shared, kBfloat16, "bfloat16 (or its bits as uint16)",
-          {static_cast<int64_t>(out.shape(0)), config.hidden}, gpu);
+          {tokens, config.hidden}, gpu);
     args.shared_expert_output = shared.data();
   }
   return args;
@@ -293,8 +332,10 @@ using CombineCall = void (rocep::EpGroup::*)(const rocep::CombineArgs&, void*);
 
 template <CombineCall kCall>
 void combine_on_arrays(rocep::EpGroup& group, const Array& expert_outputs, const nb::object& row_weights,
-                       const nb::object& shared_expert_output, const Array& out, std::uintptr_t stream) {
-  const rocep::CombineArgs args = combine_args(group, expert_outputs, row_weights, shared_expert_output, out);
+                       const nb::object& shared_expert_output, const StridedArray& out, float factor,
+                       const nb::object& token_factors, const nb::object& residual, std::uintptr_t stream) {
+  const rocep::CombineArgs args = combine_args(group, expert_outputs, row_weights, shared_expert_output, out,
+                                               factor, token_factors, residual);
   nb::gil_scoped_release release;
   (group.*kCall)(args, reinterpret_cast<void*>(stream));
 }
@@ -419,13 +460,16 @@ NB_MODULE(_rocep, m) {
           nb::arg("stream") = 0)
       .def("combine", &combine_on_arrays<&rocep::EpGroup::combine>, nb::arg("expert_outputs"),
            nb::arg("row_weights").none(), nb::arg("shared_expert_output").none(), nb::arg("out"),
-           nb::arg("stream") = 0)
+           nb::arg("factor") = 1.0f, nb::arg("token_factors").none() = nb::none(),
+           nb::arg("residual").none() = nb::none(), nb::arg("stream") = 0)
       .def("combine_send", &combine_on_arrays<&rocep::EpGroup::combine_send>, nb::arg("expert_outputs"),
            nb::arg("row_weights").none(), nb::arg("shared_expert_output").none(), nb::arg("out"),
-           nb::arg("stream") = 0)
+           nb::arg("factor") = 1.0f, nb::arg("token_factors").none() = nb::none(),
+           nb::arg("residual").none() = nb::none(), nb::arg("stream") = 0)
       .def("combine_recv", &combine_on_arrays<&rocep::EpGroup::combine_recv>, nb::arg("expert_outputs"),
            nb::arg("row_weights").none(), nb::arg("shared_expert_output").none(), nb::arg("out"),
-           nb::arg("stream") = 0)
+           nb::arg("factor") = 1.0f, nb::arg("token_factors").none() = nb::none(),
+           nb::arg("residual").none() = nb::none(), nb::arg("stream") = 0)
       .def(
           "synchronize",
           [](rocep::EpGroup& group, std::uintptr_t stream) {

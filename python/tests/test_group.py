@@ -93,6 +93,41 @@ def test_dispatch_and_combine_match_the_naive_definition(kind):
             assert (out[t] == bf16.from_float(total)).all(), f"token {t}"
 
 
+def test_combine_epilogue_writes_into_a_slice_of_a_wider_array():
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    local, hidden = config.num_local_experts(WORLD), config.hidden
+    for call in range(2):  # new data and epilogue on every call
+        seed = shared_seed()
+        inputs = [rank_inputs(config, seed, rank) for rank in range(WORLD)]
+        group.dispatch(*inputs[RANK])
+        rows = [(s, t) for s in range(WORLD) for t in range(len(inputs[s][1]))
+                if any(i >= 0 and i // local == RANK for i in inputs[s][1][t])]
+        rng = np.random.default_rng(seed + 3)
+        rows_of = {(r, s, t): bf16.from_float(rng.uniform(-2, 2, hidden))
+                   for r in range(WORLD) for s in range(WORLD) for t in range(len(inputs[s][1]))}
+        expert_outputs = np.zeros((config.max_recv_tokens(WORLD), hidden), np.uint16)
+        for row, (s, t) in enumerate(rows):
+            expert_outputs[row] = rows_of[(RANK, s, t)]
+        n = len(inputs[RANK][1])
+        mine = np.random.default_rng(seed + 11 + RANK)
+        factor = np.float32(mine.uniform(0.5, 2))
+        token_factors = mine.uniform(-2, 2, n).astype(np.float32)
+        residual = bf16.from_float(mine.uniform(-2, 2, (n, hidden)))
+        wide = np.full((max(n, 1), hidden + 8), 0xFFFF, np.uint16)  # out is its first hidden columns
+        out = group.combine(expert_outputs, n, out=wide[:, :hidden], factor=float(factor),
+                            token_factors=token_factors, residual=residual)
+        assert out.shape == (n, hidden)
+        for t, ids in enumerate(inputs[RANK][1]):
+            total = np.zeros(hidden, np.float32)
+            for r in range(WORLD):
+                if any(i >= 0 and i // local == r for i in ids):
+                    total += bf16.to_float(rows_of[(r, RANK, t)])
+            value = total * factor * token_factors[t] + bf16.to_float(residual[t])  # float32, in this order
+            assert (wide[t, :hidden] == bf16.from_float(value)).all(), f"call {call} token {t}"
+        assert (wide[:, hidden:] == 0xFFFF).all(), "written between the rows"
+
+
 def test_bad_input_raises_on_its_rank_and_the_peers_complete():
     config = make_config()
     group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
