@@ -7,6 +7,7 @@
   sums computed with torch on the CPU), bf16 and pre-quantised fp8, fused and split calls, and
   local_expert_count;
 - dispatch + combine captured in torch.cuda.graph, replayed with new data, for the native group and the op;
+- the combine epilogue (factor, per-token factors, residual) into a slice of a wider tensor, both layouts;
 - a group with cupy arrays (cupy inputs and outputs, calls on cupy's current stream), bit for bit;
 - torch CPU tensors on the CPU reference, against numpy arrays.
 
@@ -124,6 +125,34 @@ def check_cupy(boot, rank, world):
                 check(f"cupy step {step} {field}", getattr(got, field)[:count], getattr(ref, field)[:count])
             check(f"cupy step {step} combined", gpu.combine(cupy.asarray(bits(expert_rows)), n),
                   cpu.combine(bits(expert_rows), n))
+        gpu.synchronize()
+
+
+def check_epilogue(boot, rank, world):
+    """The combine epilogue on torch tensors, into the first hidden columns of a wider tensor, against the
+    CPU reference's, both layouts (the expanded one weighted)."""
+    for layout in (rocep.Layout.PER_TOKEN, rocep.Layout.EXPANDED):
+        config = config_for(world, layout)
+        gpu = rocep.Group(boot, config, rocep.Backend.GPU, layout)
+        cpu = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE, layout)
+        expanded = layout == rocep.Layout.EXPANDED
+        rows = gpu.config.max_recv_rows(world) if expanded else gpu.config.max_recv_tokens(world)
+        for step, n in enumerate([MAX_TOKENS, 9, 0]):
+            tokens, ids, weights, expert_rows = inputs(90 + step, rank, n, world, rows)
+            g = torch.Generator().manual_seed(95 + step * 10 + rank)
+            factors = torch.rand(n, generator=g) * 2 - 1
+            residual = (torch.rand(n, HIDDEN, generator=g) * 2 - 1).to(torch.bfloat16)
+            got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda())
+            ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy())
+            wide = torch.full((max(n, 1), HIDDEN + 16), -7.0, dtype=torch.bfloat16, device="cuda")
+            weighted = {"row_weights": got.weights} if expanded else {}
+            gpu.combine(expert_rows.cuda(), n, out=wide[:, :HIDDEN], factor=0.75, token_factors=factors.cuda(),
+                        residual=residual.cuda(), **weighted)
+            expected = cpu.combine(bits(expert_rows), n, factor=0.75, token_factors=factors.numpy(),
+                                   residual=bits(residual), **({"row_weights": ref.weights} if expanded else {}))
+            check(f"epilogue {layout} step {step}", wide[:n, :HIDDEN].contiguous().view(torch.uint16), expected)
+            if (wide[:, HIDDEN:] != -7.0).any():
+                failures.append(f"epilogue {layout} step {step}: written between the rows")
         gpu.synchronize()
 
 
@@ -300,6 +329,7 @@ def main() -> int:
         check_native(boot, rank, world, layout, dispatch_format)
     check_native_graph(boot, rank, world)
     check_cupy(boot, rank, world)
+    check_epilogue(boot, rank, world)
     check_mori(boot, rank, world, fp8=False)
     check_mori(boot, rank, world, fp8=True)
     check_mori_graph(boot, rank, world)
