@@ -21,6 +21,7 @@
 
 #include "hip/ep_params.hpp"
 #include "rocep/config.hpp"
+#include "rocep/ep_group.hpp"
 #include "rocep/errors.hpp"
 #include "rocep/types.hpp"
 
@@ -56,7 +57,8 @@ struct DispatchMemory {
 // argument.
 std::string dispatch_inputs_error(const EpConfig& config, int rank, const DispatchInputs& inputs,
                                   const DispatchMemory& memory);
-std::string dispatch_outputs_error(const EpConfig& config, int rank, const DispatchOutputs& outputs);
+std::string dispatch_outputs_error(const EpConfig& config, Backend backend, int rank,
+                                   const DispatchOutputs& outputs);
 std::string combine_args_error(const EpConfig& config, int rank, const CombineArgs& args);
 // Empty when config.dispatch_format has an input buffer (bf16), else the ConfigError's message.
 std::string input_buffer_error(const EpConfig& config);

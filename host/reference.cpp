@@ -345,6 +345,17 @@ void ReferenceEp::lay_out_expanded(const std::vector<std::vector<Arrival>>& arri
   const std::size_t payload_bytes = format_payload_bytes(format, hidden);
   const std::size_t scale_bytes = format_scale_bytes(format, hidden);
   auto* recv_tokens = static_cast<uint8_t*>(outputs.recv_tokens);
+  // With expert input scales (bf16 only), a row is fp8 codes: one byte per element.
+  const float* input_scales = outputs.expert_input_scales;
+  const std::size_t row_bytes = input_scales != nullptr ? static_cast<std::size_t>(hidden) : payload_bytes;
+  const Fp8Encoding encoding = config_.fp8_encoding;
+  auto quantize_with_input_scale = [&](const uint8_t* payload, float scale, uint8_t* codes) {
+    for (int i = 0; i < hidden; ++i) {
+      bf16_bits element;
+      std::memcpy(&element, payload + i * sizeof(bf16_bits), sizeof(element));
+      codes[i] = encode_fp8(bf16_to_float(element) / scale, encoding);
+    }
+  };
   // Row `row`'s scales from `scales` (row-major, as they travel), or zeros when null.
   const auto device_format = static_cast<device::Format>(format);
   const int blocks = hidden / format_block_elements(format);
@@ -374,7 +385,11 @@ void ReferenceEp::lay_out_expanded(const std::vector<std::vector<Arrival>>& arri
           if (arrival.ids[k] != global_expert) {
             continue;
           }
-          std::memcpy(recv_tokens + row * payload_bytes, arrival.payload, payload_bytes);
+          if (input_scales != nullptr) {
+            quantize_with_input_scale(arrival.payload, input_scales[expert], recv_tokens + row * hidden);
+          } else {
+            std::memcpy(recv_tokens + row * payload_bytes, arrival.payload, payload_bytes);
+          }
           store_scales(row, arrival.payload + payload_bytes);
           outputs.src_info[row] = {source, arrival.token, k};
           outputs.recv_weights[row] = arrival.weights[k];
@@ -387,7 +402,7 @@ void ReferenceEp::lay_out_expanded(const std::vector<std::vector<Arrival>>& arri
       outputs.expert_token_counts[expert] += row - first_row;
     }
     while ((row - first_row) % config_.expert_alignment != 0) {
-      std::memset(recv_tokens + row * payload_bytes, 0, payload_bytes);
+      std::memset(recv_tokens + row * row_bytes, 0, row_bytes);
       store_scales(row, nullptr);
       outputs.src_info[row] = {-1, -1, -1};
       outputs.recv_weights[row] = 0.0f;

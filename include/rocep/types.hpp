@@ -80,6 +80,14 @@ struct DispatchOutputs {
   int32_t* num_recv_tokens = nullptr;   // [1]
   int32_t* sorted_token_ids = nullptr;  // [R]
   int32_t* block_expert_ids = nullptr;  // [R / expert_alignment]
+  // Expanded layout with dispatch_format bf16 only, optional: one float32 input scale per local expert
+  // ([L]), as experts with static fp8 input scales take. When set, the receiving rank quantises each row
+  // with its expert's scale s and recv_tokens holds fp8 codes in EpConfig::fp8_encoding, [R, hidden] bytes:
+  // code = fp8(x / s) for each element x (IEEE division, rounded to nearest even, saturating to the
+  // encoding's largest finite value, NaN kept); padding rows are zero bytes. The per-token layout refuses
+  // it: its row serves every local expert of its token, whose scales differ, so a fused-MoE kernel applies
+  // them itself (the rows stay bf16).
+  const float* expert_input_scales = nullptr;
 };
 
 // What combine reads and writes on every rank.

@@ -50,6 +50,12 @@ class ExpandedResult:
     def count(self) -> int:
         return int(np.asarray(_to_host(self.row_offsets))[-1])
 
+    def input_scaled_tokens(self):
+        """After a dispatch with expert_input_scales: the rows' fp8 codes [R, hidden] uint8, a view of
+        tokens' first R * hidden bytes (torch: .view(torch.float8_e4m3fn) or the fnuz dtype)."""
+        rows = self.tokens.shape[0]
+        return self.tokens.reshape(-1)[:rows * (self.tokens.shape[1] // 2)].reshape(rows, -1)
+
 
 # Dtypes of pre-quantised payloads and their scales, per dispatch format (torch's names; uint8 = the bytes).
 _PAYLOAD_DTYPES = {
@@ -232,17 +238,20 @@ class Group:
                 f"dispatch on rank {self.rank}: {error} (this rank took part with zero tokens)"
         return (tokens, topk_ids, topk_weights, token_scales), result, None
 
-    def dispatch(self, tokens, topk_ids, topk_weights, token_scales=None, out=None) -> DispatchResult:
+    def dispatch(self, tokens, topk_ids, topk_weights, token_scales=None, out=None, *,
+                 expert_input_scales=None) -> DispatchResult:
         """Sends every token to the ranks of its experts; returns this rank's received tokens. Collective.
         tokens: bf16 [T, hidden]; or, pre-quantised, the payload [T, payload bytes] (uint8, or torch's fp8
         dtype of an fp8 format) with token_scales [T, scales] (float32 for fp8 block-128, e8m0 or uint8 for
         MX formats, e4m3fn or uint8 for nvfp4); topk_ids int32 or int64 [T, top_k]; topk_weights float32
         [T, top_k]. out: a result of an earlier dispatch of this group to write into instead of allocating
-        (its contents are replaced). Bad arguments raise rocep.InvalidInputError after this rank took part
-        with zero tokens, so that its peers complete."""
+        (its contents are replaced). expert_input_scales: expanded layout with bf16 dispatch only, float32
+        [L]: the receiving rank quantises each row to fp8 with its expert's scale (ExpandedResult.
+        input_scaled_tokens gives the codes). Bad arguments raise rocep.InvalidInputError after this rank
+        took part with zero tokens, so that its peers complete."""
         inputs, result, error = self._checked(tokens, topk_ids, topk_weights, token_scales, out)
         self._tokens = 0
-        self._group.dispatch(*inputs, result.native, self._stream())
+        self._group.dispatch(*inputs, result.native, expert_input_scales, self._stream())
         if error:
             raise _rocep.InvalidInputError(error)
         self._tokens = inputs[1].shape[0]
@@ -258,12 +267,12 @@ class Group:
             raise _rocep.InvalidInputError(error)
         self._tokens = inputs[1].shape[0]
 
-    def dispatch_recv(self, out=None) -> DispatchResult:
+    def dispatch_recv(self, out=None, *, expert_input_scales=None) -> DispatchResult:
         """The receive half of dispatch: waits for every peer's send and returns this rank's tokens (into
-        out, as for dispatch, when given)."""
+        out, and with expert_input_scales, as for dispatch)."""
         bad_out = out is not None and getattr(out, "group", None) is not self._group
         result = self._outputs() if out is None or bad_out else out
-        self._group.dispatch_recv(result.native, self._stream())
+        self._group.dispatch_recv(result.native, expert_input_scales, self._stream())
         self._sent = None
         if bad_out:
             raise _rocep.InvalidInputError("out: must be a result of an earlier dispatch of this group (the "

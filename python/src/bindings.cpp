@@ -304,12 +304,29 @@ rocep::CombineArgs combine_args(const rocep::EpGroup& group, const Array& expert
   return args;
 }
 
-// dispatch on arrays, with the outputs of either layout (each checked against the group's layout).
+// The outputs of either layout (each checked against the group's layout), with the expanded layout's
+// optional expert input scales, float32 [L] (include/rocep/types.hpp; the layout and format are checked by
+// the call).
+template <typename Outputs>
+rocep::DispatchOutputs dispatch_outputs_with(const rocep::EpGroup& group, const Outputs& outputs,
+                                             const nb::object& expert_input_scales) {
+  rocep::DispatchOutputs checked = dispatch_outputs(group, outputs);
+  if (!expert_input_scales.is_none()) {
+    const Array scales = nb::cast<Array>(expert_input_scales);
+    check("expert_input_scales", scales, nb::dtype<float>(), "float32",
+          {static_cast<int64_t>(group.config().num_local_experts(group.world_size()))},
+          group.backend() == rocep::Backend::kGpu);
+    checked.expert_input_scales = static_cast<const float*>(scales.data());
+  }
+  return checked;
+}
+
+// dispatch on arrays.
 template <typename Outputs>
 void dispatch_on_arrays(rocep::EpGroup& group, const Array& tokens, const Array& topk_ids,
                         const Array& topk_weights, const nb::object& token_scales, const Outputs& outputs,
-                        std::uintptr_t stream) {
-  const rocep::DispatchOutputs checked = dispatch_outputs(group, outputs);
+                        const nb::object& expert_input_scales, std::uintptr_t stream) {
+  const rocep::DispatchOutputs checked = dispatch_outputs_with(group, outputs, expert_input_scales);
   std::string input_error;
   const rocep::DispatchInputs inputs =
       dispatch_inputs(group, tokens, topk_ids, topk_weights, token_scales, &input_error);
@@ -321,8 +338,9 @@ void dispatch_on_arrays(rocep::EpGroup& group, const Array& tokens, const Array&
 }
 
 template <typename Outputs>
-void dispatch_recv_on_arrays(rocep::EpGroup& group, const Outputs& outputs, std::uintptr_t stream) {
-  const rocep::DispatchOutputs checked = dispatch_outputs(group, outputs);
+void dispatch_recv_on_arrays(rocep::EpGroup& group, const Outputs& outputs,
+                             const nb::object& expert_input_scales, std::uintptr_t stream) {
+  const rocep::DispatchOutputs checked = dispatch_outputs_with(group, outputs, expert_input_scales);
   nb::gil_scoped_release release;
   group.dispatch_recv(checked, reinterpret_cast<void*>(stream));
 }
@@ -437,12 +455,15 @@ NB_MODULE(_rocep, m) {
       .def_prop_ro("num_local_experts", &rocep::EpGroup::num_local_experts)
       .def_prop_ro("max_recv_rows", &rocep::EpGroup::max_recv_rows)
       .def("dispatch", &dispatch_on_arrays<OutputArrays>, nb::arg("tokens"), nb::arg("topk_ids"),
-           nb::arg("topk_weights"), nb::arg("token_scales").none(), nb::arg("outputs"), nb::arg("stream") = 0)
+           nb::arg("topk_weights"), nb::arg("token_scales").none(), nb::arg("outputs"),
+           nb::arg("expert_input_scales").none() = nb::none(), nb::arg("stream") = 0)
       .def("dispatch", &dispatch_on_arrays<ExpandedOutputArrays>, nb::arg("tokens"), nb::arg("topk_ids"),
-           nb::arg("topk_weights"), nb::arg("token_scales").none(), nb::arg("outputs"), nb::arg("stream") = 0)
-      .def("dispatch_recv", &dispatch_recv_on_arrays<OutputArrays>, nb::arg("outputs"), nb::arg("stream") = 0)
+           nb::arg("topk_weights"), nb::arg("token_scales").none(), nb::arg("outputs"),
+           nb::arg("expert_input_scales").none() = nb::none(), nb::arg("stream") = 0)
+      .def("dispatch_recv", &dispatch_recv_on_arrays<OutputArrays>, nb::arg("outputs"),
+           nb::arg("expert_input_scales").none() = nb::none(), nb::arg("stream") = 0)
       .def("dispatch_recv", &dispatch_recv_on_arrays<ExpandedOutputArrays>, nb::arg("outputs"),
-           nb::arg("stream") = 0)
+           nb::arg("expert_input_scales").none() = nb::none(), nb::arg("stream") = 0)
       .def(
           "dispatch_send",
           [](rocep::EpGroup& group, Array tokens, Array topk_ids, Array topk_weights, nb::object token_scales,

@@ -481,6 +481,19 @@ def e4m3fn_magnitudes() -> np.ndarray:
     return np.where(exponent == 0, mantissa / 8 * 2.0**-6, (1 + mantissa / 8) * 2.0**(exponent - 7)).astype(np.float32)
 
 
+def e4m3fn_codes(values: np.ndarray) -> np.ndarray:
+    """float32 values as e4m3fn codes (uint8): the magnitude rounded to nearest even among the finite values
+    and saturated, the sign in bit 7. A naive model, independent of the library's codec."""
+    table = e4m3fn_magnitudes()
+    magnitude = np.abs(values)
+    above = np.clip(np.searchsorted(table, magnitude), 1, len(table) - 1)
+    below = above - 1
+    to_below, to_above = magnitude - table[below], table[above] - magnitude
+    code = np.where((to_below < to_above) | ((to_below == to_above) & (below % 2 == 0)), below, above)
+    code = np.where(magnitude >= table[-1], len(table) - 1, code)
+    return (code | (np.signbit(values).astype(np.int64) << 7)).astype(np.uint8)
+
+
 def fp8_block128_round_trip(values: np.ndarray) -> np.ndarray:
     """float32 values quantised to e4m3fn block-128 and dequantised, as include/rocep/formats.hpp defines it:
     scale = max(amax, 1e-4) / 448, element = e4m3fn(x * (448 / max(amax, 1e-4))) rounded to nearest even and
@@ -490,14 +503,38 @@ def fp8_block128_round_trip(values: np.ndarray) -> np.ndarray:
     for first in range(0, len(values), 128):
         x = values[first:first + 128]
         amax = np.maximum(np.abs(x).max(), np.float32(1e-4))
-        scaled = np.abs(x * (np.float32(448) / amax))
-        above = np.clip(np.searchsorted(table, scaled), 1, len(table) - 1)
-        below = above - 1
-        to_below, to_above = scaled - table[below], table[above] - scaled
-        code = np.where((to_below < to_above) | ((to_below == to_above) & (below % 2 == 0)), below, above)
-        code = np.where(scaled >= table[-1], len(table) - 1, code)
+        code = e4m3fn_codes(x * (np.float32(448) / amax)) & 0x7f
         out[first:first + 128] = np.copysign(table[code], x) * (amax / np.float32(448))
     return out
+
+
+def test_expert_input_scales_quantise_each_row_with_its_experts_scale():
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE, rocep.Layout.EXPANDED)
+    rows, local = config.max_recv_rows(WORLD), config.num_local_experts(WORLD)
+    seed = shared_seed()
+    inputs = [rank_inputs(config, seed, rank) for rank in range(WORLD)]
+    n = len(inputs[RANK][1])
+    plain = group.dispatch(*inputs[RANK])
+    group.combine(np.zeros((rows, config.hidden), np.uint16), n, row_weights=plain.weights)
+    scales = np.random.default_rng(seed + 5 + RANK).uniform(0.05, 4, local).astype(np.float32)
+    scaled = group.dispatch(*inputs[RANK], expert_input_scales=scales)
+    codes = scaled.input_scaled_tokens()
+    assert codes.shape == (rows, config.hidden) and codes.dtype == np.uint8
+    used = plain.count()
+    assert (scaled.row_offsets == plain.row_offsets).all()
+    assert (scaled.src_info[:used] == plain.src_info[:used]).all()
+    for expert in range(local):
+        for row in range(plain.row_offsets[expert], plain.row_offsets[expert + 1]):
+            x = bf16.to_float(plain.tokens[row].view(np.uint16))
+            want = np.zeros_like(codes[row]) if plain.src_info[row][0] < 0 else e4m3fn_codes(x / scales[expert])
+            assert (codes[row] == want).all(), f"row {row}, local expert {expert}"
+    group.combine(np.zeros((rows, config.hidden), np.uint16), n, row_weights=scaled.weights)
+    # The per-token layout refuses them (every rank here, so none waits), and the group goes on.
+    per_token = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    with pytest.raises(rocep.InvalidInputError, match="expert_input_scales"):
+        per_token.dispatch(*inputs[RANK], expert_input_scales=scales)
+    per_token.dispatch(*inputs[RANK])
 
 
 def test_fp8_combine_matches_its_definition_and_stays_close_to_the_bf16_combine():

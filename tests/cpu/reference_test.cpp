@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "hip/bf16.hpp"
+#include "hip/codecs.hpp"
 #include "hip/scale_layout.hpp"
 #include "host/codecs.hpp"
 #include "mpi_support.hpp"
@@ -813,6 +814,26 @@ TEST(ReferenceEpPerTokenContract, RowWeightsAreRefused) {
   group.combine(args);  // the group goes on
 }
 
+TEST(ReferenceEpPerTokenContract, ExpertInputScalesAreRefused) {
+  Problem problem = per_token(Problem(kShapes[1], Routing::kUniform));
+  rocep::EpGroup group(MPI_COMM_WORLD, problem.config, rocep::Backend::kCpuReference);
+  PerTokenBuffers dispatched(problem);
+  rocep::DispatchOutputs outputs = dispatched.view();
+  const std::vector<float> scales(problem.local_experts(), 0.5f);
+  outputs.expert_input_scales = scales.data();
+  group.dispatch_send(problem.mine().view());
+  try {
+    group.dispatch_recv(outputs);
+    ADD_FAILURE() << "a per-token dispatch with expert_input_scales was accepted";
+  } catch (const rocep::InvalidInputError& error) {
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "expert_input_scales", error.what());
+  }
+  group.dispatch_recv(dispatched.view());  // the group goes on
+  std::vector<bf16_bits> rows = per_token_rows(problem, dispatched);
+  std::vector<bf16_bits> out(std::size_t{1} * problem.config.max_tokens_per_rank * problem.config.hidden);
+  group.combine({rows.data(), nullptr, nullptr, out.data()});
+}
+
 // --- calls, repeats and the EpGroup wrapper ------------------------------------------------------------
 
 constexpr Shape kSmallShape = {64, 4, 4, 16, 4};
@@ -833,6 +854,51 @@ TEST(ReferenceEpTest, ExpertTokenCountsAccumulateOverCalls) {
     for (int expert = 0; expert < problem.local_experts(); ++expert) {
       EXPECT_EQ(counts[expert], calls * expected[expert]) << "local expert " << expert << " after " << calls;
     }
+  }
+}
+
+// Expert input scales: every row of local expert e is the bf16 row's elements divided by scales[e], as fp8
+// codes (checked with the kernels' codec, written apart from the reference's), padding rows zero; the other
+// outputs as without scales. Both encodings.
+TEST(ReferenceEpTest, ExpertInputScalesQuantiseEachRowWithItsExpertsScale) {
+  for (const auto encoding : {rocep::Fp8Encoding::kE4m3fn, rocep::Fp8Encoding::kE4m3fnuz}) {
+    Problem problem({256, 4, 4, 32, 4}, Routing::kUniform);
+    problem.config.fp8_encoding = encoding;
+    SCOPED_TRACE(problem.trace());
+    ReferenceEp ep(world_bootstrap(), problem.config);
+    const DispatchBuffers plain = dispatch(ep, problem);
+    std::mt19937_64 random(problem.seed ^ 0x5ca1e5ull);
+    std::vector<float> scales(problem.local_experts());
+    for (float& scale : scales) {
+      scale = std::ldexp(1.0f + static_cast<float>(random() % 1000) / 1000.0f,
+                         static_cast<int>(random() % 9) - 6);
+    }
+    DispatchBuffers scaled(problem);
+    rocep::DispatchOutputs outputs = scaled.view();
+    outputs.expert_input_scales = scales.data();
+    ep.dispatch_send(problem.mine().view(), nullptr);
+    ep.dispatch_recv(outputs, nullptr);
+    EXPECT_EQ(plain.row_offsets, scaled.row_offsets);
+    EXPECT_TRUE(same_bytes(plain.src_info, scaled.src_info));
+    EXPECT_TRUE(same_bytes(plain.recv_weights, scaled.recv_weights));
+    const int hidden = problem.config.hidden;
+    const auto* codes = reinterpret_cast<const uint8_t*>(scaled.recv_tokens.data());
+    const auto device_encoding = static_cast<rocep::device::Fp8>(encoding);
+    for (int expert = 0; expert < problem.local_experts(); ++expert) {
+      for (uint32_t row = plain.row_offsets[expert]; row < plain.row_offsets[expert + 1]; ++row) {
+        const bool padding = plain.src_info[row].rank < 0;
+        for (int i = 0; i < hidden; ++i) {
+          const float x = rocep::bf16_to_float(plain.recv_tokens[static_cast<std::size_t>(row) * hidden + i]);
+          const uint8_t want = padding ? 0 : rocep::device::encode_fp8(x / scales[expert], device_encoding);
+          ASSERT_EQ(codes[static_cast<std::size_t>(row) * hidden + i], want)
+              << "row " << row << " (local expert " << expert << "), element " << i;
+        }
+      }
+    }
+    const std::size_t used = std::size_t{plain.row_offsets.back()} * hidden;  // bytes of fp8 rows
+    EXPECT_TRUE(std::all_of(codes + used, codes + scaled.recv_tokens.size() * sizeof(bf16_bits),
+                            [](uint8_t byte) { return byte == kPoison; }))
+        << "written past the rows";
   }
 }
 
