@@ -4,11 +4,13 @@ router top-k -> rocep dispatch -> per expert: gate_up matmul, rocep's fused SiLU
 weighted sum per received token -> rocep combine. Two ways to run it:
 
     torchrun --nproc_per_node=2 examples/moe_layer.py [--dispatch=fp8]   # GPUs and torch, no MPI
-    mpirun -np 2 python examples/moe_layer.py                           # the CPU reference and numpy
+    mpirun -np 2 python examples/moe_layer.py [--local-only]            # the CPU reference and numpy
 
 Every rank draws the same weights (a shared seed) and its own tokens, and compares the layer's output with
 the layer computed on its own tokens alone, by calc_diff (1 - 2xy / (x^2 + y^2), as DeepEP's tests measure
-it). With fp8 dispatch the layer alone computes on its tokens quantised and dequantised as dispatch does
+it). With --local-only (attention run tensor-parallel; the CPU reference so far) every rank holds the same
+tokens, runs only its own experts on them and its slice of a shared expert, and an all-reduce of the
+combined outputs gives the layer. With fp8 dispatch the layer alone computes on its tokens quantised and dequantised as dispatch does
 (block-128, include/rocep/formats.hpp), so the two differ only in summation order and rounding.
 """
 
@@ -163,8 +165,9 @@ def experts_forward(arrays, x, expert_of_row, weights: Weights):
     return out
 
 
-def moe_layer_ep(arrays, group: rocep.Group, x, weights: Weights):
-    """The layer with its experts spread over the group's ranks."""
+def moe_layer_ep(arrays, group: rocep.Group, x, weights: Weights, shared_expert_output=None):
+    """The layer with its experts spread over the group's ranks (plus the shared expert's rows, which a
+    local-only group adds on this rank's slice of the tokens only)."""
     config = group.config
     ids, gates = route(arrays, x, weights, config.top_k)
     received = group.dispatch(x, ids, gates)
@@ -180,7 +183,7 @@ def moe_layer_ep(arrays, group: rocep.Group, x, weights: Weights):
     y = experts_forward(arrays, tokens[rows], topk_ids[rows, slots] + first_expert, weights)
     partial = arrays.zeros((config.max_recv_tokens(group.world_size), config.hidden))
     arrays.add_rows(partial, rows, topk_weights[rows, slots][:, None] * y)
-    return group.combine(arrays.bf16(partial), len(x))
+    return group.combine(arrays.bf16(partial), len(x), shared_expert_output=shared_expert_output)
 
 
 def moe_layer_alone(arrays, x, weights: Weights, top_k: int, expert_input=None):
@@ -195,8 +198,9 @@ def moe_layer_alone(arrays, x, weights: Weights, top_k: int, expert_input=None):
 
 
 def main(boot, arrays=None, dispatch: str = "bf16", seed: int = 2026, tokens: int = 48, hidden: int = 256,
-         experts_per_rank: int = 4, top_k: int = 4, intermediate: int = 128) -> float:
-    """Runs the layer both ways on this rank's tokens; returns calc_diff. Collective."""
+         experts_per_rank: int = 4, top_k: int = 4, intermediate: int = 128, allreduce=None) -> float:
+    """Runs the layer both ways on this rank's tokens; returns calc_diff. Collective. With `allreduce` (a
+    float32 array's sum over the ranks), local-only mode: the same tokens on every rank, a shared expert."""
     arrays = arrays or NumpyArrays()
     gpu = isinstance(arrays, TorchArrays)
     config = rocep.EpConfig()
@@ -206,11 +210,18 @@ def main(boot, arrays=None, dispatch: str = "bf16", seed: int = 2026, tokens: in
         if not gpu:
             raise ValueError("--dispatch=fp8 is invalid on the CPU reference: numpy has no fp8 type; use torch")
         config.dispatch_format = rocep.TokenFormat.FP8_BLOCK128
+    local_only = allreduce is not None
+    config.local_only, config.allreduce_world_size = local_only, boot.size() if local_only else 1
     group = rocep.Group(boot, config, rocep.Backend.GPU if gpu else rocep.Backend.CPU_REFERENCE)
     weights = Weights(arrays, seed, hidden, config.num_experts, intermediate)
-    x = arrays.bf16(arrays.normal(seed + 3 + boot.rank(), (tokens, hidden)))
+    x = arrays.bf16(arrays.normal(seed + 3 + (0 if local_only else boot.rank()), (tokens, hidden)))
     received = arrays.fp8_round_trip(x, group.config.fp8_encoding) if dispatch == "fp8" else None
-    ep, alone = moe_layer_ep(arrays, group, x, weights), moe_layer_alone(arrays, x, weights, top_k, received)
+    if local_only:  # a dense shared expert; each rank's combine adds its slice of the tokens' rows
+        shared = arrays.bf16(arrays.float(x) @ (arrays.normal(seed + 4, (hidden, hidden)) / np.sqrt(hidden)))
+        ep = arrays.bf16(allreduce(arrays.float(moe_layer_ep(arrays, group, x, weights, shared))))
+        alone = arrays.bf16(arrays.float(moe_layer_alone(arrays, x, weights, top_k)) + arrays.float(shared))
+    else:
+        ep, alone = moe_layer_ep(arrays, group, x, weights), moe_layer_alone(arrays, x, weights, top_k, received)
     if gpu:
         ep, alone = ep.float().cpu().numpy(), alone.float().cpu().numpy()
     else:
@@ -221,9 +232,13 @@ def main(boot, arrays=None, dispatch: str = "bf16", seed: int = 2026, tokens: in
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dispatch", choices=("bf16", "fp8"), default="bf16", help="the dispatch format")
+    parser.add_argument("--local-only", action="store_true",
+                        help="local-only mode with an all-reduce (the CPU reference: mpirun)")
     args = parser.parse_args()
     if "LOCAL_RANK" not in os.environ and args.dispatch == "fp8":
         parser.error("--dispatch=fp8 runs on GPUs with torch (torchrun): numpy has no fp8 type")
+    if "LOCAL_RANK" in os.environ and args.local_only:
+        parser.error("--local-only runs on the CPU reference (mpirun) for now: the GPU backend refuses it")
     if "LOCAL_RANK" in os.environ:  # torchrun: GPUs, bootstrapped from torch.distributed
         import torch
         import torch.distributed as dist
@@ -238,5 +253,7 @@ if __name__ == "__main__":
         from mpi4py import MPI
 
         rank = MPI.COMM_WORLD.Get_rank()
-        diff = main(bootstrap.from_mpi4py(MPI.COMM_WORLD), dispatch=args.dispatch)
-    print(f"rank {rank}: {args.dispatch} dispatch, calc_diff against the layer without EP = {diff:.3e}")
+        allreduce = (lambda a: MPI.COMM_WORLD.allreduce(a, op=MPI.SUM)) if args.local_only else None
+        diff = main(bootstrap.from_mpi4py(MPI.COMM_WORLD), dispatch=args.dispatch, allreduce=allreduce)
+    mode = ", local-only" if args.local_only else ""
+    print(f"rank {rank}: {args.dispatch} dispatch{mode}, calc_diff against the layer without EP = {diff:.3e}")

@@ -276,6 +276,9 @@ def test_the_moe_layer_example_matches_the_layer_without_ep():
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     assert example.main(bootstrap.from_mpi4py(COMM), seed=shared_seed()) < 1e-4
+    # local-only: the same tokens everywhere, an all-reduce of the ranks' outputs
+    allreduce = lambda a: COMM.allreduce(a, op=MPI.SUM)  # noqa: E731
+    assert example.main(bootstrap.from_mpi4py(COMM), seed=shared_seed(), allreduce=allreduce) < 1e-4
 
 
 def test_int64_ids_dispatch_as_int32_ids_do():
