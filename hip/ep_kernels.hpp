@@ -132,8 +132,10 @@ struct CombineArgs {
 
 // Whether a reduced combine's values pass through an epilogue before their store (the out row stride aside):
 // such a combine runs kernels of their own (`_epilogue`), so that the registers the epilogue takes do not
-// tax the plain ones. The expanded ones keep the others' residency (kEpilogueBlocksPerSm blocks of
-// kBlockThreads per multiprocessor, at most 80 registers a thread), by which the group's grid is sized.
+// tax the plain ones. The expanded ones keep the others' residency, by which the group's grid is sized:
+// their second launch bound kEpilogueBlocksPerSm is 3 blocks of kBlockThreads per multiprocessor on NVIDIA
+// (at most 80 registers a thread) and, read by HIP as waves per SIMD, 3 wave64 waves per SIMD on AMD: the
+// same 3 blocks of 256 threads per compute unit.
 ROCEP_HOST_DEVICE inline bool has_epilogue(const CombineArgs& args) {
   return args.factor != 1.0f || args.token_factors != nullptr || args.residual != nullptr;
 }
