@@ -177,14 +177,15 @@ std::string combine_args_error(const EpConfig& config, int rank, const CombineAr
   if (epilogue && config.layout == Layout::kExpanded && args.row_weights == nullptr) {
     return on_rank("combine", rank) +
            " passed an epilogue (factor, token_factors, residual or out_row_stride) to an unweighted "
-           "combine, "
-           "whose rows come back unreduced: allowed only with row_weights or in the per-token layout";
+           "combine, whose rows come back unreduced: allowed only with row_weights or in the per-token "
+           "layout";
   }
-  if (args.out_row_stride != 0 &&
-      (args.out_row_stride < static_cast<std::size_t>(config.hidden) || args.out_row_stride % 8 != 0)) {
+  constexpr std::size_t kMostRowStride = std::size_t{1} << 31;  // the kernels hold it in 32 bits
+  if (args.out_row_stride != 0 && (args.out_row_stride < static_cast<std::size_t>(config.hidden) ||
+                                   args.out_row_stride % 8 != 0 || args.out_row_stride > kMostRowStride)) {
     return on_rank("combine", rank) + " passed out_row_stride = " + std::to_string(args.out_row_stride) +
-           ": allowed are 0 (rows hidden apart) or a multiple of 8 of at least hidden = " +
-           std::to_string(config.hidden) + " (elements; rows stay 16-byte aligned)";
+           ": allowed are 0 (rows hidden apart) or a multiple of 8 in [hidden = " +
+           std::to_string(config.hidden) + ", 2^31] (elements; rows stay 16-byte aligned)";
   }
   return {};
 }
