@@ -114,8 +114,8 @@ struct CombineArgs {
   //   v = v * token_factors[t]     when token_factors is set: [num_tokens] float32
   //   v = v + residual[t][h]       when residual is set: [num_tokens, hidden] bf16, rows hidden apart
   // then v is rounded to bf16 once and stored at out + t * out_row_stride + h, in elements. out_row_stride 0
-  // means hidden; a larger one (a multiple of 8: rows stay 16-byte aligned) writes into a slice of a wider
-  // row-major tensor, e.g. the first hidden columns of [num_tokens, 2 * hidden].
+  // means hidden; a larger one (a multiple of 8 up to 2^31: rows stay 16-byte aligned) writes into a slice of
+  // a wider row-major tensor, e.g. the first hidden columns of [num_tokens, 2 * hidden].
   float factor = 1.0f;
   const float* token_factors = nullptr;
   const void* residual = nullptr;
