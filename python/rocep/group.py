@@ -101,7 +101,10 @@ def _cupy():
 
 
 def _to_host(array):
-    return array.cpu().numpy() if hasattr(array, "cpu") else array
+    """A numpy array of `array`'s values: torch's and cupy's copied to the host, numpy's as they are."""
+    if _is_torch(array):
+        return array.cpu().numpy()
+    return array.get() if type(array).__module__.startswith("cupy") else array
 
 
 class Group:
