@@ -386,9 +386,9 @@ void ReferenceEp::lay_out_expanded(const std::vector<std::vector<Arrival>>& arri
             continue;
           }
           if (input_scales != nullptr) {
-            quantize_with_input_scale(arrival.payload, input_scales[expert], recv_tokens + row * hidden);
+            quantize_with_input_scale(arrival.payload, input_scales[expert], recv_tokens + row * row_bytes);
           } else {
-            std::memcpy(recv_tokens + row * payload_bytes, arrival.payload, payload_bytes);
+            std::memcpy(recv_tokens + row * row_bytes, arrival.payload, row_bytes);
           }
           store_scales(row, arrival.payload + payload_bytes);
           outputs.src_info[row] = {source, arrival.token, k};
