@@ -9,7 +9,9 @@
 //   rocep_combine       both halves in one kernel (the fused call)
 //   rocep_combine*_per_token  the same for the per-token layout, where a rank's row of a token is already
 //                       its partial (weighted and summed over its experts by the caller): rows of other
-//                       ranks' tokens cross as partials do; a rank's own tokens' rows stay in place.
+//                       ranks' tokens cross as partials do, flagged chunk by chunk of the owner's tokens; a
+//                       rank's own tokens' rows stay in place. The fused kernel's blocks either send or
+//                       receive, so that the receive sums each chunk while later ones still cross.
 #include "bf16.hpp"
 #include "ep_kernels.hpp"
 #include "group_sync.hpp"
@@ -479,215 +481,339 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
 
 // --- the per-token layout -------------------------------------------------------------------------------
 
-// The per-token send: the row of every token this rank received from another rank, into that rank's combine
-// region at [rank][token] (where the weighted combine puts a partial), PerTokenTuning::kBatchTokens tokens
-// at a time with PerTokenTuning::kCombineVectorsInFlight loads in flight per thread. Its own tokens' rows
-// stay in expert_outputs, where its receive reads them.
-__device__ void send_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
+// The blocks of a fused per-token combine of a chunked call that send, the others receiving:
+// PerTokenTuning's share of the grid (of kCombineSplitBlocks or more). The links fill from a few
+// multiprocessors; the receive's sums, bound by each multiprocessor's instructions, take the rest.
+__device__ inline int combine_senders(int blocks) {
+  return blocks * PerTokenTuning::kCombineSenderPercent / 100;
+}
+
+// The per-token send, by sender `sender` of `senders`: the row of every token this rank received from
+// another rank, into that rank's combine region at [rank][token] (where the weighted combine puts a
+// partial), with PerTokenTuning::kCombineVectorsInFlight loads in flight per thread. Its own tokens' rows
+// stay in expert_outputs, where its receive reads them. A rank whose call is chunked (chunked_combine of the
+// count it dispatched) gets units (chunk, rank), the ranks interleaved so that every link is busy, each unit
+// flagged as the unit of call `sequence` once its rows are stored; the others get their tokens in batches
+// of PerTokenTuning::kBatchTokens, the ranks interleaved, released by the grid's signal alone.
+__device__ void send_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
+                                    uint64_t sequence, int sender, int senders) {
   const Shape& shape = group.shape;
   constexpr int kBatch = PerTokenTuning::kBatchTokens;
+  static_assert(kMaxCombineChunkTokens <= kBatch, "a chunk's rows fit a batch's lists");
   __shared__ const uint8_t* from[kBatch];
   __shared__ uint8_t* to[kBatch];
   __shared__ int sources[kBatch];
   __shared__ std::size_t offsets[kBatch];
   __shared__ int count;
   const int others = shape.world - 1;
-  const int items = others * shape.max_tokens;  // (other rank, token): other ranks interleaved
   const std::size_t row_bytes = CombineRegion::row_bytes(shape);
-  for (int first = static_cast<int>(blockIdx.x); first < items;
-       first += kBatch * static_cast<int>(gridDim.x)) {
-    __syncthreads();  // the batch of the round before is copied
-    if (threadIdx.x == 0) {
-      count = 0;
+  // Lists row `token` of `source` for the copy, if this rank has one.
+  const auto list_row = [&](int source, int token) {
+    const int32_t row =
+        group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k];
+    if (row >= 0) {
+      const int place = atomicAdd(&count, 1);
+      const std::size_t offset =
+          (static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * row_bytes;
+      from[place] = reinterpret_cast<const uint8_t*>(args.expert_outputs) + row * row_bytes;
+      to[place] = group.peers.write_window(PeerRegion::kCombine, source) + offset;
+      sources[place] = source;
+      offsets[place] = offset;
     }
-    __syncthreads();
-    const int item = first + static_cast<int>(threadIdx.x) * static_cast<int>(gridDim.x);
-    if (static_cast<int>(threadIdx.x) < kBatch && item < items) {
-      const int other = item % others;
-      const int source = other + (other >= shape.rank ? 1 : 0);
-      const int token = item / others;
-      if (token < group.signals->tokens_from[source]) {
-        const int32_t row =
-            group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k];
-        if (row >= 0) {
-          const int place = atomicAdd(&count, 1);
-          const std::size_t offset =
-              (static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * row_bytes;
-          from[place] = reinterpret_cast<const uint8_t*>(args.expert_outputs) + row * row_bytes;
-          to[place] = group.peers.write_window(PeerRegion::kCombine, source) + offset;
-          sources[place] = source;
-          offsets[place] = offset;
-        }
-      }
-    }
-    __syncthreads();
+  };
+  const auto copy_listed = [&] {
     copy_rows<PerTokenTuning::kCombineVectorsInFlight>(from, to, count,
                                                        static_cast<uint32_t>(row_bytes / kVectorBytes));
     for (int place = 0; place < count; ++place) {
       group.peers.publish_block(PeerRegion::kCombine, sources[place], offsets[place], row_bytes);
     }
+  };
+  bool any_chunked = false;
+  bool any_whole = false;
+  for (int source = 0; source < shape.world; ++source) {
+    if (source != shape.rank) {
+      (chunked_combine(shape, group.signals->tokens_from[source]) ? any_chunked : any_whole) = true;
+    }
   }
-  // Partials, as a weighted combine's: released to the receivers with the rows by signal_grid_done.
+  const int items = any_whole ? others * shape.max_tokens : 0;  // (other rank, token)
+  for (int first = sender; first < items; first += kBatch * senders) {
+    __syncthreads();  // the batch of the round before is copied
+    if (threadIdx.x == 0) {
+      count = 0;
+    }
+    __syncthreads();
+    const int item = first + static_cast<int>(threadIdx.x) * senders;
+    if (static_cast<int>(threadIdx.x) < kBatch && item < items) {
+      const int other = item % others;
+      const int source = other + (other >= shape.rank ? 1 : 0);
+      const int token = item / others;
+      const int tokens = group.signals->tokens_from[source];
+      if (!chunked_combine(shape, tokens) && token < tokens) {
+        list_row(source, token);
+      }
+    }
+    __syncthreads();
+    copy_listed();
+  }
+  const int units = any_chunked ? others * max_combine_chunks(shape) : 0;
+  for (int unit = sender; unit < units; unit += senders) {
+    const int other = unit % others;
+    const int source = other + (other >= shape.rank ? 1 : 0);
+    const int tokens = group.signals->tokens_from[source];
+    const int chunk_tokens = combine_chunk_tokens(tokens);
+    const int first = unit / others * chunk_tokens;
+    if (!chunked_combine(shape, tokens) || first >= tokens) {
+      continue;  // the same in every thread
+    }
+    __syncthreads();  // the unit before is copied
+    if (threadIdx.x == 0) {
+      count = 0;
+    }
+    __syncthreads();
+    const int token = first + static_cast<int>(threadIdx.x);
+    if (static_cast<int>(threadIdx.x) < chunk_tokens && token < tokens) {
+      list_row(source, token);
+    }
+    __syncthreads();
+    copy_listed();
+    __syncthreads();  // every thread's rows before the flag
+    if (threadIdx.x == 0) {
+      group.peers.flag_store(PeerRegion::kCombine, source,
+                             CombineRegion::chunk_flag_offset(shape, unit / others, shape.rank), sequence);
+    }
+  }
+  // Partials, as a weighted combine's: released to the receivers with the grid's signal.
   if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < shape.world) {
     group.peers.signal_store(static_cast<int>(threadIdx.x), &Signals::combine_weighted, shape.rank, 1);
   }
-  signal_grid_done(&group.state->combine_blocks_sent, nullptr, group.peers, shape.world, shape.rank,
-                   &Signals::combine_arrived);
 }
 
-// The per-token receive: out[t] = the rows of t from every rank that received it, in ascending rank order
-// (this rank's own from expert_outputs, the others' from the combine region), plus the shared expert,
-// summed in float32 and rounded once; PerTokenTuning::kBatchTokens tokens at a time, their vectors one
-// sequence of which each thread sums kSummedVectors at once, kSummedInputs inputs at a time (both from
-// PerTokenTuning: kSummedVectors x kSummedInputs loads in flight). kEpilogue: CombineArgs' epilogue on each
-// token's values before their store (kernels of their own, so that its registers do not tax the plain
-// receive).
-template <bool kEpilogue>
-__device__ void receive_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
-                                       uint64_t sequence) {
+// Waits for every rank's grid signal of combine `sequence`; with check_weighting, also reports a rank whose
+// send was not per-token partials.
+__device__ bool wait_for_rows(const GroupView& group, uint64_t sequence, bool check_weighting) {
   const Shape& shape = group.shape;
-  constexpr int kBatch = PerTokenTuning::kBatchTokens;
-  constexpr int kSummedVectors = PerTokenTuning::kSummedVectors;
-  constexpr int kSummedInputs = PerTokenTuning::kSummedInputs;
   const bool arrived = block_wait_for_peers(group.signals->combine_arrived, sequence, shape.world,
                                             group.timeout_ticks, group.status, Operation::kCombineRecv);
-  if (arrived && blockIdx.x == 0 && static_cast<int>(threadIdx.x) < shape.world) {
+  if (arrived && check_weighting && static_cast<int>(threadIdx.x) < shape.world) {
     const int32_t peer_weighted = group.signals->combine_weighted[threadIdx.x];
     if (peer_weighted != 1) {
       report_failure(group.status, StatusCode::kCombineWeightingMismatch, Operation::kCombineRecv,
                      static_cast<int>(threadIdx.x), -1, -1, peer_weighted);
     }
   }
+  return arrived;
+}
+
+// The per-token receive, by receiver `receiver` of `receivers`: out[t] = the rows of t from every rank that
+// received it, in ascending rank order (this rank's own from expert_outputs, the others' from the combine
+// region), plus the shared expert, summed in float32 and rounded once. `chunked`: chunk by chunk of this
+// rank's tokens (combine_chunk_tokens), each once every other rank flagged it for call `sequence`; else,
+// once every rank's grid signalled, PerTokenTuning::kBatchTokens tokens at a time, `receivers` apart. A
+// piece's input lists are found first, then each token's row is summed by PerTokenTuning::kTokenThreads
+// threads (whole waves, so that a wave's threads walk the same list), or a part of it by as many when the
+// piece has fewer tokens than keep the block busy; each thread sums kSummedVectors vectors at once,
+// kSummedInputs inputs at a time (kSummedVectors x kSummedInputs loads in flight). kEpilogue: CombineArgs'
+// epilogue on each token's values before their store (kernels of their own, so that its registers do not
+// tax the plain receive).
+template <bool kEpilogue>
+__device__ void receive_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
+                                       uint64_t sequence, int receiver, int receivers, bool chunked) {
+  const Shape& shape = group.shape;
+  constexpr int kBatch = PerTokenTuning::kBatchTokens;
+  constexpr int kSummedVectors = PerTokenTuning::kSummedVectors;
+  constexpr int kSummedInputs = PerTokenTuning::kSummedInputs;
+  constexpr int kTokenThreads = PerTokenTuning::kTokenThreads;
+  static_assert(PerTokenTuning::kCombineThreads % kTokenThreads == 0 && kTokenThreads % kWaveSize == 0,
+                "a token's row is summed by whole waves of the block");
+  constexpr int kTokensAtOnce = PerTokenTuning::kCombineThreads / kTokenThreads;
   const int vectors = shape.hidden / kLanes;
   const int tokens = group.state->sent_tokens;
+  const int chunk_tokens = combine_chunk_tokens(tokens);
   __shared__ const Vector16* inputs[kBatch][kMaxWorld + 1];
   __shared__ int input_counts[kBatch];
-  __shared__ int batch_tokens;
   const auto* region = reinterpret_cast<const uint16_t*>(group.combine_region);
-  const int stride = static_cast<int>(gridDim.x);
-  for (int first = static_cast<int>(blockIdx.x); arrived && first < tokens; first += kBatch * stride) {
-    __syncthreads();  // the lists of the batch before are summed
-    if (static_cast<int>(threadIdx.x) < kBatch) {
-      const int token = first + static_cast<int>(threadIdx.x) * stride;
-      int count = 0;
-      if (token < tokens) {
-        const uint64_t mask = group.sent_masks[token];
-        for (int peer = 0; peer < shape.world; ++peer) {
-          if (((mask >> peer) & 1) == 0) {
-            continue;
-          }
-          const uint16_t* row =
-              peer == shape.rank
-                  ? args.expert_outputs +
-                        static_cast<std::size_t>(
-                            group.token_rows[(static_cast<std::size_t>(shape.rank) * shape.max_tokens +
-                                              token) *
-                                             shape.top_k]) *
-                            shape.hidden
-                  : region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden;
-          inputs[threadIdx.x][count++] = reinterpret_cast<const Vector16*>(row);
-        }
-        if (args.shared_expert_output != nullptr) {
-          inputs[threadIdx.x][count++] = reinterpret_cast<const Vector16*>(
-              args.shared_expert_output + static_cast<std::size_t>(token) * shape.hidden);
-        }
+  bool arrived = chunked || wait_for_rows(group, sequence, receiver == 0);
+  for (int round = 0; arrived; ++round) {
+    int first = 0;  // the piece's tokens: `count` of them, `step` apart
+    int step = 1;
+    int count = 0;
+    if (chunked) {
+      const int chunk = receiver + round * receivers;
+      first = chunk * chunk_tokens;
+      if (first >= tokens) {
+        break;
       }
-      input_counts[threadIdx.x] = count;
+      count = min(chunk_tokens, tokens - first);
+      arrived = block_wait_for_peers(
+          reinterpret_cast<const uint64_t*>(group.combine_region +
+                                            CombineRegion::chunk_flag_offset(shape, chunk, 0)),
+          sequence, shape.world, group.timeout_ticks, group.status, Operation::kCombineRecv, shape.rank);
+      if (!arrived) {
+        break;
+      }
+    } else {
+      first = receiver + round * kBatch * receivers;
+      if (first >= tokens) {
+        break;
+      }
+      step = receivers;
+      count = min(kBatch, (tokens - first + step - 1) / step);
     }
-    if (threadIdx.x == 0) {
-      batch_tokens = min(kBatch, (tokens - first + stride - 1) / stride);
+    if (static_cast<int>(threadIdx.x) < count) {
+      const int token = first + static_cast<int>(threadIdx.x) * step;
+      int listed = 0;
+      const uint64_t mask = group.sent_masks[token];
+      for (int peer = 0; peer < shape.world; ++peer) {
+        if (((mask >> peer) & 1) == 0) {
+          continue;
+        }
+        const uint16_t* row =
+            peer == shape.rank
+                ? args.expert_outputs +
+                      static_cast<std::size_t>(
+                          group.token_rows[(static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) *
+                                           shape.top_k]) *
+                          shape.hidden
+                : region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden;
+        inputs[threadIdx.x][listed++] = reinterpret_cast<const Vector16*>(row);
+      }
+      if (args.shared_expert_output != nullptr) {
+        inputs[threadIdx.x][listed++] = reinterpret_cast<const Vector16*>(
+            args.shared_expert_output + static_cast<std::size_t>(token) * shape.hidden);
+      }
+      input_counts[threadIdx.x] = listed;
     }
     __syncthreads();
-    const int total = batch_tokens * vectors;
-    for (int item0 = static_cast<int>(threadIdx.x); item0 < total;
-         item0 += kSummedVectors * static_cast<int>(blockDim.x)) {
-      // Item item0 + i * blockDim.x is vector vector_of[i] of token token_of[i] of the batch (batch_tokens
-      // past the items), stepped without a division per item.
-      int token_of[kSummedVectors];
-      int vector_of[kSummedVectors];
-      int token = item0 / vectors;
-      int vector = item0 - token * vectors;
-#pragma unroll
-      for (int i = 0; i < kSummedVectors; ++i) {
-        token_of[i] = token;
-        vector_of[i] = vector;
-        for (vector += static_cast<int>(blockDim.x); vector >= vectors && token < batch_tokens;
-             vector -= vectors) {
-          ++token;
-        }
-      }
-      Lanes sums[kSummedVectors] = {};
-      for (int input = 0; input <= shape.world; input += kSummedInputs) {
-        Vector16 loaded[kSummedVectors][kSummedInputs];
-#pragma unroll
-        for (int i = 0; i < kSummedVectors; ++i) {
+    int parts = 1;  // of each row, as many as keep the block's threads busy
+    while (parts < kTokensAtOnce && count * parts * 2 <= kTokensAtOnce) {
+      parts *= 2;
+    }
+    for (int unit = static_cast<int>(threadIdx.x) / kTokenThreads; unit < count * parts;
+         unit += kTokensAtOnce) {
+      const int in_piece = unit / parts;
+      const int part = unit - in_piece * parts;
+      const int listed = input_counts[in_piece];
+      const Vector16* const* token_inputs = inputs[in_piece];
+      const int token = first + in_piece * step;
+      const int end = (part + 1) * vectors / parts;
+      for (int vector0 = part * vectors / parts + static_cast<int>(threadIdx.x) % kTokenThreads;
+           vector0 < end; vector0 += kSummedVectors * kTokenThreads) {
+        Lanes sums[kSummedVectors] = {};
+        for (int input = 0; input < listed; input += kSummedInputs) {
+          Vector16 loaded[kSummedInputs][kSummedVectors];
 #pragma unroll
           for (int j = 0; j < kSummedInputs; ++j) {
-            if (token_of[i] < batch_tokens && input + j < input_counts[token_of[i]]) {
-              loaded[i][j] = inputs[token_of[i]][input + j][vector_of[i]];
+            const Vector16* row = token_inputs[min(input + j, listed - 1)] + vector0;
+#pragma unroll
+            for (int i = 0; i < kSummedVectors; ++i) {
+              if (input + j < listed && vector0 + i * kTokenThreads < end) {
+                loaded[j][i] = row[i * kTokenThreads];
+              }
             }
           }
-        }
-#pragma unroll
-        for (int i = 0; i < kSummedVectors; ++i) {
 #pragma unroll
           for (int j = 0; j < kSummedInputs; ++j) {
-            if (token_of[i] < batch_tokens && input + j < input_counts[token_of[i]]) {
-              const Lanes y = unpack(loaded[i][j]);
-              for (int lane = 0; lane < kLanes; ++lane) {
-                sums[i].value[lane] = fmaf(1.0f, y.value[lane], sums[i].value[lane]);
+#pragma unroll
+            for (int i = 0; i < kSummedVectors; ++i) {
+              if (input + j < listed && vector0 + i * kTokenThreads < end) {
+                const Lanes y = unpack(loaded[j][i]);
+                for (int value = 0; value < kLanes; ++value) {
+                  sums[i].value[value] = fmaf(1.0f, y.value[value], sums[i].value[value]);
+                }
               }
             }
           }
         }
-      }
+        Vector16* out =
+            reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(token) * args.out_row_stride);
 #pragma unroll
-      for (int i = 0; i < kSummedVectors; ++i) {
-        if (token_of[i] < batch_tokens) {
-          const int out_token = first + token_of[i] * stride;
-          if constexpr (kEpilogue) {
-            RowEpilogue(args, out_token, vectors).apply(sums[i], vector_of[i]);
+        for (int i = 0; i < kSummedVectors; ++i) {
+          const int vector = vector0 + i * kTokenThreads;
+          if (vector < end) {
+            if constexpr (kEpilogue) {
+              RowEpilogue(args, token, vectors).apply(sums[i], vector);
+            }
+            out[vector] = pack(sums[i]);
           }
-          reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(out_token) *
-                                                     args.out_row_stride)[vector_of[i]] = pack(sums[i]);
         }
       }
     }
+    __syncthreads();  // the piece's lists are summed before the next piece's are written
+  }
+  if (arrived && chunked && receiver == 0) {
+    arrived = wait_for_rows(group, sequence, true);
   }
   if (arrived && threadIdx.x == 0) {
-    group.block_calls[blockIdx.x].combines = sequence;
+    group.block_calls[blockIdx.x].combines = sequence;  // the block's next combine is the one after
   }
+}
+
+// The split send: every block sends, then the grid signals the peers.
+__device__ void send_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
+  const int block = static_cast<int>(blockIdx.x);
+  send_rows_per_token(group, args, group.block_calls[block].combines + 1, block, static_cast<int>(gridDim.x));
+  signal_grid_done(&group.state->combine_blocks_sent, nullptr, group.peers, group.shape.world,
+                   group.shape.rank, &Signals::combine_arrived);
+}
+
+// The split receive: every block receives, once every rank's grid signalled.
+template <bool kEpilogue>
+__device__ void receive_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
+  const int block = static_cast<int>(blockIdx.x);
+  receive_rows_per_token<kEpilogue>(group, args, group.block_calls[block].combines + 1, block,
+                                    static_cast<int>(gridDim.x), false);
+}
+
+// The fused call: every block sends, then receives; or, for a chunked call, combine_senders(grid) blocks
+// send and the others receive chunk by chunk as the peers' sends flag them.
+template <bool kEpilogue>
+__device__ void combine_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
+  const int block = static_cast<int>(blockIdx.x);
+  const int blocks = static_cast<int>(gridDim.x);
+  const uint64_t sequence = group.block_calls[block].combines + 1;
+  const bool split_roles = chunked_combine(group.shape, group.state->sent_tokens);
+  const int senders = split_roles ? combine_senders(blocks) : blocks;
+  if (block < senders) {
+    send_rows_per_token(group, args, sequence, block, senders);
+  }
+  signal_grid_done(&group.state->combine_blocks_sent, nullptr, group.peers, group.shape.world,
+                   group.shape.rank, &Signals::combine_arrived);
+  if (split_roles && block < senders) {
+    if (threadIdx.x == 0) {
+      group.block_calls[block].combines = sequence;  // a sender's part of the call is done
+    }
+    return;
+  }
+  const int receiver = split_roles ? block - senders : block;
+  receive_rows_per_token<kEpilogue>(group, args, sequence, receiver, blocks - (split_roles ? senders : 0),
+                                    split_roles);
 }
 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_send_per_token(GroupView group, rocep::device::CombineArgs args) {
-  send_rows_per_token(group, args);
+  send_kernel_per_token(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_recv_per_token(GroupView group, rocep::device::CombineArgs args) {
-  receive_rows_per_token<false>(group, args, group.block_calls[blockIdx.x].combines + 1);
+  receive_kernel_per_token<false>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_recv_per_token_epilogue(GroupView group, rocep::device::CombineArgs args) {
-  receive_rows_per_token<true>(group, args, group.block_calls[blockIdx.x].combines + 1);
+  receive_kernel_per_token<true>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_per_token(GroupView group, rocep::device::CombineArgs args) {
-  const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
-  send_rows_per_token(group, args);
-  receive_rows_per_token<false>(group, args, sequence);
+  combine_kernel_per_token<false>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_per_token_epilogue(GroupView group, rocep::device::CombineArgs args) {
-  const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
-  send_rows_per_token(group, args);
-  receive_rows_per_token<true>(group, args, sequence);
+  combine_kernel_per_token<true>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)

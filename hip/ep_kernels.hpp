@@ -104,17 +104,23 @@ struct DispatchRecvArgs {
 // more loads in flight at once, within a register file that then gives each thread fewer registers. A block
 // copies kBatchTokens tokens at a time (their rows found first, then every vector of all of them loaded
 // before any is stored), each thread keeping kVectorsInFlight (dispatch) or kCombineVectorsInFlight (the
-// combine send) 16-byte vectors in flight; the combine receive sums kSummedVectors vectors per thread at
-// once, loading kSummedInputs inputs of each before adding any. One set for every architecture until one
-// is measured to want another (docs/performance.md, per-token layout).
+// combine send) 16-byte vectors in flight; the combine receive sums each token's row by kTokenThreads
+// threads, kSummedVectors vectors per thread at once, loading kSummedInputs inputs of each before adding
+// any. Where every rank's grid has kCombineSplitBlocks blocks or more, a fused combine of a chunked call
+// (chunked_combine) splits them: kCombineSenderPercent of them send and the rest receive (hip/combine.hip).
+// One set for every architecture until one is measured to want another (docs/performance.md, per-token
+// layout).
 struct PerTokenTuning {
   static constexpr int kDispatchThreads = 512;
   static constexpr int kBatchTokens = 32;
   static constexpr int kVectorsInFlight = 16;  // the dispatch kernels' copies
   static constexpr int kCombineThreads = 1024;
   static constexpr int kCombineVectorsInFlight = 8;  // the combine send's copies
+  static constexpr int kTokenThreads = 128;          // a multiple of the wave size; divides kCombineThreads
   static constexpr int kSummedVectors = 4;
   static constexpr int kSummedInputs = 1;
+  static constexpr int kCombineSplitBlocks = 16;
+  static constexpr int kCombineSenderPercent = 42;
 };
 
 struct CombineArgs {

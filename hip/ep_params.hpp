@@ -59,6 +59,9 @@ struct Shape {
   Format format;
   Fp8 fp8_encoding;   // resolved (never auto)
   int32_t per_token;  // 1: the per-token layout (EpConfig::Layout::kPerToken), 0: expanded
+  // 1: every rank's grid is large enough to split a fused per-token combine into senders and receivers
+  // (PerTokenTuning::kCombineSplitBlocks), so chunked_combine calls are chunked
+  int32_t split_combine;
 };
 
 // Tokens of one source that are ranked together: one bit each in a 64-bit mask per local expert.
@@ -123,9 +126,34 @@ struct ReceivedScales {
   ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) { return offset(shape, shape.world, 0); }
 };
 
+// The per-token combine cuts a chunked call's T tokens into chunks of combine_chunk_tokens(T) (at most
+// kMaxCombineChunkTokens) tokens, at least kCombineChunks of them when T allows: rank r's rows of chunk c are
+// flagged to the chunk's owner on their own, so that its receive sums chunk c while later chunks still
+// cross. Both ends derive the chunking from T alone (the count the owner dispatched).
+inline constexpr int kCombineChunks = 32;
+inline constexpr int kMaxCombineChunkTokens = 32;
+ROCEP_HOST_DEVICE inline int combine_chunk_tokens(int tokens) {
+  const int spread = (tokens + kCombineChunks - 1) / kCombineChunks;
+  return spread < 1 ? 1 : (spread > kMaxCombineChunkTokens ? kMaxCombineChunkTokens : spread);
+}
+// Whether a call of T tokens is chunked: only where every rank's receive can overlap the sends (the group's
+// split_combine), and not for smaller calls (decode), sent in one piece per grid and released by its
+// signal alone, since chunks of a few tokens would only add waits.
+inline constexpr int kChunkedCombineTokens = 1024;
+ROCEP_HOST_DEVICE inline bool chunked_combine(const Shape& shape, int tokens) {
+  return shape.split_combine != 0 && tokens >= kChunkedCombineTokens;
+}
+// The most chunks of any call of the group (T <= max_tokens).
+ROCEP_HOST_DEVICE inline int max_combine_chunks(const Shape& shape) {
+  const int large = (shape.max_tokens + kMaxCombineChunkTokens - 1) / kMaxCombineChunkTokens;
+  return large > kCombineChunks ? large : kCombineChunks;
+}
+
 // One rank's combine receive region, bf16 rows of `hidden`:
 //   weighted:   [world][T] rows: the partial sum rank r computed for token t at row r * T + t
 //   unweighted: [T][top_k] rows: expert output of (t, k) at row t * top_k + k
+// then, for the per-token layout, chunk flags [max_combine_chunks][world] uint64: [c][r] = the last combine
+// call whose rows of chunk c rank r has stored here (zero at creation; calls count from 1).
 struct CombineRegion {
   ROCEP_HOST_DEVICE static std::size_t row_bytes(const Shape& shape) {
     return static_cast<std::size_t>(shape.hidden) * sizeof(uint16_t);
@@ -134,7 +162,14 @@ struct CombineRegion {
     return static_cast<std::size_t>(shape.max_tokens) *
            (shape.world > shape.top_k ? shape.world : shape.top_k);
   }
-  ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) { return rows(shape) * row_bytes(shape); }
+  // 8-byte aligned: row_bytes is a multiple of 16.
+  ROCEP_HOST_DEVICE static std::size_t chunk_flag_offset(const Shape& shape, int chunk, int rank) {
+    return rows(shape) * row_bytes(shape) +
+           (static_cast<std::size_t>(chunk) * shape.world + rank) * sizeof(uint64_t);
+  }
+  ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) {
+    return chunk_flag_offset(shape, shape.per_token != 0 ? max_combine_chunks(shape) : 0, 0);
+  }
 };
 
 // Words every rank exposes for peers to signal into (polled-flag memory). The last block of a sending grid

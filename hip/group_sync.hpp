@@ -61,19 +61,20 @@ __device__ inline void signal_grid_done(uint32_t* blocks_done, uint32_t* claims,
   }
 }
 
-// The calling block waits until every rank r has signalled its `sequence`-th call (words[r] >= sequence),
-// thread r for rank r, so that the waits overlap (one after another, thread 0 paid a read of the polled
-// words per rank); the whole block learns the outcome. A rank that does not signal in time is reported.
-// Call from every thread.
+// The calling block waits until every rank r but skipped_rank has signalled its `sequence`-th call
+// (words[r] >= sequence), thread r for rank r, so that the waits overlap (one after another, thread 0 paid
+// a read of the polled words per rank); the whole block learns the outcome. A rank that does not signal in
+// time is reported. Call from every thread.
 __device__ inline bool block_wait_for_peers(const uint64_t* words, uint64_t sequence, int world,
-                                            uint64_t timeout_ticks, Status* status, Operation operation) {
+                                            uint64_t timeout_ticks, Status* status, Operation operation,
+                                            int skipped_rank = -1) {
   __shared__ int missing;  // ranks not waited for: late, or the group had already timed out
   if (threadIdx.x == 0) {
     missing = 0;
   }
   __syncthreads();
   const int peer = static_cast<int>(threadIdx.x);
-  if (peer < world) {
+  if (peer < world && peer != skipped_rank) {
     const bool waited = !timed_out(status);
     if (!waited || !wait_until_at_least(words + peer, sequence, timeout_ticks)) {
       if (waited) {

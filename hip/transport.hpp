@@ -3,7 +3,7 @@
 //   - write_window + publish: stores bound for a peer's region, then handed over;
 //   - read_window: loads of a peer's region, after that peer's arrival was acquired;
 //   - share: this rank's own bytes that peers will read (its staged messages);
-//   - signal_store + signal_add: the words of a peer's Signals.
+//   - signal_store + signal_add: the words of a peer's Signals; flag_store: a flag word in a peer's region.
 // The transport of a node is IPC: each peer's regions are mapped into this process and reached with plain
 // loads and stores over xGMI / NVLink, so a window is the peer's region itself and publish / share have
 // nothing left to do. A transport without load/store access to a peer (SHMEM across nodes) gives a window
@@ -69,6 +69,12 @@ struct PeerTransport {
   // with a system-scope release (fence_acq_rel_system) before it.
   __device__ void signal_add(int peer, ArrivalWords words, int index, uint64_t value) const {
     add_relaxed_system(&(signals[peer]->*words)[index], value);
+  }
+  // Stores `value` into the 64-bit flag at `offset` of `peer`'s `region` with release at system scope: what
+  // this thread stored, and what its block stored before a barrier with it, is the peer's first. A
+  // transport that puts would put the flag on the connection of the puts it flags, after them.
+  __device__ void flag_store(PeerRegion region, int peer, std::size_t offset, uint64_t value) const {
+    store_release<Scope::kSystem>(reinterpret_cast<uint64_t*>(write_window(region, peer) + offset), value);
   }
 #endif
 };

@@ -119,13 +119,19 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   shape.format = static_cast<device::Format>(config.dispatch_format);
   shape.fp8_encoding = static_cast<device::Fp8>(config.fp8_encoding);  // resolved by EpGroup
   shape.per_token = config.layout == Layout::kPerToken ? 1 : 0;
+  // Senders flag a combine's chunks only where every receive can use them (hip/combine.hip).
+  const int32_t blocks = grid_.blocks;
+  std::vector<int32_t> grids(static_cast<std::size_t>(world.size()));
+  world.all_gather(&blocks, grids.data(), sizeof(blocks));
+  shape.split_combine =
+      *std::min_element(grids.begin(), grids.end()) >= device::PerTokenTuning::kCombineSplitBlocks ? 1 : 0;
 
   run_agreed(world, "allocating the group's memory", [&] {
     const std::size_t slots = static_cast<std::size_t>(shape.max_tokens) * shape.top_k;
     // Peers store into these three, load from the dispatch region and poll the signals while kernels run
     // (docs/design.md, "Memory regions and who writes them").
     dispatch_region_ = DeviceBuffer(device::DispatchRegion::bytes(shape), DeviceMemoryKind::kPeerVisible);
-    combine_region_ = DeviceBuffer(device::CombineRegion::bytes(shape), DeviceMemoryKind::kPeerVisible);
+    combine_region_ = zeroed(device::CombineRegion::bytes(shape), DeviceMemoryKind::kPeerVisible);
     signals_ = zeroed(sizeof(device::Signals), DeviceMemoryKind::kPeerVisible);
     state_ = zeroed(sizeof(device::LocalState));
     block_calls_ = zeroed(static_cast<std::size_t>(grid_.blocks) * sizeof(device::BlockCalls));

@@ -38,6 +38,7 @@ using rocep::testing::same_bytes;
 using rocep::testing::seed_trace;
 using rocep::testing::shared_seed;
 using rocep::testing::upload;
+using rocep::testing::world_rank;
 using rocep::testing::world_size;
 
 using rocep::bf16_bits;
@@ -384,6 +385,51 @@ TEST_F(GpuPerToken, CombineEpilogueMatchesTheReference) {
     rocep::testing::combine_on(group, epilogue.with(args, true), i % 2 == 1, stream.get());
     EXPECT_NO_THROW(group.synchronize(stream.get()));
     rocep::testing::expect_strided_rows_match(out, combined, counts[i], config.hidden, epilogue.stride);
+  }
+}
+
+// Where every rank's grid has 16 blocks or more, calls of 1024 tokens or more are combined chunk by chunk,
+// and a fused one splits its blocks into senders and receivers (hip/combine.hip): one group over calls that
+// cross that count both ways (ranks on either side of it in one call), with new data each time, fused and
+// split, with and without an epilogue; at the default budget, and on 8 multiprocessors (no chunks).
+TEST_F(GpuPerToken, ChunkedCombinesMatchTheReference) {
+  for (const int sms : {EpConfig::kDefaultSms, 8}) {
+    const EpConfig config = per_token(make_config(2048, 8, 64 / world_size(), 1536, 16, sms));
+    const Sizes sizes(config);
+    rocep::EpGroup reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
+    rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+    rocep::Stream stream;
+    DeviceCall device(config, sizes);
+    const DeviceOutputs outputs(sizes);
+    const uint64_t seed = shared_seed();
+    SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
+    const int counts[] = {1536, world_rank() % 2 == 0 ? 1100 : 700, 1024, 3, 1300};
+    for (int i = 0; i < 5; ++i) {
+      const bool split = i == 1 || i == 4;
+      const bool with_epilogue = i % 3 == 0;
+      SCOPED_TRACE("call " + std::to_string(i) + (split ? ", split" : ", fused") +
+                   (with_epilogue ? ", epilogue" : ""));
+      const Call call = make_call(config, Routing::kUniform, seed + i, counts[i]);
+      const rocep::testing::EpilogueData epilogue(config, seed + 50 + i);
+      const std::size_t stride = with_epilogue ? epilogue.stride : static_cast<std::size_t>(config.hidden);
+      HostOutputs expected(config);
+      reference.dispatch(call.view(), expected.view());
+      std::vector<bf16_bits> combined(static_cast<std::size_t>(std::max(counts[i], 1)) * stride);
+      const rocep::CombineArgs host_args{call.rows.data(), nullptr, call.shared.data(), combined.data()};
+      reference.combine(with_epilogue ? epilogue.with(host_args, false) : host_args);
+      device.load(call);
+      outputs.poison();
+      const DeviceBuffer out =
+          poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * stride * sizeof(bf16_bits));
+      rocep::CombineArgs args = device.combine();
+      args.out = out.get();
+      rocep::testing::dispatch_on(group, device.inputs(false), outputs.view(sizes), split, stream.get());
+      rocep::testing::combine_on(group, with_epilogue ? epilogue.with(args, true) : args, split,
+                                 stream.get());
+      EXPECT_NO_THROW(group.synchronize(stream.get()));
+      expect_dispatch_matches(sizes, outputs, expected);
+      rocep::testing::expect_strided_rows_match(out, combined, counts[i], config.hidden, stride);
+    }
   }
 }
 
