@@ -103,36 +103,48 @@ __device__ inline void copy_bytes16(void* destination, const void* source, std::
 }
 
 // Copies `count` rows of `vectors` 16-byte vectors each, from[i] to to[i] (shared memory), with every
-// thread of the block: the rows' vectors are one sequence, of which each thread loads kInFlight before it
-// stores any of them, so that a block keeps kInFlight x 16 bytes per thread in flight however short the
-// rows (what a grid of few blocks needs to keep a link or HBM busy).
+// thread of the block. Each row is copied by a group of threads (whole waves: as many as take kInFlight
+// vectors each, at most the block), each thread loading its kInFlight vectors before it stores any of them,
+// so that a block keeps about kInFlight x 16 bytes per thread in flight however short the rows (what a grid
+// of few blocks needs to keep a link or HBM busy); with fewer rows than groups, each row is cut into as
+// many parts as keep the groups busy. A thread's vectors are a fixed stride apart: no division, and no
+// lookup of its row, per vector.
 template <int kInFlight>
 __device__ void copy_rows(const uint8_t* const* from, uint8_t* const* to, int count, uint32_t vectors) {
-  const uint32_t total = static_cast<uint32_t>(count) * vectors;
-  for (uint32_t first = threadIdx.x; first < total; first += kInFlight * blockDim.x) {
-    // Vector first + i * blockDim.x is vector `offset` of row `row`, stepped without a division per vector.
-    const uint32_t first_row = first / vectors;
-    Vector16 staged[kInFlight];
-    uint32_t row = first_row;
-    uint32_t offset = first - first_row * vectors;
+  const int block_threads = static_cast<int>(blockDim.x);
+  const int wanted = static_cast<int>((vectors + kInFlight - 1) / kInFlight);
+  const int row_threads = min((wanted + kWaveSize - 1) / kWaveSize * kWaveSize, block_threads);
+  const int groups = block_threads / row_threads;
+  const int group = static_cast<int>(threadIdx.x) / row_threads;
+  if (count <= 0 || group >= groups) {
+    return;  // nothing to copy, or the threads past the last whole group
+  }
+  int parts = 1;
+  while (parts * 2 * count <= groups) {
+    parts *= 2;
+  }
+  const auto lane = static_cast<uint32_t>(threadIdx.x) % static_cast<uint32_t>(row_threads);
+  const auto step = static_cast<uint32_t>(row_threads);
+  for (int unit = group; unit < count * parts; unit += groups) {
+    const int row = unit / parts;
+    const auto part = static_cast<uint32_t>(unit - row * parts);
+    const uint32_t end = (part + 1) * vectors / static_cast<uint32_t>(parts);
+    const auto* source = reinterpret_cast<const Vector16*>(from[row]);
+    auto* destination = reinterpret_cast<Vector16*>(to[row]);
+    for (uint32_t first = part * vectors / static_cast<uint32_t>(parts) + lane; first < end;
+         first += kInFlight * step) {
+      Vector16 staged[kInFlight];
 #pragma unroll
-    for (int i = 0; i < kInFlight; ++i) {
-      if (row < static_cast<uint32_t>(count)) {
-        staged[i] = reinterpret_cast<const Vector16*>(from[row])[offset];
+      for (int i = 0; i < kInFlight; ++i) {
+        if (first + i * step < end) {
+          staged[i] = source[first + i * step];
+        }
       }
-      for (offset += blockDim.x; offset >= vectors && row < static_cast<uint32_t>(count); offset -= vectors) {
-        ++row;
-      }
-    }
-    row = first_row;
-    offset = first - first_row * vectors;
 #pragma unroll
-    for (int i = 0; i < kInFlight; ++i) {
-      if (row < static_cast<uint32_t>(count)) {
-        reinterpret_cast<Vector16*>(to[row])[offset] = staged[i];
-      }
-      for (offset += blockDim.x; offset >= vectors && row < static_cast<uint32_t>(count); offset -= vectors) {
-        ++row;
+      for (int i = 0; i < kInFlight; ++i) {
+        if (first + i * step < end) {
+          destination[first + i * step] = staged[i];
+        }
       }
     }
   }
