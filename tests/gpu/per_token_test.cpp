@@ -303,16 +303,54 @@ TEST_F(GpuPerToken, MatchesReferenceInEveryFormatAndRouting) {
   check_per_token(fnuz, Routing::kUniform, true);
 }
 
+// A GPU group and the CPU reference group of one config, with one call's device buffers: what a test of
+// calls on one group holds.
+struct Groups {
+  explicit Groups(const EpConfig& config)
+      : sizes(config),
+        reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference),
+        group(MPI_COMM_WORLD, config, rocep::Backend::kGpu),
+        device(config, sizes),
+        outputs(sizes) {}
+  Sizes sizes;
+  rocep::EpGroup reference;
+  rocep::EpGroup group;
+  rocep::Stream stream;
+  DeviceCall device;
+  DeviceOutputs outputs;
+};
+
+// `call` dispatched and combined on `groups`, split or fused, through `epilogue` when given (rows its
+// stride apart, else hidden), against the reference's outputs; every output poisoned first.
+void check_call_on(Groups& groups, const EpConfig& config, const Call& call, bool split,
+                   const rocep::testing::EpilogueData* epilogue) {
+  const std::size_t stride = epilogue != nullptr ? epilogue->stride : static_cast<std::size_t>(config.hidden);
+  const int tokens = call.inputs.num_tokens;
+  HostOutputs expected(config);
+  groups.reference.dispatch(call.view(), expected.view());
+  std::vector<bf16_bits> combined(static_cast<std::size_t>(std::max(tokens, 1)) * stride);
+  const rocep::CombineArgs host_args{call.rows.data(), nullptr, call.shared.data(), combined.data()};
+  groups.reference.combine(epilogue != nullptr ? epilogue->with(host_args, false) : host_args);
+  groups.device.load(call);
+  groups.outputs.poison();
+  const DeviceBuffer out =
+      poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * stride * sizeof(bf16_bits));
+  rocep::CombineArgs args = groups.device.combine();
+  args.out = out.get();
+  rocep::testing::dispatch_on(groups.group, groups.device.inputs(false), groups.outputs.view(groups.sizes),
+                              split, groups.stream.get());
+  rocep::testing::combine_on(groups.group, epilogue != nullptr ? epilogue->with(args, true) : args, split,
+                             groups.stream.get());
+  EXPECT_NO_THROW(groups.group.synchronize(groups.stream.get()));
+  expect_dispatch_matches(groups.sizes, groups.outputs, expected);
+  rocep::testing::expect_strided_rows_match(out, combined, tokens, config.hidden, stride);
+}
+
 // One group, one call after another with new data, counts full -> 1 -> 0 -> full and a new routing every
 // time, eagerly; then as graph replays of one captured dispatch + combine with the count on the device.
 TEST_F(GpuPerToken, CallsThatChangeCountsAndRoutingsMatchTheReference) {
   const EpConfig config = per_token(make_config(4096, 8, 128 / world_size(), 256, 16));
-  const Sizes sizes(config);
-  rocep::EpGroup reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
-  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
-  rocep::Stream stream;
-  DeviceCall device(config, sizes);
-  const DeviceOutputs outputs(sizes);
+  Groups groups(config);
   const uint64_t seed = shared_seed();
   SCOPED_TRACE(seed_trace(seed));
   const int counts[] = {256, 1, 0, 256, 17};
@@ -322,69 +360,53 @@ TEST_F(GpuPerToken, CallsThatChangeCountsAndRoutingsMatchTheReference) {
     SCOPED_TRACE("eager call " + std::to_string(i));
     const Call call = make_call(config, routings[i], seed + i, counts[i]);
     HostOutputs expected(config);
-    const std::vector<bf16_bits> combined = reference_call(reference, call, expected, sizes);
-    device.load(call);
-    outputs.poison();
-    group.dispatch(device.inputs(false), outputs.view(sizes), stream.get());
-    group.combine(device.combine(), stream.get());
-    EXPECT_NO_THROW(group.synchronize(stream.get()));
-    expect_dispatch_matches(sizes, outputs, expected);
-    expect_combined(device.out, combined);
+    const std::vector<bf16_bits> combined = reference_call(groups.reference, call, expected, groups.sizes);
+    groups.device.load(call);
+    groups.outputs.poison();
+    groups.group.dispatch(groups.device.inputs(false), groups.outputs.view(groups.sizes),
+                          groups.stream.get());
+    groups.group.combine(groups.device.combine(), groups.stream.get());
+    EXPECT_NO_THROW(groups.group.synchronize(groups.stream.get()));
+    expect_dispatch_matches(groups.sizes, groups.outputs, expected);
+    expect_combined(groups.device.out, combined);
   }
   hipGraph_t graph;
   hipGraphExec_t executable;
-  ROCEP_GPU_CHECK(hipStreamBeginCapture(stream.get(), hipStreamCaptureModeThreadLocal));
-  group.dispatch_send(device.inputs(true), stream.get());
-  group.dispatch_recv(outputs.view(sizes), stream.get());
-  group.combine(device.combine(), stream.get());
-  ROCEP_GPU_CHECK(hipStreamEndCapture(stream.get(), &graph));
+  ROCEP_GPU_CHECK(hipStreamBeginCapture(groups.stream.get(), hipStreamCaptureModeThreadLocal));
+  groups.group.dispatch_send(groups.device.inputs(true), groups.stream.get());
+  groups.group.dispatch_recv(groups.outputs.view(groups.sizes), groups.stream.get());
+  groups.group.combine(groups.device.combine(), groups.stream.get());
+  ROCEP_GPU_CHECK(hipStreamEndCapture(groups.stream.get(), &graph));
   ROCEP_GPU_CHECK(hipGraphInstantiate(&executable, graph, nullptr, nullptr, 0));
   for (int replay = 0; replay < 4; ++replay) {
     SCOPED_TRACE("graph replay " + std::to_string(replay));
     const Call call = make_call(config, routings[replay + 1], seed + 100 + replay, counts[replay]);
     HostOutputs expected(config);
-    const std::vector<bf16_bits> combined = reference_call(reference, call, expected, sizes);
-    device.load(call);
-    outputs.poison();
-    ROCEP_GPU_CHECK(hipGraphLaunch(executable, stream.get()));
-    EXPECT_NO_THROW(group.synchronize(stream.get()));
-    expect_dispatch_matches(sizes, outputs, expected);
-    expect_combined(device.out, combined);
+    const std::vector<bf16_bits> combined = reference_call(groups.reference, call, expected, groups.sizes);
+    groups.device.load(call);
+    groups.outputs.poison();
+    ROCEP_GPU_CHECK(hipGraphLaunch(executable, groups.stream.get()));
+    EXPECT_NO_THROW(groups.group.synchronize(groups.stream.get()));
+    expect_dispatch_matches(groups.sizes, groups.outputs, expected);
+    expect_combined(groups.device.out, combined);
   }
   ROCEP_GPU_CHECK(hipGraphExecDestroy(executable));
   ROCEP_GPU_CHECK(hipGraphDestroy(graph));
 }
 
 // The combine epilogue (factor, per-token factors, residual, rows into a wider tensor) against the
-// reference's, on one group over calls with new data and counts, fused and split.
+// reference's, on one group over calls with new data and counts, fused and split (the dispatch checked too).
 TEST_F(GpuPerToken, CombineEpilogueMatchesTheReference) {
   const EpConfig config = per_token(make_config(2048, 8, 64 / world_size(), 96, 16));
-  const Sizes sizes(config);
-  rocep::EpGroup reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
-  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
-  rocep::Stream stream;
-  DeviceCall device(config, sizes);
-  const DeviceOutputs outputs(sizes);
+  Groups groups(config);
   const uint64_t seed = shared_seed();
   SCOPED_TRACE(seed_trace(seed));
   const int counts[] = {96, 5, 0, 61};
   for (int i = 0; i < 4; ++i) {
     SCOPED_TRACE("call " + std::to_string(i));
-    const Call call = make_call(config, Routing::kUniform, seed + i, counts[i]);
     const rocep::testing::EpilogueData epilogue(config, seed + 50 + i);
-    HostOutputs expected(config);
-    reference.dispatch(call.view(), expected.view());
-    std::vector<bf16_bits> combined(static_cast<std::size_t>(std::max(counts[i], 1)) * epilogue.stride);
-    reference.combine(epilogue.with({call.rows.data(), nullptr, call.shared.data(), combined.data()}, false));
-    device.load(call);
-    const DeviceBuffer out =
-        poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * epilogue.stride * sizeof(bf16_bits));
-    rocep::CombineArgs args = device.combine();
-    args.out = out.get();
-    rocep::testing::dispatch_on(group, device.inputs(false), outputs.view(sizes), i % 2 == 1, stream.get());
-    rocep::testing::combine_on(group, epilogue.with(args, true), i % 2 == 1, stream.get());
-    EXPECT_NO_THROW(group.synchronize(stream.get()));
-    rocep::testing::expect_strided_rows_match(out, combined, counts[i], config.hidden, epilogue.stride);
+    check_call_on(groups, config, make_call(config, Routing::kUniform, seed + i, counts[i]), i % 2 == 1,
+                  &epilogue);
   }
 }
 
@@ -395,12 +417,7 @@ TEST_F(GpuPerToken, CombineEpilogueMatchesTheReference) {
 TEST_F(GpuPerToken, ChunkedCombinesMatchTheReference) {
   for (const int sms : {EpConfig::kDefaultSms, 8}) {
     const EpConfig config = per_token(make_config(2048, 8, 64 / world_size(), 1536, 16, sms));
-    const Sizes sizes(config);
-    rocep::EpGroup reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
-    rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
-    rocep::Stream stream;
-    DeviceCall device(config, sizes);
-    const DeviceOutputs outputs(sizes);
+    Groups groups(config);
     const uint64_t seed = shared_seed();
     SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
     const int counts[] = {1536, world_rank() % 2 == 0 ? 1100 : 700, 1024, 3, 1300};
@@ -409,26 +426,9 @@ TEST_F(GpuPerToken, ChunkedCombinesMatchTheReference) {
       const bool with_epilogue = i % 3 == 0;
       SCOPED_TRACE("call " + std::to_string(i) + (split ? ", split" : ", fused") +
                    (with_epilogue ? ", epilogue" : ""));
-      const Call call = make_call(config, Routing::kUniform, seed + i, counts[i]);
       const rocep::testing::EpilogueData epilogue(config, seed + 50 + i);
-      const std::size_t stride = with_epilogue ? epilogue.stride : static_cast<std::size_t>(config.hidden);
-      HostOutputs expected(config);
-      reference.dispatch(call.view(), expected.view());
-      std::vector<bf16_bits> combined(static_cast<std::size_t>(std::max(counts[i], 1)) * stride);
-      const rocep::CombineArgs host_args{call.rows.data(), nullptr, call.shared.data(), combined.data()};
-      reference.combine(with_epilogue ? epilogue.with(host_args, false) : host_args);
-      device.load(call);
-      outputs.poison();
-      const DeviceBuffer out =
-          poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * stride * sizeof(bf16_bits));
-      rocep::CombineArgs args = device.combine();
-      args.out = out.get();
-      rocep::testing::dispatch_on(group, device.inputs(false), outputs.view(sizes), split, stream.get());
-      rocep::testing::combine_on(group, with_epilogue ? epilogue.with(args, true) : args, split,
-                                 stream.get());
-      EXPECT_NO_THROW(group.synchronize(stream.get()));
-      expect_dispatch_matches(sizes, outputs, expected);
-      rocep::testing::expect_strided_rows_match(out, combined, counts[i], config.hidden, stride);
+      check_call_on(groups, config, make_call(config, Routing::kUniform, seed + i, counts[i]), split,
+                    with_epilogue ? &epilogue : nullptr);
     }
   }
 }
