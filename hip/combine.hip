@@ -12,95 +12,11 @@
 //                       ranks' tokens cross as partials do, flagged chunk by chunk of the owner's tokens; a
 //                       rank's own tokens' rows stay in place. The fused kernel's blocks either send or
 //                       receive, so that the receive sums each chunk while later ones still cross.
-#include "bf16.hpp"
-#include "ep_kernels.hpp"
-#include "group_sync.hpp"
-#include "vector_copy.hpp"
+#include "combine_receive.hpp"
 
 using namespace rocep::device;
 
 namespace {
-
-constexpr int kLanes = 8;  // bf16 elements per 16-byte vector
-
-struct Lanes {
-  float value[kLanes];
-};
-
-// A vector's eight bf16 as float32 and back: element 2i in the low half of 32-bit word i, 2i + 1 in its
-// high half (both targets are little-endian). Worked on the words' bits: read through a uint16_t pointer
-// into the vector, hipcc (clang 15) kept every staged vector in scratch memory and waited for each load
-// before issuing the next.
-__device__ inline void unpack_word(uint32_t word, float* pair) {
-  pair[0] = bits_float(word << 16);  // rocep::bf16_to_float of each half
-  pair[1] = bits_float(word & 0xffff0000u);
-}
-
-__device__ inline Lanes unpack(const Vector16& vector) {
-  Lanes lanes;
-  unpack_word(vector.x, lanes.value);
-  unpack_word(vector.y, lanes.value + 2);
-  unpack_word(vector.z, lanes.value + 4);
-  unpack_word(vector.w, lanes.value + 6);
-  return lanes;
-}
-
-// rocep::float_to_bf16 of both. NVIDIA sm_80 and later round a pair in one instruction, to nearest even as
-// float_to_bf16 does, but store every NaN as 0x7fff where float_to_bf16 keeps the NaN's quieted bits: a
-// pair holding a NaN takes float_to_bf16. The receive of 4096 tokens at 24 SMs is bound by its
-// instructions (docs/performance.md), of which float_to_bf16 was about 9 per element.
-__device__ inline uint32_t pack_word(const float* pair) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if (__builtin_expect(pair[0] == pair[0] && pair[1] == pair[1], 1)) {
-    uint32_t packed;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(pair[1]), "f"(pair[0]));
-    return packed;
-  }
-#endif
-  return rocep::float_to_bf16(pair[0]) | static_cast<uint32_t>(rocep::float_to_bf16(pair[1])) << 16;
-}
-
-__device__ inline Vector16 pack(const Lanes& lanes) {
-  return Vector16{pack_word(lanes.value), pack_word(lanes.value + 2), pack_word(lanes.value + 4),
-                  pack_word(lanes.value + 6)};
-}
-
-// A partial row on its way to a peer, or a combined row without an epilogue: stored as summed.
-struct NoEpilogue {
-  __device__ void apply(Lanes& /*values*/, int /*vector*/) const {}
-};
-
-// CombineArgs' epilogue on one combined row (include/rocep/types.hpp: the order), for token `token`.
-struct RowEpilogue {
-  float factor;               // applied when not 1
-  const float* token_factor;  // applied when set
-  const Vector16* residual;   // the token's residual row, added when set
-  __device__ RowEpilogue(const rocep::device::CombineArgs& args, int token, int vectors)
-      : factor(args.factor),
-        token_factor(args.token_factors != nullptr ? args.token_factors + token : nullptr),
-        residual(args.residual != nullptr ? reinterpret_cast<const Vector16*>(args.residual) +
-                                                static_cast<std::size_t>(token) * vectors
-                                          : nullptr) {}
-  __device__ void apply(Lanes& values, int vector) const {
-    if (factor != 1.0f) {
-      for (int lane = 0; lane < kLanes; ++lane) {
-        values.value[lane] *= factor;
-      }
-    }
-    if (token_factor != nullptr) {
-      const float by = *token_factor;
-      for (int lane = 0; lane < kLanes; ++lane) {
-        values.value[lane] *= by;
-      }
-    }
-    if (residual != nullptr) {
-      const Lanes added = unpack(residual[vector]);
-      for (int lane = 0; lane < kLanes; ++lane) {
-        values.value[lane] += added.value[lane];
-      }
-    }
-  }
-};
 
 // destination = bf16(sum_j weights[j] * rows[j]) over `vectors` vectors, accumulated in float32 by fused
 // multiply-add in list order. A plain sum uses weight 1: fma(1, y, s) rounds once, exactly like s + y. Each
@@ -588,166 +504,6 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
   }
 }
 
-// Waits for every rank's grid signal of combine `sequence`; with check_weighting, also reports a rank whose
-// send was not per-token partials.
-__device__ bool wait_for_rows(const GroupView& group, uint64_t sequence, bool check_weighting) {
-  const Shape& shape = group.shape;
-  const bool arrived = block_wait_for_peers(group.signals->combine_arrived, sequence, shape.world,
-                                            group.timeout_ticks, group.status, Operation::kCombineRecv);
-  if (arrived && check_weighting && static_cast<int>(threadIdx.x) < shape.world) {
-    const int32_t peer_weighted = group.signals->combine_weighted[threadIdx.x];
-    if (peer_weighted != 1) {
-      report_failure(group.status, StatusCode::kCombineWeightingMismatch, Operation::kCombineRecv,
-                     static_cast<int>(threadIdx.x), -1, -1, peer_weighted);
-    }
-  }
-  return arrived;
-}
-
-// The per-token receive, by receiver `receiver` of `receivers`: out[t] = the rows of t from every rank that
-// received it, in ascending rank order (this rank's own from expert_outputs, the others' from the combine
-// region), plus the shared expert, summed in float32 and rounded once. `chunked`: chunk by chunk of this
-// rank's tokens (combine_chunk_tokens), each once every other rank flagged it for call `sequence`; else,
-// once every rank's grid signalled, PerTokenTuning::kBatchTokens tokens at a time, `receivers` apart. A
-// piece's input lists are found first, then each token's row is summed by PerTokenTuning::kTokenThreads
-// threads (whole waves, so that a wave's threads walk the same list), or a part of it by as many when the
-// piece has fewer tokens than keep the block busy; each thread sums kSummedVectors vectors at once,
-// kSummedInputs inputs at a time (kSummedVectors x kSummedInputs loads in flight). kEpilogue: CombineArgs'
-// epilogue on each token's values before their store (kernels of their own, so that its registers do not
-// tax the plain receive).
-template <bool kEpilogue>
-__device__ void receive_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
-                                       uint64_t sequence, int receiver, int receivers, bool chunked) {
-  const Shape& shape = group.shape;
-  constexpr int kBatch = PerTokenTuning::kBatchTokens;
-  constexpr int kSummedVectors = PerTokenTuning::kSummedVectors;
-  constexpr int kSummedInputs = PerTokenTuning::kSummedInputs;
-  constexpr int kTokenThreads = PerTokenTuning::kTokenThreads;
-  static_assert(PerTokenTuning::kCombineThreads % kTokenThreads == 0 && kTokenThreads % kWaveSize == 0,
-                "a token's row is summed by whole waves of the block");
-  constexpr int kTokensAtOnce = PerTokenTuning::kCombineThreads / kTokenThreads;
-  const int vectors = shape.hidden / kLanes;
-  const int tokens = group.state->sent_tokens;
-  const int chunk_tokens = combine_chunk_tokens(tokens);
-  __shared__ const Vector16* inputs[kBatch][kMaxWorld + 1];
-  __shared__ int input_counts[kBatch];
-  const auto* region = reinterpret_cast<const uint16_t*>(group.combine_region);
-  bool arrived = chunked || wait_for_rows(group, sequence, receiver == 0);
-  for (int round = 0; arrived; ++round) {
-    int first = 0;  // the piece's tokens: `count` of them, `step` apart
-    int step = 1;
-    int count = 0;
-    if (chunked) {
-      const int chunk = receiver + round * receivers;
-      first = chunk * chunk_tokens;
-      if (first >= tokens) {
-        break;
-      }
-      count = min(chunk_tokens, tokens - first);
-      arrived = block_wait_for_peers(
-          reinterpret_cast<const uint64_t*>(group.combine_region +
-                                            CombineRegion::chunk_flag_offset(shape, chunk, 0)),
-          sequence, shape.world, group.timeout_ticks, group.status, Operation::kCombineRecv, shape.rank);
-      if (!arrived) {
-        break;
-      }
-    } else {
-      first = receiver + round * kBatch * receivers;
-      if (first >= tokens) {
-        break;
-      }
-      step = receivers;
-      count = min(kBatch, (tokens - first + step - 1) / step);
-    }
-    if (static_cast<int>(threadIdx.x) < count) {
-      const int token = first + static_cast<int>(threadIdx.x) * step;
-      int listed = 0;
-      const uint64_t mask = group.sent_masks[token];
-      for (int peer = 0; peer < shape.world; ++peer) {
-        if (((mask >> peer) & 1) == 0) {
-          continue;
-        }
-        const uint16_t* row =
-            peer == shape.rank
-                ? args.expert_outputs +
-                      static_cast<std::size_t>(
-                          group.token_rows[(static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) *
-                                           shape.top_k]) *
-                          shape.hidden
-                : region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden;
-        inputs[threadIdx.x][listed++] = reinterpret_cast<const Vector16*>(row);
-      }
-      if (args.shared_expert_output != nullptr) {
-        inputs[threadIdx.x][listed++] = reinterpret_cast<const Vector16*>(
-            args.shared_expert_output + static_cast<std::size_t>(token) * shape.hidden);
-      }
-      input_counts[threadIdx.x] = listed;
-    }
-    __syncthreads();
-    int parts = 1;  // of each row, as many as keep the block's threads busy
-    while (parts < kTokensAtOnce && count * parts * 2 <= kTokensAtOnce) {
-      parts *= 2;
-    }
-    for (int unit = static_cast<int>(threadIdx.x) / kTokenThreads; unit < count * parts;
-         unit += kTokensAtOnce) {
-      const int in_piece = unit / parts;
-      const int part = unit - in_piece * parts;
-      const int listed = input_counts[in_piece];
-      const Vector16* const* token_inputs = inputs[in_piece];
-      const int token = first + in_piece * step;
-      const int end = (part + 1) * vectors / parts;
-      for (int vector0 = part * vectors / parts + static_cast<int>(threadIdx.x) % kTokenThreads;
-           vector0 < end; vector0 += kSummedVectors * kTokenThreads) {
-        Lanes sums[kSummedVectors] = {};
-        for (int input = 0; input < listed; input += kSummedInputs) {
-          Vector16 loaded[kSummedInputs][kSummedVectors];
-#pragma unroll
-          for (int j = 0; j < kSummedInputs; ++j) {
-            const Vector16* row = token_inputs[min(input + j, listed - 1)] + vector0;
-#pragma unroll
-            for (int i = 0; i < kSummedVectors; ++i) {
-              if (input + j < listed && vector0 + i * kTokenThreads < end) {
-                loaded[j][i] = row[i * kTokenThreads];
-              }
-            }
-          }
-#pragma unroll
-          for (int j = 0; j < kSummedInputs; ++j) {
-#pragma unroll
-            for (int i = 0; i < kSummedVectors; ++i) {
-              if (input + j < listed && vector0 + i * kTokenThreads < end) {
-                const Lanes y = unpack(loaded[j][i]);
-                for (int value = 0; value < kLanes; ++value) {
-                  sums[i].value[value] = fmaf(1.0f, y.value[value], sums[i].value[value]);
-                }
-              }
-            }
-          }
-        }
-        Vector16* out =
-            reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(token) * args.out_row_stride);
-#pragma unroll
-        for (int i = 0; i < kSummedVectors; ++i) {
-          const int vector = vector0 + i * kTokenThreads;
-          if (vector < end) {
-            if constexpr (kEpilogue) {
-              RowEpilogue(args, token, vectors).apply(sums[i], vector);
-            }
-            out[vector] = pack(sums[i]);
-          }
-        }
-      }
-    }
-    __syncthreads();  // the piece's lists are summed before the next piece's are written
-  }
-  if (arrived && chunked && receiver == 0) {
-    arrived = wait_for_rows(group, sequence, true);
-  }
-  if (arrived && threadIdx.x == 0) {
-    group.block_calls[blockIdx.x].combines = sequence;  // the block's next combine is the one after
-  }
-}
-
 // The split send: every block sends, then the grid signals the peers.
 __device__ void send_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
   const int block = static_cast<int>(blockIdx.x);
@@ -756,18 +512,11 @@ __device__ void send_kernel_per_token(const GroupView& group, const rocep::devic
                    group.shape.rank, &Signals::combine_arrived);
 }
 
-// The split receive: every block receives, once every rank's grid signalled.
-template <bool kEpilogue>
-__device__ void receive_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
-  const int block = static_cast<int>(blockIdx.x);
-  receive_rows_per_token<kEpilogue>(group, args, group.block_calls[block].combines + 1, block,
-                                    static_cast<int>(gridDim.x), false);
-}
-
 // The fused call: every block sends, then receives; or, for a chunked call, combine_senders(grid) blocks
 // send and the others receive chunk by chunk as the peers' sends flag them.
-template <bool kEpilogue>
-__device__ void combine_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
+template <typename Epilogues>
+__device__ void combine_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
+                                         const Epilogues& epilogues) {
   const int block = static_cast<int>(blockIdx.x);
   const int blocks = static_cast<int>(gridDim.x);
   const uint64_t sequence = group.block_calls[block].combines + 1;
@@ -785,8 +534,8 @@ __device__ void combine_kernel_per_token(const GroupView& group, const rocep::de
     return;
   }
   const int receiver = split_roles ? block - senders : block;
-  receive_rows_per_token<kEpilogue>(group, args, sequence, receiver, blocks - (split_roles ? senders : 0),
-                                    split_roles);
+  receive_rows_per_token(group, args, epilogues, sequence, receiver, blocks - (split_roles ? senders : 0),
+                         split_roles);
 }
 
 }  // namespace
@@ -798,22 +547,22 @@ extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_recv_per_token(GroupView group, rocep::device::CombineArgs args) {
-  receive_kernel_per_token<false>(group, args);
+  receive_kernel_per_token(group, args, NoEpilogue{});
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_recv_per_token_epilogue(GroupView group, rocep::device::CombineArgs args) {
-  receive_kernel_per_token<true>(group, args);
+  receive_kernel_per_token(group, args, RowEpilogues{args});
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_per_token(GroupView group, rocep::device::CombineArgs args) {
-  combine_kernel_per_token<false>(group, args);
+  combine_kernel_per_token(group, args, NoEpilogue{});
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_per_token_epilogue(GroupView group, rocep::device::CombineArgs args) {
-  combine_kernel_per_token<true>(group, args);
+  combine_kernel_per_token(group, args, RowEpilogues{args});
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)

@@ -31,6 +31,12 @@ class EpBackend {
   virtual void dispatch_recv(const DispatchOutputs& outputs, void* stream) = 0;
   virtual void combine_send(const CombineArgs& args, void* stream) = 0;
   virtual void combine_recv(const CombineArgs& args, void* stream) = 0;
+  // combine_recv whose kernel `launcher` launches: the GPU backend's. EpGroup refuses it for the others
+  // (contract::caller_epilogue_error) before it gets here.
+  virtual void combine_recv_with(const CombineArgs& /*args*/, const CombineReceiveLauncher& /*launcher*/,
+                                 void* /*stream*/) {
+    throw InvalidInputError("combine_recv_with: a device epilogue runs in the GPU backend's kernels only");
+  }
   // The fused calls: the two halves unless the backend has one kernel for both.
   virtual void dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {
     dispatch_send(inputs, stream);

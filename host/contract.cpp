@@ -190,6 +190,28 @@ std::string combine_args_error(const EpConfig& config, int rank, const CombineAr
   return {};
 }
 
+std::string caller_epilogue_error(const EpConfig& config, Backend backend, int rank, const CombineArgs& args,
+                                  const CombineReceiveLauncher& launcher) {
+  const std::string call = on_rank("combine_recv_with", rank);
+  if (backend != Backend::kGpu) {
+    return call + ": a device epilogue runs in the GPU backend's kernels; this group runs the CPU reference";
+  }
+  if (config.layout != Layout::kPerToken) {
+    return call + ": a device epilogue needs the per-token layout (EpConfig::layout = kPerToken)";
+  }
+  if (args.factor != 1.0f || args.token_factors != nullptr || args.residual != nullptr) {
+    return call +
+           " passed factor, token_factors or residual beside a device epilogue: apply them in the epilogue "
+           "(out_row_stride is allowed)";
+  }
+  if (launcher.launch == nullptr || launcher.epilogue == nullptr) {
+    return call +
+           " passed a launcher without its launch function or epilogue (fill it with "
+           "rocep::combine_recv of <rocep/combine_epilogue.hpp>)";
+  }
+  return {};
+}
+
 std::string input_buffer_error(const EpConfig& config) {
   if (config.dispatch_format == TokenFormat::kBf16) {
     return {};

@@ -60,6 +60,9 @@ std::string dispatch_inputs_error(const EpConfig& config, int rank, const Dispat
 std::string dispatch_outputs_error(const EpConfig& config, Backend backend, int rank,
                                    const DispatchOutputs& outputs);
 std::string combine_args_error(const EpConfig& config, int rank, const CombineArgs& args);
+// A combine_recv through the caller's epilogue (EpGroup::combine_recv_with), beyond combine_args_error.
+std::string caller_epilogue_error(const EpConfig& config, Backend backend, int rank, const CombineArgs& args,
+                                  const CombineReceiveLauncher& launcher);
 // Empty when config.dispatch_format has an input buffer (bf16), else the ConfigError's message.
 std::string input_buffer_error(const EpConfig& config);
 

@@ -223,6 +223,16 @@ void EpGroup::combine_recv(const CombineArgs& args, void* stream) {
   impl_->order.advance(Call::kCombineRecv);
 }
 
+void EpGroup::combine_recv_with(const CombineArgs& args, const CombineReceiveLauncher& launcher,
+                                void* stream) {
+  const ProfilerRange range("rocep::combine_recv");
+  impl_->require(Call::kCombineRecv);
+  Impl::refuse(contract::combine_args_error(impl_->config, rank(), args));
+  Impl::refuse(contract::caller_epilogue_error(impl_->config, impl_->backend, rank(), args, launcher));
+  impl_->implementation->combine_recv_with(args, launcher, stream);
+  impl_->order.advance(Call::kCombineRecv);
+}
+
 void EpGroup::synchronize(void* stream) {
   const ProfilerRange range("rocep::synchronize");
   impl_->implementation->synchronize(stream).raise();

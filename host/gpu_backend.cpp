@@ -311,6 +311,12 @@ void GpuEp::combine_recv(const CombineArgs& args, void* stream) {
                                                            static_cast<hipStream_t>(stream)));
 }
 
+void GpuEp::combine_recv_with(const CombineArgs& args, const CombineReceiveLauncher& launcher, void* stream) {
+  const device::CombineArgs kernel_args = combine_kernel_args(args);
+  check_launch("combine_recv_with", static_cast<hipError_t>(launcher.launch(
+                                        &view_, &kernel_args, grid_.blocks, stream, launcher.epilogue)));
+}
+
 void GpuEp::check_launch(const char* call, hipError_t status) {
   if (status == hipSuccess) {
     return;

@@ -43,6 +43,8 @@ class GpuEp final : public EpBackend {
   void dispatch_recv(const DispatchOutputs& outputs, void* stream) override;
   void combine_send(const CombineArgs& args, void* stream) override;
   void combine_recv(const CombineArgs& args, void* stream) override;
+  void combine_recv_with(const CombineArgs& args, const CombineReceiveLauncher& launcher,
+                         void* stream) override;
   // Reads the status record on a stream of its own, so it never waits for the group's stream.
   RecordedError poll_error() override;
   RecordedError synchronize(void* stream) override;

@@ -43,6 +43,16 @@
 
 namespace rocep {
 
+// How a combine receive that the caller's own build compiled is launched (<rocep/combine_epilogue.hpp>
+// fills it; nothing else needs to): `launch` starts the kernel on `stream` with the group's device view,
+// the combine's kernel arguments, the group's grid and `epilogue`, and returns the runtime's status
+// (hipError_t / cudaError_t).
+struct CombineReceiveLauncher {
+  int (*launch)(const void* group_view, const void* kernel_args, int blocks, void* stream,
+                const void* epilogue) = nullptr;
+  const void* epilogue = nullptr;
+};
+
 enum class Backend {
   kAuto,          // the GPU when this build has GPU kernels and a GPU is visible, else the CPU reference
   kGpu,           // kernels on the GPU; every pointer is device memory
@@ -130,6 +140,13 @@ class EpGroup {
   void combine_send(const CombineArgs& args, void* stream = nullptr);
   // Waits for every peer's rows and writes args.out.
   void combine_recv(const CombineArgs& args, void* stream = nullptr);
+  // combine_recv through the caller's own elementwise device epilogue, which its build compiled into the
+  // receive: call rocep::combine_recv(group, args, epilogue, stream) of <rocep/combine_epilogue.hpp>, which
+  // fills `launcher`. The same call as combine_recv otherwise (order, errors). InvalidInputError: on the CPU
+  // reference, in the expanded layout, with CombineArgs' own epilogue (factor, token_factors, residual: do
+  // that in the caller's epilogue), or with no launcher.
+  void combine_recv_with(const CombineArgs& args, const CombineReceiveLauncher& launcher,
+                         void* stream = nullptr);
 
   // Waits for `stream` and throws what was recorded since the last synchronize (and clears it):
   // InvalidInputError for an expert id out of range or named twice (rank, token, slot; that slot was not

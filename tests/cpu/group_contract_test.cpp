@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -265,6 +266,20 @@ TEST(EpGroupOverThreadsTest, CallsOutOfOrderAreRefusedAndChangeNothing) {
     buffers.run_experts(rank);
     group.combine_send(combine_args);
     EXPECT_THROW(group.dispatch({}, buffers.outputs()), rocep::CallOrderError);
+    // A receive through a caller's device epilogue is the GPU backend's: refused here, launching nothing.
+    static std::atomic<bool> launched{false};
+    const rocep::CombineReceiveLauncher launcher{[](const void*, const void*, int, void*, const void*) {
+                                                   launched = true;
+                                                   return 0;
+                                                 },
+                                                 &launched};
+    try {
+      group.combine_recv_with(combine_args, launcher);
+      ADD_FAILURE() << "combine_recv_with on the CPU reference was not refused";
+    } catch (const rocep::InvalidInputError& error) {
+      EXPECT_NE(std::string(error.what()).find("CPU reference"), std::string::npos) << error.what();
+    }
+    EXPECT_FALSE(launched);
     group.combine_recv(combine_args);
     const std::vector<bf16_bits> out(buffers.out.begin(),
                                      buffers.out.begin() + step.num_tokens[rank] * kHidden);

@@ -18,6 +18,7 @@
 #include "host/gpu_check.hpp"
 #include "mpi_support.hpp"
 #include "per_token_outputs.hpp"
+#include "rocep/combine_epilogue.hpp"
 #include "rocep/mpi.hpp"
 #include "rocep/rocep.hpp"
 
@@ -320,10 +321,36 @@ struct Groups {
   DeviceOutputs outputs;
 };
 
+// A caller's epilogue (<rocep/combine_epilogue.hpp>) that does what CombineArgs' own epilogue does, in the
+// same order: the factor, the token's factor, then the token's bf16 residual row.
+struct FactorsAndResidual {
+  float factor;
+  const float* token_factors;  // [tokens]
+  const uint16_t* residual;    // bf16 [tokens][hidden]
+  int hidden;
+  __device__ void operator()(int token, int column, float (&values)[8]) const {
+    if (factor != 1.0f) {
+      for (float& value : values) {
+        value *= factor;
+      }
+    }
+    const float by = token_factors[token];
+    for (float& value : values) {
+      value *= by;
+    }
+    const uint16_t* row = residual + static_cast<std::size_t>(token) * hidden + column;
+    for (int i = 0; i < 8; ++i) {
+      values[i] += rocep::bf16_to_float(row[i]);
+    }
+  }
+};
+
 // `call` dispatched and combined on `groups`, split or fused, through `epilogue` when given (rows its
-// stride apart, else hidden), against the reference's outputs; every output poisoned first.
+// stride apart, else hidden), against the reference's outputs; every output poisoned first. `by_caller`:
+// the combine is combine_send, then the receive through FactorsAndResidual with `epilogue`'s values,
+// after the same receive with CombineArgs' own epilogue beside it was refused.
 void check_call_on(Groups& groups, const EpConfig& config, const Call& call, bool split,
-                   const rocep::testing::EpilogueData* epilogue) {
+                   const rocep::testing::EpilogueData* epilogue, bool by_caller = false) {
   const std::size_t stride = epilogue != nullptr ? epilogue->stride : static_cast<std::size_t>(config.hidden);
   const int tokens = call.inputs.num_tokens;
   HostOutputs expected(config);
@@ -339,8 +366,19 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
   args.out = out.get();
   rocep::testing::dispatch_on(groups.group, groups.device.inputs(false), groups.outputs.view(groups.sizes),
                               split, groups.stream.get());
-  rocep::testing::combine_on(groups.group, epilogue != nullptr ? epilogue->with(args, true) : args, split,
-                             groups.stream.get());
+  if (by_caller) {
+    groups.group.combine_send(args, groups.stream.get());
+    const FactorsAndResidual caller{epilogue->factor, epilogue->device_token_factors.as<float>(),
+                                    static_cast<const uint16_t*>(epilogue->device_residual.get()),
+                                    config.hidden};
+    EXPECT_THROW(rocep::combine_recv(groups.group, epilogue->with(args, true), caller, groups.stream.get()),
+                 rocep::InvalidInputError);
+    args.out_row_stride = epilogue->stride;
+    rocep::combine_recv(groups.group, args, caller, groups.stream.get());
+  } else {
+    rocep::testing::combine_on(groups.group, epilogue != nullptr ? epilogue->with(args, true) : args, split,
+                               groups.stream.get());
+  }
   EXPECT_NO_THROW(groups.group.synchronize(groups.stream.get()));
   expect_dispatch_matches(groups.sizes, groups.outputs, expected);
   rocep::testing::expect_strided_rows_match(out, combined, tokens, config.hidden, stride);
@@ -395,18 +433,22 @@ TEST_F(GpuPerToken, CallsThatChangeCountsAndRoutingsMatchTheReference) {
 }
 
 // The combine epilogue (factor, per-token factors, residual, rows into a wider tensor) against the
-// reference's, on one group over calls with new data and counts, fused and split (the dispatch checked too).
+// reference's, on one group over calls with new data and counts (the dispatch checked too): CombineArgs'
+// own epilogue in fused and split calls, and a caller's that does the same compiled into the receive
+// (<rocep/combine_epilogue.hpp>), which must give the same bits.
 TEST_F(GpuPerToken, CombineEpilogueMatchesTheReference) {
+  rocep::prepare_combine_epilogue<FactorsAndResidual>();
   const EpConfig config = per_token(make_config(2048, 8, 64 / world_size(), 96, 16));
   Groups groups(config);
   const uint64_t seed = shared_seed();
   SCOPED_TRACE(seed_trace(seed));
-  const int counts[] = {96, 5, 0, 61};
-  for (int i = 0; i < 4; ++i) {
-    SCOPED_TRACE("call " + std::to_string(i));
+  const int counts[] = {96, 5, 0, 61, 17, 96};
+  for (int i = 0; i < 6; ++i) {
+    const bool by_caller = i % 3 == 2;
+    SCOPED_TRACE("call " + std::to_string(i) + (by_caller ? ", the caller's epilogue" : ""));
     const rocep::testing::EpilogueData epilogue(config, seed + 50 + i);
     check_call_on(groups, config, make_call(config, Routing::kUniform, seed + i, counts[i]), i % 2 == 1,
-                  &epilogue);
+                  &epilogue, by_caller);
   }
 }
 
