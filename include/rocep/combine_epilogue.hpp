@@ -21,7 +21,9 @@
 // (column a multiple of 8), with their float32 values: the token's rows from every rank that received it,
 // summed in ascending rank order, plus the shared expert. It changes them in place; rocep then rounds them
 // to bf16 and stores them at args.out + token * out_row_stride + column. It runs in the receive's threads,
-// once per (token, 8 columns), in no particular order: it must not depend on another call's values.
+// once per (token, 8 columns), in no particular order: it must not depend on another call's values. The
+// sums are rocep's, bit for bit whatever your build's flags (explicit fused multiply-adds by 1); your
+// epilogue's arithmetic follows your build's (nvcc contracts a * b + c into one fma unless --fmad=false).
 //
 // The call is EpGroup::combine_recv in every other respect (order, errors, graph capture, the group's SM
 // budget); the fused combine has no such form: use combine_send, then this. InvalidInputError on the CPU
