@@ -257,53 +257,6 @@ void expect_combined(const DeviceBuffer& out, const std::vector<bf16_bits>& expe
   expect_prefix("combined tokens", out, expected, expected.size());
 }
 
-// Dispatch + combine of fresh inputs on a new GPU group and on the reference, split or fused.
-void check_per_token(const EpConfig& config, Routing routing, bool split, bool pass_through = false) {
-  const uint64_t seed = shared_seed();
-  SCOPED_TRACE(seed_trace(seed) + ", routing " + routing_name(routing) + (split ? ", split" : ", fused") +
-               (pass_through ? ", already quantised" : "") + ", " + config.describe());
-  const Sizes sizes(config);
-  const Call call = make_call(config, routing, seed, -1, pass_through);
-  rocep::EpGroup reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
-  HostOutputs expected(config);
-  const std::vector<bf16_bits> combined = reference_call(reference, call, expected, sizes);
-
-  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
-  rocep::Stream stream;
-  DeviceCall device(config, sizes);
-  device.load(call);
-  const DeviceOutputs outputs(sizes);
-  rocep::testing::dispatch_on(group, device.inputs(false), outputs.view(sizes), split, stream.get());
-  EXPECT_NO_THROW(group.synchronize(stream.get()));
-  expect_dispatch_matches(sizes, outputs, expected);
-  rocep::testing::combine_on(group, device.combine(), split, stream.get());
-  EXPECT_NO_THROW(group.synchronize(stream.get()));
-  expect_combined(device.out, combined);
-}
-
-TEST_F(GpuPerToken, MatchesReferenceInEveryFormatAndRouting) {
-  const int world = world_size();
-  bool split = false;
-  for (const Routing routing :
-       {Routing::kUniform, Routing::kMasked, Routing::kHotExpert, Routing::kUnevenCounts, Routing::kFull}) {
-    check_per_token(per_token(make_config(7168, 8, 256 / world, 128)), routing, split = !split);
-    check_per_token(per_token(make_config(2048, 4, 64 / world, 96, 16)), routing, split = !split);
-  }
-  // 320 tokens from each rank: more (source, chunk) entries than a receive ranks in its blocks.
-  check_per_token(per_token(make_config(2048, 8, 256 / world, 320, 4)), Routing::kUniform, true);
-  check_per_token(per_token(make_config(1024, 1, std::max(8 / world, 1), 64)), Routing::kFull, false);
-  for (const auto format : {rocep::TokenFormat::kFp8Block128, rocep::TokenFormat::kMxfp8,
-                            rocep::TokenFormat::kMxfp4, rocep::TokenFormat::kNvfp4}) {
-    check_per_token(per_token(make_config(2048, 8, 64 / world, 64, 8), format), Routing::kMasked,
-                    split = !split);
-    check_per_token(per_token(make_config(2048, 8, 64 / world, 64, 8), format), Routing::kUniform, split,
-                    /*pass_through=*/true);
-  }
-  EpConfig fnuz = per_token(make_config(7168, 8, 256 / world, 48), rocep::TokenFormat::kFp8Block128);
-  fnuz.fp8_encoding = rocep::Fp8Encoding::kE4m3fnuz;
-  check_per_token(fnuz, Routing::kUniform, true);
-}
-
 // A GPU group and the CPU reference group of one config, with one call's device buffers: what a test of
 // calls on one group holds.
 struct Groups {
@@ -382,6 +335,38 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
   EXPECT_NO_THROW(groups.group.synchronize(groups.stream.get()));
   expect_dispatch_matches(groups.sizes, groups.outputs, expected);
   rocep::testing::expect_strided_rows_match(out, combined, tokens, config.hidden, stride);
+}
+
+// Dispatch + combine of fresh inputs on a new GPU group and on the reference, split or fused.
+void check_per_token(const EpConfig& config, Routing routing, bool split, bool pass_through = false) {
+  const uint64_t seed = shared_seed();
+  SCOPED_TRACE(seed_trace(seed) + ", routing " + routing_name(routing) + (split ? ", split" : ", fused") +
+               (pass_through ? ", already quantised" : "") + ", " + config.describe());
+  Groups groups(config);
+  check_call_on(groups, config, make_call(config, routing, seed, -1, pass_through), split, nullptr);
+}
+
+TEST_F(GpuPerToken, MatchesReferenceInEveryFormatAndRouting) {
+  const int world = world_size();
+  bool split = false;
+  for (const Routing routing :
+       {Routing::kUniform, Routing::kMasked, Routing::kHotExpert, Routing::kUnevenCounts, Routing::kFull}) {
+    check_per_token(per_token(make_config(7168, 8, 256 / world, 128)), routing, split = !split);
+    check_per_token(per_token(make_config(2048, 4, 64 / world, 96, 16)), routing, split = !split);
+  }
+  // 320 tokens from each rank: more (source, chunk) entries than a receive ranks in its blocks.
+  check_per_token(per_token(make_config(2048, 8, 256 / world, 320, 4)), Routing::kUniform, true);
+  check_per_token(per_token(make_config(1024, 1, std::max(8 / world, 1), 64)), Routing::kFull, false);
+  for (const auto format : {rocep::TokenFormat::kFp8Block128, rocep::TokenFormat::kMxfp8,
+                            rocep::TokenFormat::kMxfp4, rocep::TokenFormat::kNvfp4}) {
+    check_per_token(per_token(make_config(2048, 8, 64 / world, 64, 8), format), Routing::kMasked,
+                    split = !split);
+    check_per_token(per_token(make_config(2048, 8, 64 / world, 64, 8), format), Routing::kUniform, split,
+                    /*pass_through=*/true);
+  }
+  EpConfig fnuz = per_token(make_config(7168, 8, 256 / world, 48), rocep::TokenFormat::kFp8Block128);
+  fnuz.fp8_encoding = rocep::Fp8Encoding::kE4m3fnuz;
+  check_per_token(fnuz, Routing::kUniform, true);
 }
 
 // One group, one call after another with new data, counts full -> 1 -> 0 -> full and a new routing every
