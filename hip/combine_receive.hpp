@@ -326,7 +326,7 @@ __device__ void receive_kernel_per_token(const GroupView& group, const rocep::de
                                          const Epilogues& epilogues) {
   const int block = static_cast<int>(blockIdx.x);
   receive_rows_per_token<kFp8>(group, args, epilogues, group.block_calls[block].combines + 1, block,
-                         static_cast<int>(gridDim.x), false);
+                               static_cast<int>(gridDim.x), false);
 }
 
 }  // namespace rocep::device
