@@ -9,9 +9,11 @@
 //   mpirun -np 2 rocep_bench [--tokens=128,4096] [--formats=bf16,fp8,mxfp8,mxfp4,nvfp4] [--hidden=7168]
 //                            [--top_k=8] [--experts=256] [--iterations=20] [--sms=default,all,N]
 //                            [--cases=fused,split,concurrent,graph] [--concurrent_tokens=4096]
-//                            [--layouts=expanded,per-token]
+//                            [--layouts=expanded,per-token] [--combine=bf16|fp8]
 //                            [--inputs=copied,input_buffer] [benchmark flags]
 //
+// --combine: EpConfig::combine_dtype of every case (fp8: the per-token layout's rows cross ranks as fp8
+// block-128; the header line's config says which).
 // --inputs=input_buffer also times bf16 dispatch from tokens written into EpGroup::dispatch_input_buffer().
 // --sms: the SM budgets (EpConfig::num_sms) every case runs at: default (the library's share), all, or N
 // multiprocessors; each row names its budget and the multiprocessors it resolved to.
@@ -81,7 +83,8 @@ struct BenchOptions {
   // Where bf16 tokens come from: false = a buffer of the caller's (dispatch stages them), true = the group's
   // input buffer (EpGroup::dispatch_input_buffer); other formats always take the first.
   std::vector<bool> input_buffer{false};
-  std::vector<rocep::Layout> layouts{rocep::Layout::kExpanded};  // EpConfig::layout of every case
+  std::vector<rocep::Layout> layouts{rocep::Layout::kExpanded};    // EpConfig::layout of every case
+  rocep::CombineDtype combine_dtype = rocep::CombineDtype::kBf16;  // EpConfig::combine_dtype of every case
 };
 
 // Removes --name=value from argv (so Google Benchmark does not see it) and returns the value.
@@ -168,6 +171,12 @@ BenchOptions parse_options(int& argc, char** argv) {
       options.layouts.push_back(item == "expanded" ? rocep::Layout::kExpanded : rocep::Layout::kPerToken);
     }
   }
+  if (take_flag(argc, argv, "combine", value)) {
+    if (value != "bf16" && value != "fp8") {
+      throw rocep::ConfigError("--combine: '" + value + "' is invalid: allowed are bf16, fp8");
+    }
+    options.combine_dtype = value == "fp8" ? rocep::CombineDtype::kFp8Block128 : rocep::CombineDtype::kBf16;
+  }
   if (take_flag(argc, argv, "concurrent_tokens", value))
     options.concurrent_tokens = parse_positive(value, "concurrent_tokens");
   if (take_flag(argc, argv, "inputs", value)) {
@@ -222,7 +231,14 @@ Workload make_workload(const rocep::EpConfig& config, int num_tokens, int rank, 
   const double message_bytes =
       static_cast<double>(rocep::format_payload_bytes(config.dispatch_format, config.hidden) +
                           rocep::format_scale_bytes(config.dispatch_format, config.hidden));
+  // A combine row as it crosses: bf16, or an fp8 block-128 message (combine_dtype); this rank's own stays
+  // bf16.
   const double row_bytes = static_cast<double>(config.hidden) * sizeof(rocep::bf16_bits);
+  const double remote_row_bytes =
+      config.combine_dtype == rocep::CombineDtype::kFp8Block128
+          ? static_cast<double>(rocep::format_payload_bytes(rocep::TokenFormat::kFp8Block128, config.hidden) +
+                                rocep::format_scale_bytes(rocep::TokenFormat::kFp8Block128, config.hidden))
+          : row_bytes;
   std::vector<double> dispatch_bytes_to(world, 0.0);  // [rank]: of this rank's tokens
   for (int token = 0; token < num_tokens; ++token) {
     for (int e = 0; e < config.num_experts; ++e)
@@ -238,11 +254,11 @@ Workload make_workload(const rocep::EpConfig& config, int num_tokens, int rank, 
     for (int peer = 0; peer < world; ++peer) {
       if (destination[peer]) {
         dispatch_bytes_to[peer] += message_bytes;
-        workload.logical_combine_bytes += row_bytes;
+        workload.logical_combine_bytes += peer == rank ? row_bytes : remote_row_bytes;
       }
       if (destination[peer] && peer != rank) {
         workload.remote_dispatch_bytes += message_bytes;
-        workload.remote_combine_bytes += row_bytes;
+        workload.remote_combine_bytes += remote_row_bytes;
       }
     }
   }
@@ -828,6 +844,7 @@ int main(int argc, char** argv) {
     rocep::EpConfig config;
     config.hidden = options.hidden;
     config.top_k = options.top_k;
+    config.combine_dtype = options.combine_dtype;
     config.num_experts = options.experts;
     config.num_sms = options.sms.front();  // the header's; each case sets its own
     config.max_tokens_per_rank = *std::max_element(options.tokens.begin(), options.tokens.end());

@@ -13,6 +13,7 @@
 //                       rank's own tokens' rows stay in place. The fused kernel's blocks either send or
 //                       receive, so that the receive sums each chunk while later ones still cross.
 #include "combine_receive.hpp"
+#include "quantize_message.hpp"
 
 using namespace rocep::device;
 
@@ -411,6 +412,7 @@ __device__ inline int combine_senders(int blocks) {
 // count it dispatched) gets units (chunk, rank), the ranks interleaved so that every link is busy, each unit
 // flagged as the unit of call `sequence` once its rows are stored; the others get their tokens in batches
 // of PerTokenTuning::kBatchTokens, the ranks interleaved, released by the grid's signal alone.
+template <bool kFp8>
 __device__ void send_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                     uint64_t sequence, int sender, int senders) {
   const Shape& shape = group.shape;
@@ -437,11 +439,26 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
       offsets[place] = offset;
     }
   };
+  // The listed rows as they are, or (combine_fp8) quantised to fp8 block-128 messages, a row at a time by
+  // the whole block, as the dispatch quantises a token.
+  Shape fp8_rows = shape;
+  fp8_rows.format = Format::kFp8Block128;
+  fp8_rows.payload_bytes = static_cast<uint32_t>(shape.hidden);
+  const std::size_t sent_bytes = kFp8 ? fp8_combine_message_bytes(shape) : row_bytes;
   const auto copy_listed = [&] {
-    copy_rows<PerTokenTuning::kCombineVectorsInFlight>(from, to, count,
-                                                       static_cast<uint32_t>(row_bytes / kVectorBytes));
+    if constexpr (kFp8) {
+      const auto vectors = static_cast<uint32_t>(row_bytes / kVectorBytes);
+      for (int place = 0; place < count; ++place) {
+        const Vector16 first =
+            threadIdx.x < vectors ? reinterpret_cast<const Vector16*>(from[place])[threadIdx.x] : Vector16{};
+        quantize_to_message<Format::kFp8Block128>(to[place], from[place], fp8_rows, 1.0f, first);
+      }
+    } else {
+      copy_rows<PerTokenTuning::kCombineVectorsInFlight>(from, to, count,
+                                                         static_cast<uint32_t>(row_bytes / kVectorBytes));
+    }
     for (int place = 0; place < count; ++place) {
-      group.peers.publish_block(PeerRegion::kCombine, sources[place], offsets[place], row_bytes);
+      group.peers.publish_block(PeerRegion::kCombine, sources[place], offsets[place], sent_bytes);
     }
   };
   bool any_chunked = false;
@@ -505,16 +522,18 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
 }
 
 // The split send: every block sends, then the grid signals the peers.
+template <bool kFp8>
 __device__ void send_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
   const int block = static_cast<int>(blockIdx.x);
-  send_rows_per_token(group, args, group.block_calls[block].combines + 1, block, static_cast<int>(gridDim.x));
+  send_rows_per_token<kFp8>(group, args, group.block_calls[block].combines + 1, block,
+                            static_cast<int>(gridDim.x));
   signal_grid_done(&group.state->combine_blocks_sent, nullptr, group.peers, group.shape.world,
                    group.shape.rank, &Signals::combine_arrived);
 }
 
 // The fused call: every block sends, then receives; or, for a chunked call, combine_senders(grid) blocks
 // send and the others receive chunk by chunk as the peers' sends flag them.
-template <typename Epilogues>
+template <bool kFp8, typename Epilogues>
 __device__ void combine_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                          const Epilogues& epilogues) {
   const int block = static_cast<int>(blockIdx.x);
@@ -523,7 +542,7 @@ __device__ void combine_kernel_per_token(const GroupView& group, const rocep::de
   const bool split_roles = chunked_combine(group.shape, group.state->sent_tokens);
   const int senders = split_roles ? combine_senders(blocks) : blocks;
   if (block < senders) {
-    send_rows_per_token(group, args, sequence, block, senders);
+    send_rows_per_token<kFp8>(group, args, sequence, block, senders);
   }
   signal_grid_done(&group.state->combine_blocks_sent, nullptr, group.peers, group.shape.world,
                    group.shape.rank, &Signals::combine_arrived);
@@ -534,35 +553,60 @@ __device__ void combine_kernel_per_token(const GroupView& group, const rocep::de
     return;
   }
   const int receiver = split_roles ? block - senders : block;
-  receive_rows_per_token(group, args, epilogues, sequence, receiver, blocks - (split_roles ? senders : 0),
-                         split_roles);
+  receive_rows_per_token<kFp8>(group, args, epilogues, sequence, receiver,
+                               blocks - (split_roles ? senders : 0), split_roles);
 }
 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_send_per_token(GroupView group, rocep::device::CombineArgs args) {
-  send_kernel_per_token(group, args);
+  send_kernel_per_token<false>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_recv_per_token(GroupView group, rocep::device::CombineArgs args) {
-  receive_kernel_per_token(group, args, NoEpilogue{});
+  receive_kernel_per_token<false>(group, args, NoEpilogue{});
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_recv_per_token_epilogue(GroupView group, rocep::device::CombineArgs args) {
-  receive_kernel_per_token(group, args, RowEpilogues{args});
+  receive_kernel_per_token<false>(group, args, RowEpilogues{args});
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_per_token(GroupView group, rocep::device::CombineArgs args) {
-  combine_kernel_per_token(group, args, NoEpilogue{});
+  combine_kernel_per_token<false>(group, args, NoEpilogue{});
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
     rocep_combine_per_token_epilogue(GroupView group, rocep::device::CombineArgs args) {
-  combine_kernel_per_token(group, args, RowEpilogues{args});
+  combine_kernel_per_token<false>(group, args, RowEpilogues{args});
+}
+
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
+    rocep_combine_send_per_token_fp8(GroupView group, rocep::device::CombineArgs args) {
+  send_kernel_per_token<true>(group, args);
+}
+
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
+    rocep_combine_recv_per_token_fp8(GroupView group, rocep::device::CombineArgs args) {
+  receive_kernel_per_token<true>(group, args, NoEpilogue{});
+}
+
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
+    rocep_combine_recv_per_token_epilogue_fp8(GroupView group, rocep::device::CombineArgs args) {
+  receive_kernel_per_token<true>(group, args, RowEpilogues{args});
+}
+
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
+    rocep_combine_per_token_fp8(GroupView group, rocep::device::CombineArgs args) {
+  combine_kernel_per_token<true>(group, args, NoEpilogue{});
+}
+
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
+    rocep_combine_per_token_epilogue_fp8(GroupView group, rocep::device::CombineArgs args) {
+  combine_kernel_per_token<true>(group, args, RowEpilogues{args});
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
@@ -606,7 +650,12 @@ hipError_t load_combine_kernels(bool per_token, int* resident_blocks) {
       reinterpret_cast<const void*>(&rocep_combine_recv_per_token),
       reinterpret_cast<const void*>(&rocep_combine_recv_per_token_epilogue),
       reinterpret_cast<const void*>(&rocep_combine_per_token),
-      reinterpret_cast<const void*>(&rocep_combine_per_token_epilogue)};
+      reinterpret_cast<const void*>(&rocep_combine_per_token_epilogue),
+      reinterpret_cast<const void*>(&rocep_combine_send_per_token_fp8),
+      reinterpret_cast<const void*>(&rocep_combine_recv_per_token_fp8),
+      reinterpret_cast<const void*>(&rocep_combine_recv_per_token_epilogue_fp8),
+      reinterpret_cast<const void*>(&rocep_combine_per_token_fp8),
+      reinterpret_cast<const void*>(&rocep_combine_per_token_epilogue_fp8)};
   int unused = 1 << 30;  // the other layout's kernels are loaded too, but their residency is not the group's
   constexpr int kPerTokenThreads = PerTokenTuning::kCombineThreads;
   hipError_t status = per_token ? load_kernels(by_token, resident_blocks, kPerTokenThreads)
@@ -622,8 +671,10 @@ hipError_t load_combine_kernels(bool per_token, int* resident_blocks) {
 hipError_t launch_combine_send(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
                                hipStream_t stream) {
   if (group.shape.per_token != 0) {
-    return launch_kernel<PerTokenTuning::kCombineThreads>(&rocep_combine_send_per_token, grid,
-                                                          Residency::kBlockByBlock, stream, group, args);
+    const bool fp8 = group.shape.combine_fp8 != 0;
+    return launch_kernel<PerTokenTuning::kCombineThreads>(
+        fp8 ? &rocep_combine_send_per_token_fp8 : &rocep_combine_send_per_token, grid,
+        Residency::kBlockByBlock, stream, group, args);
   }
   return launch_kernel(&rocep_combine_send, grid, Residency::kBlockByBlock, stream, group, args);
 }
@@ -632,9 +683,12 @@ hipError_t launch_combine_recv(const GroupView& group, const CombineArgs& args, 
                                hipStream_t stream) {
   const bool epilogue = has_epilogue(args);
   if (group.shape.per_token != 0) {
-    return launch_kernel<PerTokenTuning::kCombineThreads>(
-        epilogue ? &rocep_combine_recv_per_token_epilogue : &rocep_combine_recv_per_token, grid,
-        Residency::kBlockByBlock, stream, group, args);
+    const bool fp8 = group.shape.combine_fp8 != 0;
+    const auto kernel =
+        epilogue ? (fp8 ? &rocep_combine_recv_per_token_epilogue_fp8 : &rocep_combine_recv_per_token_epilogue)
+                 : (fp8 ? &rocep_combine_recv_per_token_fp8 : &rocep_combine_recv_per_token);
+    return launch_kernel<PerTokenTuning::kCombineThreads>(kernel, grid, Residency::kBlockByBlock, stream,
+                                                          group, args);
   }
   return launch_kernel(epilogue ? &rocep_combine_recv_epilogue : &rocep_combine_recv, grid,
                        Residency::kBlockByBlock, stream, group, args);
@@ -644,9 +698,12 @@ hipError_t launch_combine(const GroupView& group, const CombineArgs& args, const
                           hipStream_t stream) {
   const bool epilogue = has_epilogue(args);
   if (group.shape.per_token != 0) {
-    return launch_kernel<PerTokenTuning::kCombineThreads>(
-        epilogue ? &rocep_combine_per_token_epilogue : &rocep_combine_per_token, grid, Residency::kWholeGrid,
-        stream, group, args);
+    const bool fp8 = group.shape.combine_fp8 != 0;
+    const auto kernel =
+        epilogue ? (fp8 ? &rocep_combine_per_token_epilogue_fp8 : &rocep_combine_per_token_epilogue)
+                 : (fp8 ? &rocep_combine_per_token_fp8 : &rocep_combine_per_token);
+    return launch_kernel<PerTokenTuning::kCombineThreads>(kernel, grid, Residency::kWholeGrid, stream, group,
+                                                          args);
   }
   return launch_kernel(epilogue ? &rocep_combine_epilogue : &rocep_combine, grid, Residency::kWholeGrid,
                        stream, group, args);

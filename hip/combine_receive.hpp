@@ -119,6 +119,42 @@ struct CallerEpilogues {
   __device__ CallerRowEpilogue<Epilogue> row(int token, int /*vectors*/) const { return {&epilogue, token}; }
 };
 
+// An input of the per-token receive that is an fp8 block-128 message (Shape::combine_fp8), not a bf16 row:
+// its address (16-byte aligned) plus this.
+inline constexpr uintptr_t kFp8Input = 1;
+
+// sums[i] += the values of vector vector0 + i * kStep (i < kVectors, below `end`) of the fp8 block-128
+// message at `message` (payload, then a float32 scale per 128 elements), each decode(code) * scale rounded
+// once, then added as a bf16 row's values are (fmaf by 1): the CPU reference's dequantize_row and sum.
+template <int kVectors, int kStep>
+__device__ inline void add_fp8_row(Lanes (&sums)[kVectors], const uint8_t* message, const Shape& shape,
+                                   int vector0, int end) {
+  constexpr int kVectorsPerScale = 128 / kLanes;
+  const auto* scales = reinterpret_cast<const float*>(message + shape.hidden);
+  uint2 codes[kVectors];
+  float scale[kVectors];
+#pragma unroll
+  for (int i = 0; i < kVectors; ++i) {
+    const int vector = vector0 + i * kStep;
+    if (vector < end) {
+      codes[i] = reinterpret_cast<const uint2*>(message)[vector];
+      scale[i] = scales[vector / kVectorsPerScale];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kVectors; ++i) {
+    if (vector0 + i * kStep < end) {
+      for (int value = 0; value < kLanes; ++value) {
+        const uint32_t word = value < 4 ? codes[i].x : codes[i].y;
+        const auto code = static_cast<uint8_t>(word >> (8 * (value % 4)));
+        // __fmul_rn: the product is rounded on its own, whatever the build's contraction of a * b + c.
+        const float x = __fmul_rn(decode_fp8(code, shape.fp8_encoding), scale[i]);
+        sums[i].value[value] = fmaf(1.0f, x, sums[i].value[value]);
+      }
+    }
+  }
+}
+
 // Waits for every rank's grid signal of combine `sequence`; with check_weighting, also reports a rank whose
 // send was not per-token partials.
 __device__ inline bool wait_for_rows(const GroupView& group, uint64_t sequence, bool check_weighting) {
@@ -142,19 +178,20 @@ __device__ inline bool wait_for_rows(const GroupView& group, uint64_t sequence, 
 // once every rank's grid signalled, PerTokenTuning::kBatchTokens tokens at a time, `receivers` apart. A
 // piece's input lists are found first, then each token's row is summed by PerTokenTuning::kTokenThreads
 // threads (whole waves, so that a wave's threads walk the same list), or a part of it by as many when the
-// piece has fewer tokens than keep the block busy; each thread sums kSummedVectors vectors at once,
-// kSummedInputs inputs at a time (kSummedVectors x kSummedInputs loads in flight). `epilogues.row(token,
+// piece has fewer tokens than keep the block busy; each thread sums kSummedVectors vectors at once, one
+// input after another (kSummedVectors loads in flight). With Shape::combine_fp8 the other ranks' rows are
+// fp8 block-128 messages, dequantised as they are summed (add_fp8_row): kFp8, kernels of their own, whose
+// registers do not tax the bf16 receive. `epilogues.row(token,
 // vectors)` (vectors of a row) applies to each of the token's summed vectors before its store (Epilogues:
 // NoEpilogue, RowEpilogues or CallerEpilogues; each a kernel of its own, so that an epilogue's registers do
 // not tax the plain receive).
-template <typename Epilogues>
+template <bool kFp8, typename Epilogues>
 __device__ void receive_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                        const Epilogues& epilogues, uint64_t sequence, int receiver,
                                        int receivers, bool chunked) {
   const Shape& shape = group.shape;
   constexpr int kBatch = PerTokenTuning::kBatchTokens;
   constexpr int kSummedVectors = PerTokenTuning::kSummedVectors;
-  constexpr int kSummedInputs = PerTokenTuning::kSummedInputs;
   constexpr int kTokenThreads = PerTokenTuning::kTokenThreads;
   static_assert(PerTokenTuning::kCombineThreads % kTokenThreads == 0 && kTokenThreads % kWaveSize == 0,
                 "a token's row is summed by whole waves of the block");
@@ -208,7 +245,9 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
                                            shape.top_k]) *
                           shape.hidden
                 : region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden;
-        inputs[threadIdx.x][listed++] = reinterpret_cast<const Vector16*>(row);
+        const uintptr_t fp8 = kFp8 && peer != shape.rank ? kFp8Input : 0;
+        inputs[threadIdx.x][listed++] =
+            reinterpret_cast<const Vector16*>(reinterpret_cast<uintptr_t>(row) + fp8);
       }
       if (args.shared_expert_output != nullptr) {
         inputs[threadIdx.x][listed++] = reinterpret_cast<const Vector16*>(
@@ -232,27 +271,29 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
       for (int vector0 = part * vectors / parts + static_cast<int>(threadIdx.x) % kTokenThreads;
            vector0 < end; vector0 += kSummedVectors * kTokenThreads) {
         Lanes sums[kSummedVectors] = {};
-        for (int input = 0; input < listed; input += kSummedInputs) {
-          Vector16 loaded[kSummedInputs][kSummedVectors];
+        for (int input = 0; input < listed; ++input) {
+          if constexpr (kFp8) {
+            const auto tagged = reinterpret_cast<uintptr_t>(token_inputs[input]);
+            if ((tagged & kFp8Input) != 0) {
+              add_fp8_row<kSummedVectors, kTokenThreads>(
+                  sums, reinterpret_cast<const uint8_t*>(tagged - kFp8Input), shape, vector0, end);
+              continue;
+            }
+          }
+          const Vector16* row = token_inputs[input] + vector0;
+          Vector16 loaded[kSummedVectors];
 #pragma unroll
-          for (int j = 0; j < kSummedInputs; ++j) {
-            const Vector16* row = token_inputs[min(input + j, listed - 1)] + vector0;
-#pragma unroll
-            for (int i = 0; i < kSummedVectors; ++i) {
-              if (input + j < listed && vector0 + i * kTokenThreads < end) {
-                loaded[j][i] = row[i * kTokenThreads];
-              }
+          for (int i = 0; i < kSummedVectors; ++i) {
+            if (vector0 + i * kTokenThreads < end) {
+              loaded[i] = row[i * kTokenThreads];
             }
           }
 #pragma unroll
-          for (int j = 0; j < kSummedInputs; ++j) {
-#pragma unroll
-            for (int i = 0; i < kSummedVectors; ++i) {
-              if (input + j < listed && vector0 + i * kTokenThreads < end) {
-                const Lanes y = unpack(loaded[j][i]);
-                for (int value = 0; value < kLanes; ++value) {
-                  sums[i].value[value] = fmaf(1.0f, y.value[value], sums[i].value[value]);
-                }
+          for (int i = 0; i < kSummedVectors; ++i) {
+            if (vector0 + i * kTokenThreads < end) {
+              const Lanes y = unpack(loaded[i]);
+              for (int value = 0; value < kLanes; ++value) {
+                sums[i].value[value] = fmaf(1.0f, y.value[value], sums[i].value[value]);
               }
             }
           }
@@ -280,12 +321,12 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
 }
 
 // The split receive: every block receives, once every rank's grid signalled.
-template <typename Epilogues>
+template <bool kFp8, typename Epilogues>
 __device__ void receive_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                          const Epilogues& epilogues) {
   const int block = static_cast<int>(blockIdx.x);
-  receive_rows_per_token(group, args, epilogues, group.block_calls[block].combines + 1, block,
-                         static_cast<int>(gridDim.x), false);
+  receive_rows_per_token<kFp8>(group, args, epilogues, group.block_calls[block].combines + 1, block,
+                               static_cast<int>(gridDim.x), false);
 }
 
 }  // namespace rocep::device

@@ -62,7 +62,16 @@ struct Shape {
   // 1: every rank's grid is large enough to split a fused per-token combine into senders and receivers
   // (PerTokenTuning::kCombineSplitBlocks), so chunked_combine calls are chunked
   int32_t split_combine;
+  // 1: the per-token combine's rows cross ranks as fp8 block-128 messages (EpConfig::combine_dtype): the
+  // payload, then a float32 scale per 128 elements, in the rows of the combine region
+  int32_t combine_fp8;
 };
+
+// A per-token combine row in fp8 (Shape::combine_fp8): the fp8 payload of `hidden` bytes, then its scales.
+ROCEP_HOST_DEVICE inline std::size_t fp8_combine_message_bytes(const Shape& shape) {
+  return static_cast<std::size_t>(shape.hidden) +
+         static_cast<std::size_t>(shape.hidden) / 128 * sizeof(float);
+}
 
 // Tokens of one source that are ranked together: one bit each in a 64-bit mask per local expert.
 inline constexpr int kChunkTokens = 64;

@@ -30,10 +30,10 @@ DeviceBuffer zeroed(std::size_t bytes, DeviceMemoryKind kind = DeviceMemoryKind:
 GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(world.rank()), world_(world) {
   // Every check before the first agreement sees the same values on every rank (the config is agreed, the
   // node layout is gathered), so every rank throws alike.
-  if (config.combine_dtype != CombineDtype::kBf16) {
+  if (config.combine_dtype != CombineDtype::kBf16 && config.layout != Layout::kPerToken) {
     throw ConfigError(std::string("EpConfig.combine_dtype = ") + to_string(config.combine_dtype) +
-                      " is not supported by backend gpu yet; the CPU reference implements it "
-                      "(Backend::kCpuReference)");
+                      " is supported by backend gpu in the per-token layout only (layout = kPerToken); the "
+                      "CPU reference implements it in both (Backend::kCpuReference)");
   }
   if (config.local_only) {
     throw ConfigError(
@@ -119,6 +119,7 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   shape.format = static_cast<device::Format>(config.dispatch_format);
   shape.fp8_encoding = static_cast<device::Fp8>(config.fp8_encoding);  // resolved by EpGroup
   shape.per_token = config.layout == Layout::kPerToken ? 1 : 0;
+  shape.combine_fp8 = config.combine_dtype == CombineDtype::kFp8Block128 ? 1 : 0;
   // Senders flag a combine's chunks only where every receive can use them (hip/combine.hip).
   const int32_t blocks = grid_.blocks;
   std::vector<int32_t> grids(static_cast<std::size_t>(world.size()));

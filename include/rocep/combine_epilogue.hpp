@@ -42,6 +42,8 @@
 #endif
 #endif
 
+#include <initializer_list>
+#include <string>
 #include <type_traits>
 
 #include "rocep/ep_group.hpp"
@@ -51,37 +53,47 @@
 namespace rocep {
 namespace detail {
 
-template <typename Epilogue>
+// kFp8: the group's rows cross ranks in fp8 (EpConfig::combine_dtype).
+template <typename Epilogue, bool kFp8>
 __global__ void __launch_bounds__(device::PerTokenTuning::kCombineThreads)
     combine_recv_with_epilogue(device::GroupView group, device::CombineArgs args, Epilogue epilogue) {
-  device::receive_kernel_per_token(group, args, device::CallerEpilogues<Epilogue>{epilogue});
+  device::receive_kernel_per_token<kFp8>(group, args, device::CallerEpilogues<Epilogue>{epilogue});
 }
 
 template <typename Epilogue>
 int launch_combine_recv(const void* group_view, const void* kernel_args, int blocks, void* stream,
                         const void* epilogue) {
-  combine_recv_with_epilogue<Epilogue>
-      <<<blocks, device::PerTokenTuning::kCombineThreads, 0, static_cast<hipStream_t>(stream)>>>(
-          *static_cast<const device::GroupView*>(group_view),
-          *static_cast<const device::CombineArgs*>(kernel_args), *static_cast<const Epilogue*>(epilogue));
+  const auto& group = *static_cast<const device::GroupView*>(group_view);
+  const auto& args = *static_cast<const device::CombineArgs*>(kernel_args);
+  const auto& caller = *static_cast<const Epilogue*>(epilogue);
+  constexpr int kThreads = device::PerTokenTuning::kCombineThreads;
+  const auto on = static_cast<hipStream_t>(stream);
+  if (group.shape.combine_fp8 != 0) {
+    combine_recv_with_epilogue<Epilogue, true><<<blocks, kThreads, 0, on>>>(group, args, caller);
+  } else {
+    combine_recv_with_epilogue<Epilogue, false><<<blocks, kThreads, 0, on>>>(group, args, caller);
+  }
   return static_cast<int>(hipGetLastError());
 }
 
 }  // namespace detail
 
-// Loads the receive kernel of `Epilogue` now. With lazy loading (CUDA's default), a kernel's first launch
-// waits for the device to idle, which a spinning rocep kernel of the same process can prevent forever: call
-// this once per epilogue type, before the group's first dispatch (outside graph capture). Throws
-// GpuRuntimeError if the runtime cannot load it.
+// Loads the receive kernels of `Epilogue` now (for bf16 and fp8 combines). With lazy loading (CUDA's
+// default), a kernel's first launch waits for the device to idle, which a spinning rocep kernel of the same
+// process can prevent forever: call this once per epilogue type, before the group's first dispatch (outside
+// graph capture). Throws GpuRuntimeError if the runtime cannot load it.
 template <typename Epilogue>
 void prepare_combine_epilogue() {
-  hipFuncAttributes attributes;
-  const hipError_t status = hipFuncGetAttributes(
-      &attributes, reinterpret_cast<const void*>(&detail::combine_recv_with_epilogue<Epilogue>));
-  if (status != hipSuccess) {
-    throw GpuRuntimeError(
-        std::string("rocep::prepare_combine_epilogue: loading the receive kernel failed: ") +
-        hipGetErrorString(status));
+  for (const void* kernel :
+       {reinterpret_cast<const void*>(&detail::combine_recv_with_epilogue<Epilogue, false>),
+        reinterpret_cast<const void*>(&detail::combine_recv_with_epilogue<Epilogue, true>)}) {
+    hipFuncAttributes attributes;
+    const hipError_t status = hipFuncGetAttributes(&attributes, kernel);
+    if (status != hipSuccess) {
+      throw GpuRuntimeError(
+          std::string("rocep::prepare_combine_epilogue: loading the receive kernel failed: ") +
+          hipGetErrorString(status));
+    }
   }
 }
 

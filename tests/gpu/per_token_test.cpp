@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compute_load.hpp"
@@ -367,6 +368,14 @@ TEST_F(GpuPerToken, MatchesReferenceInEveryFormatAndRouting) {
   EpConfig fnuz = per_token(make_config(7168, 8, 256 / world, 48), rocep::TokenFormat::kFp8Block128);
   fnuz.fp8_encoding = rocep::Fp8Encoding::kE4m3fnuz;
   check_per_token(fnuz, Routing::kUniform, true);
+  // The combine's rows across ranks in fp8 block-128 (both encodings), fused and split.
+  for (const auto encoding : {rocep::Fp8Encoding::kE4m3fn, rocep::Fp8Encoding::kE4m3fnuz}) {
+    EpConfig fp8_combine = per_token(make_config(7168, 8, 256 / world, 128));
+    fp8_combine.combine_dtype = rocep::CombineDtype::kFp8Block128;
+    fp8_combine.fp8_encoding = encoding;
+    check_per_token(fp8_combine, Routing::kUniform, false);
+    check_per_token(fp8_combine, Routing::kMasked, true);
+  }
 }
 
 // One group, one call after another with new data, counts full -> 1 -> 0 -> full and a new routing every
@@ -440,10 +449,15 @@ TEST_F(GpuPerToken, CombineEpilogueMatchesTheReference) {
 // Where every rank's grid has 16 blocks or more, calls of 1024 tokens or more are combined chunk by chunk,
 // and a fused one splits its blocks into senders and receivers (hip/combine.hip): one group over calls that
 // cross that count both ways (ranks on either side of it in one call), with new data each time, fused and
-// split, with and without an epilogue; at the default budget, and on 8 multiprocessors (no chunks).
+// split, with and without an epilogue; at the default budget, on 8 multiprocessors (no chunks), and with
+// the rows crossing in fp8.
 TEST_F(GpuPerToken, ChunkedCombinesMatchTheReference) {
-  for (const int sms : {EpConfig::kDefaultSms, 8}) {
-    const EpConfig config = per_token(make_config(2048, 8, 64 / world_size(), 1536, 16, sms));
+  for (const auto& [sms, combine_dtype] :
+       {std::pair{EpConfig::kDefaultSms, rocep::CombineDtype::kBf16},
+        std::pair{8, rocep::CombineDtype::kBf16},
+        std::pair{EpConfig::kDefaultSms, rocep::CombineDtype::kFp8Block128}}) {
+    EpConfig config = per_token(make_config(2048, 8, 64 / world_size(), 1536, 16, sms));
+    config.combine_dtype = combine_dtype;
     Groups groups(config);
     const uint64_t seed = shared_seed();
     SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
