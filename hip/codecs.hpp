@@ -196,6 +196,49 @@ ROCEP_HOST_DEVICE inline float decode_fp8(uint8_t code, Fp8 encoding) {
   return encoding == Fp8::kE4m3fnuz ? decode_e4m3fnuz(code) : decode_e4m3fn(code);
 }
 
+// ---- e4m3 codes through float16, four at a time ----------------------------------------------------------
+// An e4m3 code's sign, exponent and mantissa bits moved to float16's sign, low four exponent and top three
+// mantissa bits make a float16 of value decode(code) * 2^(bias - 15) (bias 7 for e4m3fn, 8 for e4m3fnuz),
+// a float16 subnormal where the code is a subnormal, never a float16 infinity or NaN: both encodings decode
+// with integer moves, one exact float16 -> float32 conversion and one multiply by 2^(15 - bias), which is
+// free where the value is then multiplied by a block scale (scale * 2^(15 - bias) is exact for the normal
+// scales of fp8_block_scale and NaN stays NaN). Not for the encodings' NaN codes (e4m3fn 0x7f and 0xff,
+// e4m3fnuz 0x80), which e4m3_word_has_nan finds.
+
+// The float16 bits of codes 0 and 1 (bits 0-7 and 8-15 of `codes`) in the low and high halves.
+ROCEP_HOST_DEVICE inline uint32_t e4m3_pair_as_f16_bits(uint32_t codes) {
+  const uint32_t spread = (codes & 0xffu) << 8 | (codes & 0xff00u)
+                                                     << 16;  // each code in its half's high byte
+  return (spread & 0x80008000u) | ((spread >> 1) & 0x3f803f80u);
+}
+
+ROCEP_HOST_DEVICE inline float e4m3_f16_factor(Fp8 encoding) {
+  return encoding == Fp8::kE4m3fnuz ? 0x1p7f : 0x1p8f;  // 2^(15 - bias)
+}
+
+// Whether any of the four codes of `codes` is the encoding's NaN.
+ROCEP_HOST_DEVICE inline bool e4m3_word_has_nan(uint32_t codes, Fp8 encoding) {
+  if (encoding == Fp8::kE4m3fnuz) {
+    const uint32_t zero_where_nan = codes ^ 0x80808080u;  // a zero byte where the code is 0x80
+    return ((zero_where_nan - 0x01010101u) & ~zero_where_nan & 0x80808080u) != 0;
+  }
+  return (((codes & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u) != 0;  // a carry into bit 7: low bits 0x7f
+}
+
+// A float16 of e4m3_pair_as_f16_bits (finite, exponent field below 16) as float32, exactly.
+ROCEP_HOST_DEVICE inline float f16_as_float(uint32_t half_bits) {
+#if defined(__CUDA_ARCH__)
+  float value;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(static_cast<uint16_t>(half_bits)));
+  return value;
+#elif defined(__HIP_DEVICE_COMPILE__)
+  return static_cast<float>(__builtin_bit_cast(_Float16, static_cast<uint16_t>(half_bits)));
+#else
+  const float magnitude = minifloat_value<10, 15>(half_bits & 0x7fffu);
+  return (half_bits & 0x8000u) != 0 ? -magnitude : magnitude;
+#endif
+}
+
 ROCEP_HOST_DEVICE inline float decode_e2m1(uint8_t code) {
   const float magnitude = minifloat_value<1, 1>(code & 0x7u);
   return (code & 0x8) ? -magnitude : magnitude;

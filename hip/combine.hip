@@ -440,19 +440,15 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
     }
   };
   // The listed rows as they are, or (combine_fp8) quantised to fp8 block-128 messages, a row at a time by
-  // the whole block, as the dispatch quantises a token.
+  // the whole block with the next rows' loads in flight (the dispatch quantises its tokens one by one).
   Shape fp8_rows = shape;
   fp8_rows.format = Format::kFp8Block128;
   fp8_rows.payload_bytes = static_cast<uint32_t>(shape.hidden);
   const std::size_t sent_bytes = kFp8 ? fp8_combine_message_bytes(shape) : row_bytes;
   const auto copy_listed = [&] {
     if constexpr (kFp8) {
-      const auto vectors = static_cast<uint32_t>(row_bytes / kVectorBytes);
-      for (int place = 0; place < count; ++place) {
-        const Vector16 first =
-            threadIdx.x < vectors ? reinterpret_cast<const Vector16*>(from[place])[threadIdx.x] : Vector16{};
-        quantize_to_message<Format::kFp8Block128>(to[place], from[place], fp8_rows, 1.0f, first);
-      }
+      quantize_rows_to_messages<Format::kFp8Block128, PerTokenTuning::kQuantizedRowsAhead>(from, to, count,
+                                                                                           fp8_rows, 1.0f);
     } else {
       copy_rows<PerTokenTuning::kCombineVectorsInFlight>(from, to, count,
                                                          static_cast<uint32_t>(row_bytes / kVectorBytes));

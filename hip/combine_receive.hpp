@@ -125,12 +125,15 @@ inline constexpr uintptr_t kFp8Input = 1;
 
 // sums[i] += the values of vector vector0 + i * kStep (i < kVectors, below `end`) of the fp8 block-128
 // message at `message` (payload, then a float32 scale per 128 elements), each decode(code) * scale rounded
-// once, then added as a bf16 row's values are (fmaf by 1): the CPU reference's dequantize_row and sum.
+// once, then added as a bf16 row's values are (fmaf by 1): the CPU reference's dequantize_row and sum. The
+// codes go through float16 (e4m3_pair_as_f16_bits), the scale taking their factor; a vector holding a NaN
+// code, which no sender writes, decodes one code at a time.
 template <int kVectors, int kStep>
 __device__ inline void add_fp8_row(Lanes (&sums)[kVectors], const uint8_t* message, const Shape& shape,
                                    int vector0, int end) {
   constexpr int kVectorsPerScale = 128 / kLanes;
   const auto* scales = reinterpret_cast<const float*>(message + shape.hidden);
+  const Fp8 encoding = shape.fp8_encoding;
   uint2 codes[kVectors];
   float scale[kVectors];
 #pragma unroll
@@ -141,16 +144,31 @@ __device__ inline void add_fp8_row(Lanes (&sums)[kVectors], const uint8_t* messa
       scale[i] = scales[vector / kVectorsPerScale];
     }
   }
+  const float f16_factor = e4m3_f16_factor(encoding);
 #pragma unroll
   for (int i = 0; i < kVectors; ++i) {
-    if (vector0 + i * kStep < end) {
+    if (vector0 + i * kStep >= end) {
+      continue;
+    }
+    const uint32_t words[2] = {codes[i].x, codes[i].y};
+    if (__builtin_expect(e4m3_word_has_nan(words[0], encoding) || e4m3_word_has_nan(words[1], encoding), 0)) {
+#pragma unroll
       for (int value = 0; value < kLanes; ++value) {
-        const uint32_t word = value < 4 ? codes[i].x : codes[i].y;
-        const auto code = static_cast<uint8_t>(word >> (8 * (value % 4)));
+        const auto code = static_cast<uint8_t>(words[value / 4] >> (8 * (value % 4)));
         // __fmul_rn: the product is rounded on its own, whatever the build's contraction of a * b + c.
-        const float x = __fmul_rn(decode_fp8(code, shape.fp8_encoding), scale[i]);
+        const float x = __fmul_rn(decode_fp8(code, encoding), scale[i]);
         sums[i].value[value] = fmaf(1.0f, x, sums[i].value[value]);
       }
+      continue;
+    }
+    const float by = scale[i] * f16_factor;  // exact
+#pragma unroll
+    for (int pair = 0; pair < kLanes / 2; ++pair) {
+      const uint32_t halves = e4m3_pair_as_f16_bits(words[pair / 2] >> (16 * (pair % 2)));
+      const float low = __fmul_rn(f16_as_float(halves & 0xffffu), by);
+      const float high = __fmul_rn(f16_as_float(halves >> 16), by);
+      sums[i].value[2 * pair] = fmaf(1.0f, low, sums[i].value[2 * pair]);
+      sums[i].value[2 * pair + 1] = fmaf(1.0f, high, sums[i].value[2 * pair + 1]);
     }
   }
 }
@@ -191,7 +209,7 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
                                        int receivers, bool chunked) {
   const Shape& shape = group.shape;
   constexpr int kBatch = PerTokenTuning::kBatchTokens;
-  constexpr int kSummedVectors = PerTokenTuning::kSummedVectors;
+  constexpr int kSummedVectors = kFp8 ? PerTokenTuning::kSummedFp8Vectors : PerTokenTuning::kSummedVectors;
   constexpr int kTokenThreads = PerTokenTuning::kTokenThreads;
   static_assert(PerTokenTuning::kCombineThreads % kTokenThreads == 0 && kTokenThreads % kWaveSize == 0,
                 "a token's row is summed by whole waves of the block");

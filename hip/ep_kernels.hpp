@@ -105,10 +105,11 @@ struct DispatchRecvArgs {
 // copies kBatchTokens tokens at a time (their rows found first, then every vector of all of them loaded
 // before any is stored), each thread keeping kVectorsInFlight (dispatch) or kCombineVectorsInFlight (the
 // combine send) 16-byte vectors in flight; the combine receive sums each token's row by kTokenThreads
-// threads, kSummedVectors vectors per thread at once, one input after another (two inputs at once
-// measured no faster: docs/performance.md). Where every rank's grid has kCombineSplitBlocks blocks or more, a
-// fused combine of a chunked call (chunked_combine) splits them: kCombineSenderPercent of them send and the
-// rest receive (hip/combine.hip). One set for every architecture until one is measured to want another
+// threads, kSummedVectors vectors per thread at once (kSummedFp8Vectors where the rows cross in fp8, within
+// the 64 registers of a 1024-thread block), one input after another (two inputs at once measured no faster:
+// docs/performance.md). Where every rank's grid has kCombineSplitBlocks blocks or more, a fused combine of a
+// chunked call (chunked_combine) splits them: kCombineSenderPercent of them send and the rest receive
+// (hip/combine.hip). One set for every architecture until one is measured to want another
 // (docs/performance.md, per-token layout).
 struct PerTokenTuning {
   static constexpr int kDispatchThreads = 512;
@@ -118,6 +119,8 @@ struct PerTokenTuning {
   static constexpr int kCombineVectorsInFlight = 8;  // the combine send's copies
   static constexpr int kTokenThreads = 128;          // a multiple of the wave size; divides kCombineThreads
   static constexpr int kSummedVectors = 4;
+  static constexpr int kSummedFp8Vectors = 2;
+  static constexpr int kQuantizedRowsAhead = 3;  // the fp8 combine send's rows loaded ahead
   static constexpr int kCombineSplitBlocks = 16;
   static constexpr int kCombineSenderPercent = 42;
 };

@@ -65,4 +65,32 @@ __device__ inline void quantize_to_message(uint8_t* message, const uint8_t* row,
   }
 }
 
+// Quantises bf16 rows from[i] into messages to[i] (i < count; quantize_to_message), one after another by
+// the whole block, the first vectors of the kRowsAhead rows after each loaded before it is quantised, so
+// that the loads of kRowsAhead + 1 rows are in flight at once.
+template <Format format, int kRowsAhead>
+__device__ inline void quantize_rows_to_messages(const uint8_t* const* from, uint8_t* const* to, int count,
+                                                 const Shape& shape, float global_scale) {
+  const uint32_t vectors = static_cast<uint32_t>(shape.hidden) / kElementsPerThread;
+  const auto first_vector = [&](int i) {
+    return i < count && threadIdx.x < vectors ? reinterpret_cast<const Vector16*>(from[i])[threadIdx.x]
+                                              : Vector16{};
+  };
+  Vector16 ahead[kRowsAhead + 1];  // [j]: the first vectors of row i + j
+#pragma unroll
+  for (int j = 0; j < kRowsAhead; ++j) {
+    ahead[j] = first_vector(j);
+  }
+#pragma unroll 1
+  for (int i = 0; i < count; ++i) {
+    ahead[kRowsAhead] = first_vector(i + kRowsAhead);
+    const Vector16 current = ahead[0];
+#pragma unroll
+    for (int j = 0; j < kRowsAhead; ++j) {
+      ahead[j] = ahead[j + 1];
+    }
+    quantize_to_message<format>(to[i], from[i], shape, global_scale, current);
+  }
+}
+
 }  // namespace rocep::device

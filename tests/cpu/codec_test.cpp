@@ -238,6 +238,50 @@ TEST(BlockCodecTest, Fp8ScaleIsTheIeeeQuotient) {
   }
 }
 
+// The per-token combine receive decodes fp8 codes through float16 and folds 2^(15 - bias) into the block
+// scale (hip/codecs.hpp, e4m3_pair_as_f16_bits). Every code of both encodings, in either half of a pair and
+// beside every other code: the NaN codes are found in every byte of a word and nowhere else, and every
+// other code decodes to decode_fp8's bits, alone and times the block scales of 521 amax bit patterns spread
+// over the finite ones.
+TEST(ElementCodecTest, E4m3ThroughFloat16MatchesDecode) {
+  for (const auto encoding : {device::Fp8::kE4m3fn, device::Fp8::kE4m3fnuz}) {
+    const float factor = device::e4m3_f16_factor(encoding);
+    std::vector<float> scales;
+    for (uint32_t amax_bits = 0; amax_bits < device::kFloatExponentMask; amax_bits += 4086703) {
+      scales.push_back(device::fp8_block_scale(amax_bits, encoding));
+    }
+    for (uint32_t code = 0; code < 256; ++code) {
+      const float decoded = device::decode_fp8(static_cast<uint8_t>(code), encoding);
+      const bool nan = std::isnan(decoded);
+      for (int byte = 0; byte < 4; ++byte) {
+        const uint32_t one_code = 0x38383838u & ~(0xffu << (8 * byte));  // 0x38: 1 or 0.5, no NaN
+        EXPECT_EQ(device::e4m3_word_has_nan(one_code | code << (8 * byte), encoding), nan)
+            << "code " << code << " in byte " << byte;
+      }
+      if (nan) {
+        continue;
+      }
+      for (uint32_t other = 0; other < 256; ++other) {
+        if (std::isnan(device::decode_fp8(static_cast<uint8_t>(other), encoding))) {
+          continue;
+        }
+        const uint32_t halves = device::e4m3_pair_as_f16_bits(code | other << 8);
+        const float low = device::f16_as_float(halves & 0xffffu);
+        const float high = device::f16_as_float(halves >> 16);
+        ASSERT_EQ(device::float_bits(low * factor), device::float_bits(decoded)) << "code " << code;
+        ASSERT_EQ(device::float_bits(high * factor),
+                  device::float_bits(device::decode_fp8(static_cast<uint8_t>(other), encoding)))
+            << "code " << other;
+      }
+      const float half_value = device::f16_as_float(device::e4m3_pair_as_f16_bits(code) & 0xffffu);
+      for (const float scale : scales) {
+        ASSERT_EQ(device::float_bits(half_value * (scale * factor)), device::float_bits(decoded * scale))
+            << "code " << code << ", scale " << rocep::testing::describe(scale);
+      }
+    }
+  }
+}
+
 struct KnownValue {
   uint8_t code;
   float value;
