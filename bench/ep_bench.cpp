@@ -9,11 +9,13 @@
 //   mpirun -np 2 rocep_bench [--tokens=128,4096] [--formats=bf16,fp8,mxfp8,mxfp4,nvfp4] [--hidden=7168]
 //                            [--top_k=8] [--experts=256] [--iterations=20] [--sms=default,all,N]
 //                            [--cases=fused,split,concurrent,graph] [--concurrent_tokens=4096]
-//                            [--layouts=expanded,per-token] [--combine=bf16|fp8]
+//                            [--layouts=expanded,per-token] [--combine=bf16|fp8] [--local_only=0|1]
 //                            [--inputs=copied,input_buffer] [benchmark flags]
 //
 // --combine: EpConfig::combine_dtype of every case (fp8: the per-token layout's rows cross ranks as fp8
 // block-128; the header line's config says which).
+// --local_only=1: EpConfig::local_only of every case, allreduce_world_size the world's: each rank dispatches
+// its tokens to its own experts only, so nothing crosses (remote bytes 0; logical bytes its own rows).
 // --inputs=input_buffer also times bf16 dispatch from tokens written into EpGroup::dispatch_input_buffer().
 // --sms: the SM budgets (EpConfig::num_sms) every case runs at: default (the library's share), all, or N
 // multiprocessors; each row names its budget and the multiprocessors it resolved to.
@@ -85,6 +87,7 @@ struct BenchOptions {
   std::vector<bool> input_buffer{false};
   std::vector<rocep::Layout> layouts{rocep::Layout::kExpanded};    // EpConfig::layout of every case
   rocep::CombineDtype combine_dtype = rocep::CombineDtype::kBf16;  // EpConfig::combine_dtype of every case
+  bool local_only = false;                                         // EpConfig::local_only of every case
 };
 
 // Removes --name=value from argv (so Google Benchmark does not see it) and returns the value.
@@ -177,6 +180,12 @@ BenchOptions parse_options(int& argc, char** argv) {
     }
     options.combine_dtype = value == "fp8" ? rocep::CombineDtype::kFp8Block128 : rocep::CombineDtype::kBf16;
   }
+  if (take_flag(argc, argv, "local_only", value)) {
+    if (value != "0" && value != "1") {
+      throw rocep::ConfigError("--local_only: '" + value + "' is invalid: allowed are 0, 1");
+    }
+    options.local_only = value == "1";
+  }
   if (take_flag(argc, argv, "concurrent_tokens", value))
     options.concurrent_tokens = parse_positive(value, "concurrent_tokens");
   if (take_flag(argc, argv, "inputs", value)) {
@@ -252,6 +261,9 @@ Workload make_workload(const rocep::EpConfig& config, int num_tokens, int rank, 
       destination[experts[k] / local_experts] = true;
     }
     for (int peer = 0; peer < world; ++peer) {
+      if (config.local_only && peer != rank) {
+        continue;  // that rank runs its own experts on its own copy of the token
+      }
       if (destination[peer]) {
         dispatch_bytes_to[peer] += message_bytes;
         workload.logical_combine_bytes += peer == rank ? row_bytes : remote_row_bytes;
@@ -845,6 +857,8 @@ int main(int argc, char** argv) {
     config.hidden = options.hidden;
     config.top_k = options.top_k;
     config.combine_dtype = options.combine_dtype;
+    config.local_only = options.local_only;
+    config.allreduce_world_size = options.local_only ? world : 1;
     config.num_experts = options.experts;
     config.num_sms = options.sms.front();  // the header's; each case sets its own
     config.max_tokens_per_rank = *std::max_element(options.tokens.begin(), options.tokens.end());

@@ -233,12 +233,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dispatch", choices=("bf16", "fp8"), default="bf16", help="the dispatch format")
     parser.add_argument("--local-only", action="store_true",
-                        help="local-only mode with an all-reduce (the CPU reference: mpirun)")
+                        help="local-only mode, the ranks' outputs summed by an all-reduce")
     args = parser.parse_args()
     if "LOCAL_RANK" not in os.environ and args.dispatch == "fp8":
         parser.error("--dispatch=fp8 runs on GPUs with torch (torchrun): numpy has no fp8 type")
-    if "LOCAL_RANK" in os.environ and args.local_only:
-        parser.error("--local-only runs on the CPU reference (mpirun) for now: the GPU backend refuses it")
     if "LOCAL_RANK" in os.environ:  # torchrun: GPUs, bootstrapped from torch.distributed
         import torch
         import torch.distributed as dist
@@ -246,8 +244,14 @@ if __name__ == "__main__":
         dist.init_process_group("gloo")
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         rank = dist.get_rank()
+
+        def allreduce(a):  # through the host: the process group is gloo's
+            summed = a.cpu()
+            dist.all_reduce(summed)
+            return summed.to(a.device)
+
         diff = main(bootstrap.from_torch(), TorchArrays(), args.dispatch, tokens=256, hidden=2048,
-                    experts_per_rank=8, top_k=8, intermediate=512)
+                    experts_per_rank=8, top_k=8, intermediate=512, allreduce=allreduce if args.local_only else None)
         dist.barrier()
     else:
         from mpi4py import MPI

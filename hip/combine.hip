@@ -353,7 +353,7 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
                 region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden);
           }
         }
-        if (args.shared_expert_output != nullptr) {
+        if (args.shared_expert_output != nullptr && in_shared_expert_slice(shape, tokens, token)) {
           list[count++] = reinterpret_cast<const Vector16*>(args.shared_expert_output +
                                                             static_cast<std::size_t>(token) * shape.hidden);
         }

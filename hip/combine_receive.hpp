@@ -267,7 +267,7 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
         inputs[threadIdx.x][listed++] =
             reinterpret_cast<const Vector16*>(reinterpret_cast<uintptr_t>(row) + fp8);
       }
-      if (args.shared_expert_output != nullptr) {
+      if (args.shared_expert_output != nullptr && in_shared_expert_slice(shape, tokens, token)) {
         inputs[threadIdx.x][listed++] = reinterpret_cast<const Vector16*>(
             args.shared_expert_output + static_cast<std::size_t>(token) * shape.hidden);
       }

@@ -214,6 +214,9 @@ __device__ void send_batch_ids(const GroupView& group, int first_token, int toke
     if (code != StatusCode::kOk) {
       report_failure(group.status, code, Operation::kDispatchSend, -1, slot.token, slot.k, slot.id);
     }
+    if (id >= 0 && shape.local_only != 0 && id / shape.local_experts != shape.rank) {
+      id = -1;  // local-only: another rank's expert, which that rank runs on its own copy of the token
+    }
     if (id >= 0) {
       atomic_set_bit(&destinations[thread / shape.top_k], id / shape.local_experts);
     }

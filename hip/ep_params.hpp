@@ -65,7 +65,23 @@ struct Shape {
   // 1: the per-token combine's rows cross ranks as fp8 block-128 messages (EpConfig::combine_dtype): the
   // payload, then a float32 scale per 128 elements, in the rows of the combine region
   int32_t combine_fp8;
+  // EpConfig::local_only (1: a rank dispatches only to its own experts, so no tokens or rows cross ranks)
+  // and EpConfig::allreduce_world_size (1 unless local_only)
+  int32_t local_only;
+  int32_t allreduce_world_size;
 };
+
+// Whether a combine adds the shared expert to `token` of this rank's call of `tokens`: every token, or in
+// local-only mode the rank's slice [T * p / A, T * (p + 1) / A) (A = allreduce_world_size, p = rank % A),
+// so that after the caller's all-reduce over A ranks each token carries it once (EpConfig::local_only).
+ROCEP_HOST_DEVICE inline bool in_shared_expert_slice(const Shape& shape, int tokens, int token) {
+  if (shape.local_only == 0) {
+    return true;
+  }
+  const int64_t ranks = shape.allreduce_world_size;
+  const int64_t position = shape.rank % ranks;
+  return token >= tokens * position / ranks && token < tokens * (position + 1) / ranks;
+}
 
 // A per-token combine row in fp8 (Shape::combine_fp8): the fp8 payload of `hidden` bytes, then its scales.
 ROCEP_HOST_DEVICE inline std::size_t fp8_combine_message_bytes(const Shape& shape) {

@@ -35,11 +35,6 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
                       " is supported by backend gpu in the per-token layout only (layout = kPerToken); the "
                       "CPU reference implements it in both (Backend::kCpuReference)");
   }
-  if (config.local_only) {
-    throw ConfigError(
-        "EpConfig.local_only = true is not supported by backend gpu yet; the CPU reference "
-        "implements it (Backend::kCpuReference)");
-  }
   const NodeLayout layout = node_layout(world, config.gpus_per_node);
   if (layout.num_nodes != 1) {
     throw ConfigError("EpGroup: backend gpu needs every rank on one node (this node has " +
@@ -120,6 +115,8 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   shape.fp8_encoding = static_cast<device::Fp8>(config.fp8_encoding);  // resolved by EpGroup
   shape.per_token = config.layout == Layout::kPerToken ? 1 : 0;
   shape.combine_fp8 = config.combine_dtype == CombineDtype::kFp8Block128 ? 1 : 0;
+  shape.local_only = config.local_only ? 1 : 0;
+  shape.allreduce_world_size = config.allreduce_world_size;
   // Senders flag a combine's chunks only where every receive can use them (hip/combine.hip).
   const int32_t blocks = grid_.blocks;
   std::vector<int32_t> grids(static_cast<std::size_t>(world.size()));

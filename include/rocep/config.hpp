@@ -73,8 +73,8 @@ struct EpConfig {
   // rank's slice of the tokens: with A = allreduce_world_size and position p = rank % A, tokens
   // [T * p / A, T * (p + 1) / A) of the call's T, so that after the caller's all-reduce over the A ranks
   // each token carries the shared expert once. allreduce_world_size must divide the world size; it must be
-  // 1 when local_only is false. The CPU reference implements it; the GPU backend refuses it (ConfigError)
-  // until its kernels do.
+  // 1 when local_only is false. Both backends implement it; on the GPU the ranks still exchange their calls'
+  // arrival signals (a few words each), so every rank of the group makes every call, as in the other modes.
   bool local_only = false;
   int allreduce_world_size = 1;
 

@@ -1,8 +1,9 @@
 """The Python package on the GPU, under torchrun (no MPI), bootstrapped from torch.distributed:
 
 - rocep.Group on the GPU backend against a CPU-reference group over the same bootstrap, bit for bit, on
-  fresh random torch tensors with a count and routing that change from call to call: per-token layout in
-  bf16 and fp8 block-128 (quantised in dispatch), expanded layout in bf16;
+  fresh random torch tensors with a count and routing that change from call to call, the combine with a
+  shared expert: per-token layout in bf16 and fp8 block-128 (quantised in dispatch), expanded layout in
+  bf16, and local-only mode in both layouts;
 - the MoRI-shaped op against a naive torch definition (every rank's inputs gathered, the expected rows and
   sums computed with torch on the CPU), bf16 and pre-quantised fp8, fused and split calls, and
   local_expert_count;
@@ -47,11 +48,12 @@ def check(name, got, expected):
         failures.append(name)
 
 
-def config_for(world, layout=rocep.Layout.PER_TOKEN, dispatch_format=rocep.TokenFormat.BF16):
+def config_for(world, layout=rocep.Layout.PER_TOKEN, dispatch_format=rocep.TokenFormat.BF16, local_only=False):
     config = rocep.EpConfig()
     config.hidden, config.top_k, config.num_experts = HIDDEN, TOP_K, EXPERTS_PER_RANK * world
     config.max_tokens_per_rank, config.expert_alignment = MAX_TOKENS, 16
     config.layout, config.dispatch_format = layout, dispatch_format
+    config.local_only, config.allreduce_world_size = local_only, world if local_only else 1
     return config
 
 
@@ -70,15 +72,16 @@ def bits(tensor):
     return tensor.view(torch.uint16).numpy()
 
 
-def check_native(boot, rank, world, layout, dispatch_format):
-    name = f"{layout} {dispatch_format}"
-    gpu_config = config_for(world, layout, dispatch_format)
+def check_native(boot, rank, world, layout, dispatch_format, local_only=False):
+    name = f"{layout} {dispatch_format}" + (" local-only" if local_only else "")
+    gpu_config = config_for(world, layout, dispatch_format, local_only)
     gpu = rocep.Group(boot, gpu_config, rocep.Backend.GPU, layout)
     cpu = rocep.Group(boot, gpu_config, rocep.Backend.CPU_REFERENCE, layout)
     expanded = layout == rocep.Layout.EXPANDED
     rows = gpu.config.max_recv_rows(world) if expanded else gpu.config.max_recv_tokens(world)
     for step, n in enumerate([MAX_TOKENS, 1, 77, 0, 100]):
         tokens, ids, weights, expert_rows = inputs(step, rank, n, world, rows)
+        shared = expert_rows[:n].flip(1).contiguous()  # a shared expert's rows, other values than the experts'
         got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda())
         ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy())
         count = ref.count()
@@ -92,11 +95,11 @@ def check_native(boot, rank, world, layout, dispatch_format):
             check(f"{name} step {step} num_recv_tokens", got.num_recv_tokens, ref.num_recv_tokens)
             used = int(ref.row_offsets[-1])
             check(f"{name} step {step} sorted_token_ids", got.sorted_token_ids[:used], ref.sorted_token_ids[:used])
-            out = gpu.combine(expert_rows.cuda(), n)
-            expected = cpu.combine(bits(expert_rows), n)
+            out = gpu.combine(expert_rows.cuda(), n, shared.cuda())
+            expected = cpu.combine(bits(expert_rows), n, bits(shared))
         else:
-            out = gpu.combine(expert_rows.cuda(), n, row_weights=got.weights)
-            expected = cpu.combine(bits(expert_rows), n, row_weights=ref.weights)
+            out = gpu.combine(expert_rows.cuda(), n, shared.cuda(), row_weights=got.weights)
+            expected = cpu.combine(bits(expert_rows), n, bits(shared), row_weights=ref.weights)
         check(f"{name} step {step} combined", out.view(torch.uint16), expected)
         gpu.synchronize()
 
@@ -327,6 +330,8 @@ def main() -> int:
                                     (rocep.Layout.PER_TOKEN, rocep.TokenFormat.FP8_BLOCK128),
                                     (rocep.Layout.EXPANDED, rocep.TokenFormat.BF16)):
         check_native(boot, rank, world, layout, dispatch_format)
+    for layout in (rocep.Layout.PER_TOKEN, rocep.Layout.EXPANDED):
+        check_native(boot, rank, world, layout, rocep.TokenFormat.BF16, local_only=True)
     check_native_graph(boot, rank, world)
     check_cupy(boot, rank, world)
     check_epilogue(boot, rank, world)

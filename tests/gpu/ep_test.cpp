@@ -80,6 +80,23 @@ TEST_F(GpuEp, MatchesReferenceAcrossShapesAndRoutings) {
   }
 }
 
+// Local-only mode (EpConfig::local_only): each rank lays out only its own experts' rows of its own tokens,
+// sums them, and adds the shared expert on its slice of the tokens, in every all-reduce size that divides
+// the world (1 and the world's), at the default budget and on 8 blocks.
+TEST_F(GpuEp, LocalOnlyMatchesReference) {
+  const int world = world_size();
+  for (const int allreduce_world_size : {world, 1}) {
+    for (EpConfig config :
+         {make_config(7168, 8, 256 / world, 128), make_config(2048, 4, 64 / world, 96, 1, 8)}) {
+      config.local_only = true;
+      config.allreduce_world_size = allreduce_world_size;
+      for (const Routing routing : {Routing::kUniform, Routing::kMasked, Routing::kFull}) {
+        check_against_reference(config, routing);
+      }
+    }
+  }
+}
+
 // Tokens written into the group's input buffer (no staging copy in the send) give the same results.
 TEST_F(GpuEp, TokensInTheInputBufferMatchReference) {
   const int world = world_size();

@@ -476,6 +476,29 @@ TEST_F(GpuPerToken, ChunkedCombinesMatchTheReference) {
 
 // 8 and 24 multiprocessors and the default share give the reference's outputs, so the same bits (each
 // budget that fits the rank's share of its GPU: under MPS at 25%, 24 does not).
+// Local-only mode (EpConfig::local_only): each rank lays out only its own experts' pairs of its own tokens,
+// combines them here and adds the shared expert on its slice of the tokens, in every all-reduce size that
+// divides the world (the world's and 1); one group over fused and split calls whose counts change, some
+// of 1024 tokens or more (chunked combines), and one of none.
+TEST_F(GpuPerToken, LocalOnlyMatchesTheReference) {
+  const int world = world_size();
+  for (const int allreduce_world_size : {world, 1}) {
+    EpConfig config = per_token(make_config(2048, 8, 64 / world, 1536, 16));
+    config.local_only = true;
+    config.allreduce_world_size = allreduce_world_size;
+    Groups groups(config);
+    const uint64_t seed = shared_seed();
+    SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
+    const int counts[] = {1536, world_rank() % 2 == 0 ? 1100 : 700, 0, 77};
+    for (int i = 0; i < 4; ++i) {
+      const bool split = i % 2 == 1;
+      SCOPED_TRACE("call " + std::to_string(i) + (split ? ", split" : ", fused"));
+      check_call_on(groups, config, make_call(config, Routing::kUniform, seed + i, counts[i]), split,
+                    nullptr);
+    }
+  }
+}
+
 TEST_F(GpuPerToken, SmBudgetsGiveTheSameBits) {
   rocep::MpiBootstrap world(MPI_COMM_WORLD);
   const int share = rocep::testing::sm_split(world, EpConfig::kAllSms).communication;
