@@ -460,7 +460,7 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
   bool any_chunked = false;
   bool any_whole = false;
   for (int source = 0; source < shape.world; ++source) {
-    if (source != shape.rank) {
+    if (source != shape.rank && shape.local_only == 0) {  // local-only: no rank got another's tokens
       (chunked_combine(shape, group.signals->tokens_from[source]) ? any_chunked : any_whole) = true;
     }
   }

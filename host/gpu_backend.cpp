@@ -121,8 +121,10 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   const int32_t blocks = grid_.blocks;
   std::vector<int32_t> grids(static_cast<std::size_t>(world.size()));
   world.all_gather(&blocks, grids.data(), sizeof(blocks));
-  shape.split_combine =
-      *std::min_element(grids.begin(), grids.end()) >= device::PerTokenTuning::kCombineSplitBlocks ? 1 : 0;
+  const bool grids_split =
+      *std::min_element(grids.begin(), grids.end()) >= device::PerTokenTuning::kCombineSplitBlocks;
+  // Local-only: no rows cross, so a fused combine's blocks all receive.
+  shape.split_combine = grids_split && !config.local_only ? 1 : 0;
 
   run_agreed(world, "allocating the group's memory", [&] {
     const std::size_t slots = static_cast<std::size_t>(shape.max_tokens) * shape.top_k;
