@@ -659,6 +659,8 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
   __shared__ uint8_t* row_starts[kMaxTopK];
   __shared__ int row_count;
   const auto vectors = static_cast<uint32_t>(shape.payload_bytes / kVectorBytes);
+  // With expert input scales the rows are fp8 codes, which rocep_dispatch_input_scales writes afterwards.
+  const bool input_scaled = args.expert_input_scales != nullptr;
   const bool scaled = shape.format != Format::kBf16;
   const ScaleGroups scale_layout = scale_groups(shape.format, args.scale_rows, shape.hidden);
   const bool halves = (2 * shape.world - 1) * shape.max_tokens <= static_cast<int>(gridDim.x);
@@ -738,8 +740,10 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
         row_count = count;
       }
       __syncthreads();
-      copy_bytes16_to_many(row_starts, row_count, message + first_vector * kVectorBytes,
-                           part_vectors * kVectorBytes, threadIdx.x, blockDim.x, head);
+      if (!input_scaled) {  // uniform across the block
+        copy_bytes16_to_many(row_starts, row_count, message + first_vector * kVectorBytes,
+                             part_vectors * kVectorBytes, threadIdx.x, blockDim.x, head);
+      }
       if (scaled && first_part) {  // uniform across the block
         if (threadIdx.x < scale_words) {
           kept[threadIdx.x] = first_word;
@@ -763,7 +767,8 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
         layout.offsets[expert] + rows_before_chunk(group, layout, dispatch_chunks(shape), expert);
     for (uint32_t row = first; row < layout.offsets[expert + 1]; ++row) {
       uint8_t* destination = args.recv_tokens + static_cast<std::size_t>(row) * shape.payload_bytes;
-      for (uint32_t i = threadIdx.x; i < shape.payload_bytes / kVectorBytes; i += blockDim.x) {
+      for (uint32_t i = threadIdx.x; !input_scaled && i < shape.payload_bytes / kVectorBytes;
+           i += blockDim.x) {
         reinterpret_cast<Vector16*>(destination)[i] = Vector16{0, 0, 0, 0};
       }
       if (scaled && !scales_later) {
@@ -1114,6 +1119,47 @@ __device__ void dispatch_kernel(const GroupView& group, const DispatchSendArgs& 
 
 }  // namespace
 
+// After an expanded bf16 receive given expert input scales (DispatchRecvArgs::expert_input_scales), which
+// laid out everything but the payloads: blocks over the rows below row_offsets[L], each row the fp8 codes
+// of its token (read again from its source's region, which holds it until this rank's combine has sent)
+// divided by its expert's scale (IEEE division, then the saturating encoder), 8 per thread and step;
+// padding rows zero bytes. A kernel of its own: the division's registers stay out of the receive's.
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    rocep_dispatch_input_scales(GroupView group, DispatchRecvArgs args) {
+  const Shape& shape = group.shape;
+  const uint32_t rows = args.row_offsets[shape.local_experts];
+  const auto vectors = static_cast<uint32_t>(shape.hidden) / kElementsPerThread;
+  for (uint32_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    auto* codes =
+        reinterpret_cast<uint64_t*>(args.recv_tokens + static_cast<std::size_t>(row) * shape.hidden);
+    const int32_t* origin = args.src_info + 3 * static_cast<std::size_t>(row);  // rank, token, k
+    const int source = origin[0];
+    if (source < 0) {  // padding
+      for (uint32_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+        codes[v] = 0;
+      }
+      continue;
+    }
+    const int token = origin[1];
+    const int32_t expert = region_ids(group.dispatch_region, shape, source, token)[origin[2]];
+    const float scale = args.expert_input_scales[expert - shape.rank * shape.local_experts];
+    const auto* message =
+        reinterpret_cast<const Vector16*>(group.peers.read_window(PeerRegion::kDispatch, source) +
+                                          DispatchRegion::message_offset(shape, token));
+    for (uint32_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+      const Vector16 loaded = message[v];
+      const uint32_t words[4] = {loaded.x, loaded.y, loaded.z, loaded.w};
+      uint64_t row_codes = 0;
+#pragma unroll
+      for (int e = 0; e < kElementsPerThread; ++e) {
+        const float x = rocep::bf16_to_float(static_cast<uint16_t>(words[e / 2] >> (16 * (e % 2))));
+        row_codes |= static_cast<uint64_t>(encode_fp8(x / scale, shape.fp8_encoding)) << (8 * e);
+      }
+      codes[v] = row_codes;
+    }
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_dispatch_send(GroupView group, DispatchSendArgs args) {
   __shared__ unsigned long long scratch[kBlockRankingMasks];
@@ -1168,9 +1214,11 @@ namespace rocep::device {
 hipError_t load_dispatch_kernels(bool per_token, int* resident_blocks) {
   const std::initializer_list<const void*> expanded = {
       reinterpret_cast<const void*>(&rocep_dispatch_send),
-      reinterpret_cast<const void*>(&rocep_dispatch_recv), reinterpret_cast<const void*>(&rocep_dispatch),
+      reinterpret_cast<const void*>(&rocep_dispatch_recv),
+      reinterpret_cast<const void*>(&rocep_dispatch),
       reinterpret_cast<const void*>(&rocep_dispatch_recv_scale_runs),
-      reinterpret_cast<const void*>(&rocep_dispatch_scale_runs)};
+      reinterpret_cast<const void*>(&rocep_dispatch_scale_runs),
+      reinterpret_cast<const void*>(&rocep_dispatch_input_scales)};
   const std::initializer_list<const void*> by_token = {
       reinterpret_cast<const void*>(&rocep_dispatch_send_per_token),
       reinterpret_cast<const void*>(&rocep_dispatch_recv_per_token),
@@ -1196,15 +1244,29 @@ hipError_t launch_dispatch_send(const GroupView& group, const DispatchSendArgs& 
   return launch_kernel(&rocep_dispatch_send, grid, Residency::kBlockByBlock, stream, group, args);
 }
 
+namespace {
+
+// An expanded receive given expert input scales: its rows' fp8 codes, after it on the same stream.
+hipError_t launch_input_scales(const GroupView& group, const DispatchRecvArgs& args, const LaunchGrid& grid,
+                               hipStream_t stream) {
+  if (args.expert_input_scales == nullptr) {
+    return hipSuccess;
+  }
+  return launch_kernel(&rocep_dispatch_input_scales, grid, Residency::kBlockByBlock, stream, group, args);
+}
+
+}  // namespace
+
 hipError_t launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, const LaunchGrid& grid,
                                 hipStream_t stream) {
   if (group.shape.per_token != 0) {
     return launch_kernel<PerTokenTuning::kDispatchThreads>(&rocep_dispatch_recv_per_token, grid,
                                                            Residency::kWholeGrid, stream, group, args);
   }
-  return launch_kernel(
+  const hipError_t status = launch_kernel(
       scales_laid_out_later(group.shape) ? &rocep_dispatch_recv_scale_runs : &rocep_dispatch_recv, grid,
       Residency::kWholeGrid, stream, group, args);
+  return status == hipSuccess ? launch_input_scales(group, args, grid, stream) : status;
 }
 
 hipError_t launch_dispatch(const GroupView& group, const DispatchSendArgs& send_args,
@@ -1213,8 +1275,10 @@ hipError_t launch_dispatch(const GroupView& group, const DispatchSendArgs& send_
     return launch_kernel<PerTokenTuning::kDispatchThreads>(
         &rocep_dispatch_per_token, grid, Residency::kWholeGrid, stream, group, send_args, recv_args);
   }
-  return launch_kernel(scales_laid_out_later(group.shape) ? &rocep_dispatch_scale_runs : &rocep_dispatch,
-                       grid, Residency::kWholeGrid, stream, group, send_args, recv_args);
+  const hipError_t status =
+      launch_kernel(scales_laid_out_later(group.shape) ? &rocep_dispatch_scale_runs : &rocep_dispatch, grid,
+                    Residency::kWholeGrid, stream, group, send_args, recv_args);
+  return status == hipSuccess ? launch_input_scales(group, recv_args, grid, stream) : status;
 }
 
 }  // namespace rocep::device

@@ -97,6 +97,9 @@ struct DispatchRecvArgs {
   int32_t* num_recv_tokens;   // [1]
   int32_t* sorted_token_ids;  // [scale_rows]: (row, slot) pairs expert by expert, padded per expert
   int32_t* block_expert_ids;  // [scale_rows / alignment]
+  // Expanded bf16 only, optional: [local_experts] input scales; recv_tokens rows are then `hidden` fp8
+  // codes, each x / scale of the row's expert (rocep::DispatchOutputs::expert_input_scales)
+  const float* expert_input_scales;
 };
 
 // How the per-token kernels keep bytes in flight, which is what a small SM budget needs. Each kernel runs one

@@ -123,8 +123,7 @@ std::string dispatch_inputs_error(const EpConfig& config, int rank, const Dispat
   return {};
 }
 
-std::string dispatch_outputs_error(const EpConfig& config, Backend backend, int rank,
-                                   const DispatchOutputs& outputs) {
+std::string dispatch_outputs_error(const EpConfig& config, int rank, const DispatchOutputs& outputs) {
   const std::string where = on_rank("dispatch_recv", rank);
   if (outputs.expert_input_scales != nullptr) {
     if (config.layout == Layout::kPerToken) {
@@ -135,11 +134,6 @@ std::string dispatch_outputs_error(const EpConfig& config, Backend backend, int 
     if (config.dispatch_format != TokenFormat::kBf16) {
       return where + " passed expert_input_scales with dispatch_format " + to_string(config.dispatch_format) +
              ": allowed only with bf16, whose rows the receiving rank quantises";
-    }
-    if (backend == Backend::kGpu) {
-      return where +
-             " passed expert_input_scales, which the GPU backend does not implement yet (the CPU reference "
-             "does)";
     }
   }
   if (config.layout == Layout::kPerToken) {

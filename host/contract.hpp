@@ -57,8 +57,7 @@ struct DispatchMemory {
 // argument.
 std::string dispatch_inputs_error(const EpConfig& config, int rank, const DispatchInputs& inputs,
                                   const DispatchMemory& memory);
-std::string dispatch_outputs_error(const EpConfig& config, Backend backend, int rank,
-                                   const DispatchOutputs& outputs);
+std::string dispatch_outputs_error(const EpConfig& config, int rank, const DispatchOutputs& outputs);
 std::string combine_args_error(const EpConfig& config, int rank, const CombineArgs& args);
 // A combine_recv through the caller's epilogue (EpGroup::combine_recv_with), beyond combine_args_error.
 std::string caller_epilogue_error(const EpConfig& config, Backend backend, int rank, const CombineArgs& args,

@@ -172,7 +172,7 @@ void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outp
   const ProfilerRange range("rocep::dispatch");
   impl_->require(Call::kDispatch);
   EpBackend& backend = *impl_->implementation;
-  Impl::refuse(contract::dispatch_outputs_error(impl_->config, impl_->backend, rank(), outputs));
+  Impl::refuse(contract::dispatch_outputs_error(impl_->config, rank(), outputs));
   const std::string error =
       contract::dispatch_inputs_error(impl_->config, rank(), inputs, backend.dispatch_memory());
   backend.dispatch(error.empty() ? inputs : contract::zero_tokens(), outputs, stream);
@@ -194,7 +194,7 @@ void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
 void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
   const ProfilerRange range("rocep::dispatch_recv");
   impl_->require(Call::kDispatchRecv);
-  Impl::refuse(contract::dispatch_outputs_error(impl_->config, impl_->backend, rank(), outputs));
+  Impl::refuse(contract::dispatch_outputs_error(impl_->config, rank(), outputs));
   impl_->implementation->dispatch_recv(outputs, stream);
   impl_->order.advance(Call::kDispatchRecv);
 }

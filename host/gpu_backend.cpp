@@ -264,7 +264,8 @@ device::DispatchRecvArgs GpuEp::dispatch_recv_args(const DispatchOutputs& output
           outputs.recv_topk_weights,
           outputs.num_recv_tokens,
           outputs.sorted_token_ids,
-          outputs.block_expert_ids};
+          outputs.block_expert_ids,
+          outputs.expert_input_scales};
 }
 
 void GpuEp::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {

@@ -86,7 +86,8 @@ struct DispatchOutputs {
   // code = fp8(x / s) for each element x (IEEE division, rounded to nearest even, saturating to the
   // encoding's largest finite value, NaN kept); padding rows are zero bytes. The per-token layout refuses
   // it: its row serves every local expert of its token, whose scales differ, so a fused-MoE kernel applies
-  // them itself (the rows stay bf16).
+  // them itself (the rows stay bf16). On the GPU a kernel of its own writes the codes after the receive, on
+  // the same stream (rocep_dispatch_input_scales).
   const float* expert_input_scales = nullptr;
 };
 

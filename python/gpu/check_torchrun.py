@@ -3,7 +3,7 @@
 - rocep.Group on the GPU backend against a CPU-reference group over the same bootstrap, bit for bit, on
   fresh random torch tensors with a count and routing that change from call to call, the combine with a
   shared expert: per-token layout in bf16 and fp8 block-128 (quantised in dispatch), expanded layout in
-  bf16, and local-only mode in both layouts;
+  bf16, and local-only mode in both layouts; expert input scales (expanded, both fp8 encodings);
 - the MoRI-shaped op against a naive torch definition (every rank's inputs gathered, the expected rows and
   sums computed with torch on the CPU), bf16 and pre-quantised fp8, fused and split calls, and
   local_expert_count;
@@ -102,6 +102,34 @@ def check_native(boot, rank, world, layout, dispatch_format, local_only=False):
             expected = cpu.combine(bits(expert_rows), n, bits(shared), row_weights=ref.weights)
         check(f"{name} step {step} combined", out.view(torch.uint16), expected)
         gpu.synchronize()
+
+
+def check_input_scales(boot, rank, world):
+    """expert_input_scales (expanded, bf16) on the GPU against the reference: the rows' fp8 codes, both
+    encodings, with the dispatch's other outputs and its combine."""
+    for encoding in (rocep.Fp8Encoding.E4M3FN, rocep.Fp8Encoding.E4M3FNUZ):
+        config = config_for(world, rocep.Layout.EXPANDED)
+        config.fp8_encoding = encoding
+        gpu = rocep.Group(boot, config, rocep.Backend.GPU, rocep.Layout.EXPANDED)
+        cpu = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE, rocep.Layout.EXPANDED)
+        rows, local = gpu.config.max_recv_rows(world), config.num_local_experts(world)
+        for step, n in enumerate([MAX_TOKENS, 45]):
+            name = f"input scales {encoding} step {step}"
+            tokens, ids, weights, expert_rows = inputs(20 + step, rank, n, world, rows)
+            g = torch.Generator().manual_seed(30 + step + 100 * rank)
+            scales = torch.exp2(torch.rand(local, generator=g) * 12 - 8)  # 2^-8 to 2^4
+            got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda(), expert_input_scales=scales.cuda())
+            ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy(), expert_input_scales=scales.numpy())
+            used = ref.count()
+            codes = shape_and_bytes(got.input_scaled_tokens())[1][:used * HIDDEN]
+            if codes != shape_and_bytes(ref.input_scaled_tokens())[1][:used * HIDDEN]:
+                failures.append(f"{name} codes")
+            for field in ("src_info", "weights"):
+                check(f"{name} {field}", getattr(got, field)[:used], getattr(ref, field)[:used])
+            out = gpu.combine(expert_rows.cuda(), n, row_weights=got.weights)
+            expected = cpu.combine(bits(expert_rows), n, row_weights=ref.weights)
+            check(f"{name} combined", out.view(torch.uint16), expected)
+            gpu.synchronize()
 
 
 def check_cupy(boot, rank, world):
@@ -332,6 +360,7 @@ def main() -> int:
         check_native(boot, rank, world, layout, dispatch_format)
     for layout in (rocep.Layout.PER_TOKEN, rocep.Layout.EXPANDED):
         check_native(boot, rank, world, layout, rocep.TokenFormat.BF16, local_only=True)
+    check_input_scales(boot, rank, world)
     check_native_graph(boot, rank, world)
     check_cupy(boot, rank, world)
     check_epilogue(boot, rank, world)

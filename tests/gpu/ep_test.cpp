@@ -97,6 +97,73 @@ TEST_F(GpuEp, LocalOnlyMatchesReference) {
   }
 }
 
+// Expert input scales (expanded, bf16): every row holds its token's fp8 codes divided by its expert's
+// scale (scales from 2^-8 to 8, so that codes saturate, round and go subnormal), padding rows zero; both
+// encodings, fused and split dispatches of new data and counts on one group, each followed by its combine,
+// against the reference. Rows past row_offsets[L] keep the poison.
+TEST_F(GpuEp, ExpertInputScalesMatchReference) {
+  const int world = world_size();
+  for (const auto encoding : {rocep::Fp8Encoding::kE4m3fn, rocep::Fp8Encoding::kE4m3fnuz}) {
+    EpConfig config = make_config(2048, 8, 64 / world, 96, 16);
+    config.fp8_encoding = encoding;
+    const uint64_t seed = shared_seed();
+    SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
+    const int local_experts = config.num_local_experts(world);
+    const std::size_t rows = config.max_recv_rows(world);
+    const std::size_t hidden = config.hidden;
+    rocep::EpGroup reference(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
+    rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+    rocep::Stream stream;
+    const int counts[] = {96, 41, 96};
+    for (int call = 0; call < 3; ++call) {
+      const bool split = call == 1;
+      SCOPED_TRACE("call " + std::to_string(call) + (split ? ", split" : ", fused"));
+      const Inputs inputs = make_inputs(config, Routing::kUniform, seed + call, counts[call]);
+      const rocep::testing::ExpertData experts = rocep::testing::make_expert_data(config, seed + 10 + call);
+      std::mt19937_64 random(seed + 31 * call + world_rank());
+      std::vector<float> scales(local_experts);
+      for (float& scale : scales) {
+        scale = std::ldexp(1.0f + static_cast<float>(random() % 1000) / 1000.0f,
+                           static_cast<int>(random() % 12) - 8);
+      }
+      std::vector<uint8_t> codes(rows * hidden);
+      std::vector<uint32_t> row_offsets(local_experts + 1);
+      std::vector<int32_t> expert_ids(local_experts);
+      std::vector<rocep::SrcInfo> src_info(rows);
+      std::vector<float> recv_weights(rows);
+      rocep::DispatchOutputs expected{codes.data(),    row_offsets.data(),  expert_ids.data(),
+                                      src_info.data(), recv_weights.data(), nullptr};
+      expected.expert_input_scales = scales.data();
+      reference.dispatch(inputs.view(), expected);
+      std::vector<bf16_bits> combined(static_cast<std::size_t>(std::max(counts[call], 1)) * hidden);
+      reference.combine(
+          {experts.outputs.data(), recv_weights.data(), experts.shared.data(), combined.data()});
+      combined.resize(static_cast<std::size_t>(counts[call]) * hidden);
+
+      const DeviceOutputs outputs(config);
+      const DeviceBuffer device_scales = upload(scales);
+      rocep::DispatchOutputs view = outputs.view();
+      view.expert_input_scales = device_scales.as<float>();
+      const DeviceInputs device_inputs(inputs);
+      const rocep::testing::DeviceCombine combine(config, experts);
+      rocep::testing::dispatch_on(group, device_inputs.view(), view, split, stream.get());
+      rocep::testing::combine_on(group, combine.args(outputs, /*weighted=*/true), split, stream.get());
+      EXPECT_NO_THROW(group.synchronize(stream.get()));
+      ASSERT_EQ(download<uint32_t>(outputs.row_offsets, local_experts + 1), row_offsets);
+      const std::size_t used = row_offsets[local_experts];
+      const auto got = download<uint8_t>(outputs.recv_tokens, outputs.recv_tokens.bytes());
+      EXPECT_TRUE(rocep::testing::same_bytes(got.data(), codes.data(), used * hidden)) << "codes differ";
+      EXPECT_TRUE(rocep::testing::all_poison(got.data() + used * hidden, got.data() + got.size()))
+          << "bytes past the used rows' codes were written";
+      EXPECT_TRUE(rocep::testing::same_bytes(download<rocep::SrcInfo>(outputs.src_info, rows).data(),
+                                             src_info.data(), used * sizeof(rocep::SrcInfo)));
+      EXPECT_TRUE(rocep::testing::same_bytes(download<float>(outputs.recv_weights, rows).data(),
+                                             recv_weights.data(), used * sizeof(float)));
+      rocep::testing::expect_combined_matches(combine.out, combined);
+    }
+  }
+}
+
 // Tokens written into the group's input buffer (no staging copy in the send) give the same results.
 TEST_F(GpuEp, TokensInTheInputBufferMatchReference) {
   const int world = world_size();
