@@ -207,8 +207,8 @@ ROCEP_HOST_DEVICE inline float decode_fp8(uint8_t code, Fp8 encoding) {
 
 // The float16 bits of codes 0 and 1 (bits 0-7 and 8-15 of `codes`) in the low and high halves.
 ROCEP_HOST_DEVICE inline uint32_t e4m3_pair_as_f16_bits(uint32_t codes) {
-  const uint32_t spread = (codes & 0xffu) << 8 | (codes & 0xff00u)
-                                                     << 16;  // each code in its half's high byte
+  // Each code in the high byte of its half.
+  const uint32_t spread = (codes & 0xffu) << 8 | (codes & 0xff00u) << 16;
   return (spread & 0x80008000u) | ((spread >> 1) & 0x3f803f80u);
 }
 
