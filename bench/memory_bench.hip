@@ -7,13 +7,18 @@
 //                       world per token), bf16 and fp8 payloads, with the dispatch receive's own copy routine
 //   combine send        every received token's rows summed in float32 into one bf16 partial
 //   combine receive     each of the rank's tokens summed from world partials
+//   per-token send      the rows of another rank's tokens copied (bf16) or quantised into fp8 block-128
+//                       messages, by the per-token combine send's own routines (copy_rows,
+//                       quantize_rows_to_messages) on --sms multiprocessors, one block of
+//                       PerTokenTuning::kCombineThreads each: the rate of those routines on a small budget,
+//                       without the links
 //
 // The rows of the received tokens are a random permutation. What the links add (the peers' reads of this
 // rank's staged tokens, the peers' partials landing here), signalling and the ranking are not included, so
 // each figure is a lower bound of its step. Median of --iterations calls (events between calls, after a
 // warm-up), bytes read + written, and the fraction of the HBM copy peak measured in the same run.
 //
-//   rocep_memory_bench [--tokens=4096] [--hidden=7168] [--top_k=8] [--world=2] [--iterations=30]
+//   rocep_memory_bench [--tokens=4096] [--hidden=7168] [--top_k=8] [--world=2] [--iterations=30] [--sms=24]
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
@@ -24,6 +29,8 @@
 #include "bench/device_timing.hpp"
 #include "bench/flags.hpp"
 #include "hip/bf16.hpp"
+#include "hip/ep_kernels.hpp"
+#include "hip/quantize_message.hpp"
 #include "hip/vector_copy.hpp"
 #include "host/device.hpp"
 #include "rocep/errors.hpp"
@@ -96,12 +103,47 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Blocks over rows, PerTokenTuning::kBatchTokens of a block's at a time, as the per-token combine send
+// takes them: each bf16 row of `rows` copied into `out` (row_bytes apart), or with kQuantize quantised into
+// the fp8 block-128 message of `out` at the same index (`shape`: hidden, fp8 encoding, payload bytes =
+// hidden).
+template <bool kQuantize>
+__global__ void __launch_bounds__(rocep::device::PerTokenTuning::kCombineThreads)
+    rocep_bench_send_rows(const uint8_t* rows, uint8_t* out, int num_rows, rocep::device::Shape shape) {
+  using rocep::device::PerTokenTuning;
+  constexpr int kBatch = PerTokenTuning::kBatchTokens;
+  __shared__ const uint8_t* from[kBatch];
+  __shared__ uint8_t* to[kBatch];
+  const std::size_t row_bytes = static_cast<std::size_t>(shape.hidden) * 2;
+  const std::size_t out_bytes = kQuantize ? rocep::device::fp8_combine_message_bytes(shape) : row_bytes;
+  const int stride = static_cast<int>(gridDim.x);
+  for (int first = static_cast<int>(blockIdx.x); first < num_rows; first += kBatch * stride) {
+    __syncthreads();  // the batch before is done
+    const int row = first + static_cast<int>(threadIdx.x) * stride;
+    if (static_cast<int>(threadIdx.x) < kBatch) {
+      from[threadIdx.x] = rows + static_cast<std::size_t>(row) * row_bytes;
+      to[threadIdx.x] = out + static_cast<std::size_t>(row) * out_bytes;
+    }
+    __syncthreads();
+    const int count = min(kBatch, (num_rows - first + stride - 1) / stride);
+    if constexpr (kQuantize) {
+      rocep::device::quantize_rows_to_messages<rocep::device::Format::kFp8Block128,
+                                               PerTokenTuning::kQuantizedRowsAhead>(from, to, count, shape,
+                                                                                    1.0f);
+    } else {
+      rocep::device::copy_rows<PerTokenTuning::kCombineVectorsInFlight>(
+          from, to, count, static_cast<uint32_t>(row_bytes / kVectorBytes));
+    }
+  }
+}
+
 struct Options {
   int tokens = 4096;
   int hidden = 7168;
   int top_k = 8;
   int world = 2;
   int iterations = 30;
+  int sms = 24;  // multiprocessors of the per-token send routines' steps
 };
 
 Options parse_options(int argc, char** argv) {
@@ -113,9 +155,10 @@ Options parse_options(int argc, char** argv) {
         !parse_flag(argument, "hidden", &options.hidden, kMaxValue) &&
         !parse_flag(argument, "top_k", &options.top_k, kMaxValue) &&
         !parse_flag(argument, "world", &options.world, kMaxValue) &&
-        !parse_flag(argument, "iterations", &options.iterations, kMaxValue)) {
+        !parse_flag(argument, "iterations", &options.iterations, kMaxValue) &&
+        !parse_flag(argument, "sms", &options.sms, kMaxValue)) {
       throw rocep::ConfigError(std::string("unknown argument ") + argv[i] +
-                               " (flags: --tokens, --hidden, --top_k, --world, --iterations)");
+                               " (flags: --tokens, --hidden, --top_k, --world, --iterations, --sms)");
     }
   }
   if (options.hidden % 128 != 0 || options.top_k % options.world != 0 ||
@@ -215,6 +258,27 @@ int main(int argc, char** argv) {
                                                           partial_rows.as<int32_t>(), options.tokens,
                                                           options.world, bf16_bytes);
     });
+    // The per-token combine send's routines over another rank's tokens, on --sms multiprocessors.
+    rocep::device::Shape fp8_rows{};
+    fp8_rows.hidden = options.hidden;
+    fp8_rows.payload_bytes = static_cast<uint32_t>(options.hidden);
+    fp8_rows.format = rocep::device::Format::kFp8Block128;
+    fp8_rows.fp8_encoding = rocep::device::Fp8::kE4m3fn;
+    const int send_blocks = std::min(options.sms, properties.multiProcessorCount);
+    constexpr int kSendThreads = rocep::device::PerTokenTuning::kCombineThreads;
+    const std::string copied = "per-token send, " + std::to_string(send_blocks) + " SMs: copy bf16 rows";
+    time_step(copied.c_str(), 2 * token_bytes, [&] {
+      rocep_bench_send_rows<false><<<send_blocks, kSendThreads, 0, s>>>(
+          tokens.as<uint8_t>(), row_data.as<uint8_t>(), options.tokens, fp8_rows);
+    });
+    const std::string quantised = "per-token send, " + std::to_string(send_blocks) + " SMs: quantise to fp8";
+    time_step(quantised.c_str(),
+              token_bytes +
+                  static_cast<double>(options.tokens) * rocep::device::fp8_combine_message_bytes(fp8_rows),
+              [&] {
+                rocep_bench_send_rows<true><<<send_blocks, kSendThreads, 0, s>>>(
+                    tokens.as<uint8_t>(), row_data.as<uint8_t>(), options.tokens, fp8_rows);
+              });
     ROCEP_GPU_CHECK(hipGetLastError());
     std::printf("\nfloors of the fused calls (their steps one after the other, without the links):\n");
     std::printf("  dispatch bf16: %.1f us (staged), %.1f us (from the input buffer)\n",
