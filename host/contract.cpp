@@ -29,6 +29,12 @@ std::string on_rank(const char* operation, int rank) {
   return std::string(operation) + ": rank " + std::to_string(rank);
 }
 
+// Whether `args` carries a built-in epilogue's values (factor, token_factors, residual); out_row_stride,
+// which only places the rows, aside.
+bool has_epilogue_values(const CombineArgs& args) {
+  return args.factor != 1.0f || args.token_factors != nullptr || args.residual != nullptr;
+}
+
 }  // namespace
 
 const char* to_string(Call call) {
@@ -166,8 +172,7 @@ std::string combine_args_error(const EpConfig& config, int rank, const CombineAr
            " passed row_weights, but in the per-token layout each row is already weighted and summed over "
            "the rank's experts (row_weights must be null)";
   }
-  const bool epilogue = args.factor != 1.0f || args.token_factors != nullptr || args.residual != nullptr ||
-                        args.out_row_stride != 0;
+  const bool epilogue = has_epilogue_values(args) || args.out_row_stride != 0;
   if (epilogue && config.layout == Layout::kExpanded && args.row_weights == nullptr) {
     return on_rank("combine", rank) +
            " passed an epilogue (factor, token_factors, residual or out_row_stride) to an unweighted "
@@ -193,7 +198,7 @@ std::string caller_epilogue_error(const EpConfig& config, Backend backend, int r
   if (config.layout != Layout::kPerToken) {
     return call + ": a device epilogue needs the per-token layout (EpConfig::layout = kPerToken)";
   }
-  if (args.factor != 1.0f || args.token_factors != nullptr || args.residual != nullptr) {
+  if (has_epilogue_values(args)) {
     return call +
            " passed factor, token_factors or residual beside a device epilogue: apply them in the epilogue "
            "(out_row_stride is allowed)";
