@@ -447,8 +447,8 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
   const std::size_t sent_bytes = kFp8 ? fp8_combine_message_bytes(shape) : row_bytes;
   const auto copy_listed = [&] {
     if constexpr (kFp8) {
-      quantize_rows_to_messages<Format::kFp8Block128, PerTokenTuning::kQuantizedRowsAhead>(from, to, count,
-                                                                                           fp8_rows, 1.0f);
+      quantize_rows_to_messages<Format::kFp8Block128, PerTokenTuning::kQuantizedRowsAtOnce>(from, to, count,
+                                                                                            fp8_rows, 1.0f);
     } else {
       copy_rows<PerTokenTuning::kCombineVectorsInFlight>(from, to, count,
                                                          static_cast<uint32_t>(row_bytes / kVectorBytes));

@@ -303,26 +303,53 @@ __device__ void stage_token(const GroupView& group, const DispatchSendArgs& args
               quantize, shape, global_scale, head);
 }
 
-// bf16 tokens [first, num_tokens) of the block (gridDim.x apart) into this rank's own region, as they are,
-// PerTokenTuning::kBatchTokens at a time with PerTokenTuning::kVectorsInFlight loads in flight per thread:
-// the per-token send's staging, which a small grid otherwise waits on token by token.
-__device__ void stage_bf16_tokens(const GroupView& group, const DispatchSendArgs& args, int first,
-                                  int num_tokens) {
+// Quantises bf16 rows from[i] into messages to[i] (i < count) in the group's scaled format.
+__device__ void quantize_rows(const uint8_t* const* from, uint8_t* const* to, int count, const Shape& shape,
+                              float global_scale) {
+  constexpr int kRows = PerTokenTuning::kQuantizedRowsAtOnce;
+  switch (shape.format) {
+    case Format::kFp8Block128:
+      quantize_rows_to_messages<Format::kFp8Block128, kRows>(from, to, count, shape, global_scale);
+      break;
+    case Format::kMxfp8:
+      quantize_rows_to_messages<Format::kMxfp8, kRows>(from, to, count, shape, global_scale);
+      break;
+    case Format::kMxfp4:
+      quantize_rows_to_messages<Format::kMxfp4, kRows>(from, to, count, shape, global_scale);
+      break;
+    default:
+      quantize_rows_to_messages<Format::kNvfp4, kRows>(from, to, count, shape, global_scale);
+  }
+}
+
+// Tokens [first, num_tokens) of the block (gridDim.x apart) into this rank's own region,
+// PerTokenTuning::kBatchTokens at a time: bf16 tokens as they are, with PerTokenTuning::kVectorsInFlight
+// loads in flight per thread, or (`quantize`) bf16 tokens quantised into the group's scaled format,
+// PerTokenTuning::kQuantizedRowsAtOnce rows per batch of loads. The per-token send's staging, which a small
+// grid otherwise waits on token by token.
+__device__ void stage_token_batches(const GroupView& group, const DispatchSendArgs& args, int first,
+                                    int num_tokens, bool quantize) {
   const Shape& shape = group.shape;
   constexpr int kBatch = PerTokenTuning::kBatchTokens;
   __shared__ const uint8_t* from[kBatch];
   __shared__ uint8_t* to[kBatch];
+  const std::size_t row_bytes = quantize ? static_cast<std::size_t>(shape.hidden) * 2 : shape.payload_bytes;
+  const float global_scale = quantize && shape.format == Format::kNvfp4 ? *args.global_scale : 1.0f;
   const int stride = static_cast<int>(gridDim.x);
   for (int batch = first; batch < num_tokens; batch += kBatch * stride) {
-    __syncthreads();  // the batch before is copied
+    __syncthreads();  // the batch before is stored
     if (static_cast<int>(threadIdx.x) < kBatch) {
       const int token = batch + static_cast<int>(threadIdx.x) * stride;
-      from[threadIdx.x] = args.tokens + static_cast<std::size_t>(token) * shape.payload_bytes;
+      from[threadIdx.x] = args.tokens + static_cast<std::size_t>(token) * row_bytes;
       to[threadIdx.x] = region_message(group.dispatch_region, shape, token);
     }
     __syncthreads();
     const int count = min(kBatch, (num_tokens - batch + stride - 1) / stride);
-    copy_rows<PerTokenTuning::kVectorsInFlight>(from, to, count, shape.payload_bytes / kVectorBytes);
+    if (quantize) {
+      quantize_rows(from, to, count, shape, global_scale);
+    } else {
+      copy_rows<PerTokenTuning::kVectorsInFlight>(from, to, count, shape.payload_bytes / kVectorBytes);
+    }
     for (int i = 0; i < count; ++i) {
       group.peers.share_block(PeerRegion::kDispatch,
                               DispatchRegion::message_offset(shape, batch + i * stride), shape.message_bytes);
@@ -366,8 +393,9 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
     const int count = max(0, min(tokens, num_tokens - first));
     const BatchSlot slot = load_batch_slot(shape, args, first, batch ? count : 0);
     if constexpr (kPerToken) {
-      if (shape.format == Format::kBf16) {
-        stage_bf16_tokens(group, args, staged, num_tokens);
+      const bool quantize = shape.format != Format::kBf16 && args.token_scales == nullptr;
+      if (shape.format == Format::kBf16 || quantize) {
+        stage_token_batches(group, args, staged, num_tokens, quantize);
         staged = num_tokens;
       }
     }

@@ -123,7 +123,7 @@ struct PerTokenTuning {
   static constexpr int kTokenThreads = 128;          // a multiple of the wave size; divides kCombineThreads
   static constexpr int kSummedVectors = 4;
   static constexpr int kSummedFp8Vectors = 2;
-  static constexpr int kQuantizedRowsAhead = 3;  // the fp8 combine send's rows loaded ahead
+  static constexpr int kQuantizedRowsAtOnce = 4;  // rows per batch of loads (quantize_rows_to_messages)
   static constexpr int kCombineSplitBlocks = 16;
   static constexpr int kCombineSenderPercent = 42;
 };

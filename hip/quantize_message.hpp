@@ -65,31 +65,35 @@ __device__ inline void quantize_to_message(uint8_t* message, const uint8_t* row,
   }
 }
 
-// Quantises bf16 rows from[i] into messages to[i] (i < count; quantize_to_message), one after another by
-// the whole block, the first vectors of the kRowsAhead rows after each loaded before it is quantised, so
-// that the loads of kRowsAhead + 1 rows are in flight at once.
-template <Format format, int kRowsAhead>
+// Quantises bf16 rows from[i] into messages to[i] (i < count; quantize_to_message) by the whole block,
+// kRowsAtOnce rows at a time: the first vectors of a batch's rows are loaded together, so that their
+// latencies overlap, and the next batch's rows are asked into L2 before this batch is quantised. No loaded
+// vector is held across batches: on sm_90 a use of one waits for every load in flight, the newest included.
+template <Format format, int kRowsAtOnce>
 __device__ inline void quantize_rows_to_messages(const uint8_t* const* from, uint8_t* const* to, int count,
                                                  const Shape& shape, float global_scale) {
   const uint32_t vectors = static_cast<uint32_t>(shape.hidden) / kElementsPerThread;
-  const auto first_vector = [&](int i) {
-    return i < count && threadIdx.x < vectors ? reinterpret_cast<const Vector16*>(from[i])[threadIdx.x]
-                                              : Vector16{};
-  };
-  Vector16 ahead[kRowsAhead + 1];  // [j]: the first vectors of row i + j
-#pragma unroll
-  for (int j = 0; j < kRowsAhead; ++j) {
-    ahead[j] = first_vector(j);
-  }
+  const bool has_vector = threadIdx.x < vectors;
 #pragma unroll 1
-  for (int i = 0; i < count; ++i) {
-    ahead[kRowsAhead] = first_vector(i + kRowsAhead);
-    const Vector16 current = ahead[0];
+  for (int base = 0; base < count; base += kRowsAtOnce) {
+    Vector16 first[kRowsAtOnce];
 #pragma unroll
-    for (int j = 0; j < kRowsAhead; ++j) {
-      ahead[j] = ahead[j + 1];
+    for (int j = 0; j < kRowsAtOnce; ++j) {
+      first[j] = base + j < count && has_vector
+                     ? reinterpret_cast<const Vector16*>(from[base + j])[threadIdx.x]
+                     : Vector16{};
     }
-    quantize_to_message<format>(to[i], from[i], shape, global_scale, current);
+    for (int j = kRowsAtOnce; j < 2 * kRowsAtOnce && base + j < count; ++j) {
+      for (uint32_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+        prefetch_to_l2(reinterpret_cast<const Vector16*>(from[base + j]) + v);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kRowsAtOnce; ++j) {
+      if (base + j < count) {
+        quantize_to_message<format>(to[base + j], from[base + j], shape, global_scale, first[j]);
+      }
+    }
   }
 }
 
