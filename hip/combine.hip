@@ -85,6 +85,63 @@ __device__ inline void reduce_rows(Vector16* destination, const Vector16* const*
   }
 }
 
+// The weighted sum of `rows` (reduce_rows' arithmetic, float32 fma in list order), quantised to an fp8
+// block-128 message at `message` instead of rounded to bf16: `hidden` codes, then a float32 scale per 128
+// elements (Shape::combine_fp8, the expanded layout's partial for another rank). Every thread of the block
+// runs the same steps (quantize_elements shuffles across lanes); lanes past the row sum nothing and store
+// nothing.
+__device__ void reduce_rows_to_fp8(uint8_t* message, const Vector16* const* rows, const float* weights,
+                                   int count, const Shape& shape) {
+  const int vectors = shape.hidden / kLanes;
+  constexpr int kLanesPerScale = 128 / kLanes;
+  for (int base = 0; base < vectors; base += static_cast<int>(blockDim.x)) {
+    const int vector = base + static_cast<int>(threadIdx.x);
+    Lanes sum = {};
+    if (vector < vectors) {
+      for (int j = 0; j < count; ++j) {
+        const Lanes y = unpack(rows[j][vector]);
+        for (int lane = 0; lane < kLanes; ++lane) {
+          sum.value[lane] = fmaf(weights[j], y.value[lane], sum.value[lane]);
+        }
+      }
+    }
+    const QuantizedElements<kLanes> q =
+        quantize_elements<Format::kFp8Block128, kLanes>(sum.value, shape.fp8_encoding, 1.0f);
+    if (vector < vectors) {
+      *reinterpret_cast<uint2*>(message + static_cast<std::size_t>(vector) * kLanes) =
+          uint2{q.codes[0], q.codes[1]};
+      if (vector % kLanesPerScale == 0) {
+        *reinterpret_cast<uint32_t*>(message + shape.hidden + vector / kLanesPerScale * sizeof(float)) =
+            q.scale;
+      }
+    }
+  }
+}
+
+// out = bf16(the sum of `inputs` in list order), each a bf16 row or (tagged kFp8Input) an fp8 block-128
+// message dequantised as the per-token receive does (add_fp8_row), float32, `epilogue` before the store.
+template <typename Epilogue>
+__device__ void sum_rows_and_messages(Vector16* out, const Vector16* const* inputs, int count,
+                                      const Shape& shape, const Epilogue& epilogue) {
+  const int vectors = shape.hidden / kLanes;
+  for (int vector = static_cast<int>(threadIdx.x); vector < vectors; vector += static_cast<int>(blockDim.x)) {
+    Lanes sum[1] = {};
+    for (int j = 0; j < count; ++j) {
+      const auto tagged = reinterpret_cast<uintptr_t>(inputs[j]);
+      if ((tagged & kFp8Input) != 0) {
+        add_fp8_row<1, 1>(sum, reinterpret_cast<const uint8_t*>(tagged - kFp8Input), shape, vector, vectors);
+        continue;
+      }
+      const Lanes y = unpack(inputs[j][vector]);
+      for (int lane = 0; lane < kLanes; ++lane) {
+        sum[0].value[lane] = fmaf(1.0f, y.value[lane], sum[0].value[lane]);
+      }
+    }
+    epilogue.apply(sum[0], vector);
+    out[vector] = pack(sum[0]);
+  }
+}
+
 // The most tokens any rank sent in the last dispatch (Signals::tokens_from), in every thread of the
 // calling block; call once per kernel, from every thread. The send's pairs go up to it: with fewer tokens
 // sent than allowed, the pairs that hold tokens are still spread over all blocks, and no block claims pairs
@@ -117,6 +174,7 @@ __device__ inline int first_share(int total) {
 // send_partials_in_batches with a batch of one pair would do the same, but as one function for both the
 // fused kernel spilled registers on sm_90, and its fused combine at hidden 7168 took 20.0-21.0 us (128
 // tokens) and 237.7-241.0 us (4096) against 19.4-19.7 and 234.6-240.4 (EP2, H200).
+template <bool kFp8>
 __device__ void send_partials_by_token(const GroupView& group, const rocep::device::CombineArgs& args) {
   const Shape& shape = group.shape;
   const int vectors = shape.hidden / kLanes;
@@ -186,8 +244,13 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
     const std::size_t row_bytes = CombineRegion::row_bytes(shape);
     if (weighted && input_count > 0) {
       const std::size_t partial_row = static_cast<std::size_t>(shape.rank) * shape.max_tokens + token;
-      reduce_rows(reinterpret_cast<Vector16*>(region + partial_row * shape.hidden), inputs, weights,
-                  input_count, vectors, threadIdx.x, blockDim.x);
+      if (kFp8 && source != shape.rank) {
+        reduce_rows_to_fp8(reinterpret_cast<uint8_t*>(region + partial_row * shape.hidden), inputs, weights,
+                           input_count, shape);
+      } else {
+        reduce_rows(reinterpret_cast<Vector16*>(region + partial_row * shape.hidden), inputs, weights,
+                    input_count, vectors, threadIdx.x, blockDim.x);
+      }
       group.peers.publish_block(PeerRegion::kCombine, source, partial_row * row_bytes, row_bytes);
     } else {
       for (int j = 0; j < input_count; ++j) {
@@ -210,6 +273,7 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
 // then its warps sum the pairs one after another without waiting for each other (4096 tokens at EP2 on
 // H200, hidden 2048: 78 -> 62 us). Taken in small calls too, where a block has one pair: choosing the other
 // function there cost the fused kernel spilled registers on sm_90.
+template <bool kFp8>
 __device__ void send_partials_in_batches(const GroupView& group, const rocep::device::CombineArgs& args) {
   const Shape& shape = group.shape;
   const int vectors = shape.hidden / kLanes;
@@ -262,8 +326,13 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
       if (weighted) {
         if (input_counts[b] > 0) {
           const std::size_t partial_row = static_cast<std::size_t>(shape.rank) * shape.max_tokens + token;
-          reduce_rows(reinterpret_cast<Vector16*>(region + partial_row * shape.hidden), inputs + list,
-                      weights + list, input_counts[b], vectors, threadIdx.x, blockDim.x);
+          if (kFp8 && source != shape.rank) {
+            reduce_rows_to_fp8(reinterpret_cast<uint8_t*>(region + partial_row * shape.hidden), inputs + list,
+                               weights + list, input_counts[b], shape);
+          } else {
+            reduce_rows(reinterpret_cast<Vector16*>(region + partial_row * shape.hidden), inputs + list,
+                        weights + list, input_counts[b], vectors, threadIdx.x, blockDim.x);
+          }
           group.peers.publish_block(PeerRegion::kCombine, source, partial_row * row_bytes, row_bytes);
         }
       } else {
@@ -283,12 +352,14 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
   }
 }
 
+// kFp8: the weighted partials for other ranks cross as fp8 block-128 messages (Shape::combine_fp8).
+template <bool kFp8>
 __device__ void send_partials(const GroupView& group, const rocep::device::CombineArgs& args) {
   const Shape& shape = group.shape;
   if (shape.hidden / kLanes <= 2 * static_cast<int>(blockDim.x)) {
-    send_partials_in_batches(group, args);
+    send_partials_in_batches<kFp8>(group, args);
   } else {
-    send_partials_by_token(group, args);
+    send_partials_by_token<kFp8>(group, args);
   }
   // Whether this combine is weighted, for the receivers to check: released to them with the partials by
   // signal_grid_done (block 0's stores reach the last block through the blocks' count).
@@ -311,7 +382,8 @@ __device__ inline int combine_batch_items(const Shape& shape, int items, int ite
   return short_rows && items > static_cast<int>(gridDim.x) ? items_per_batch : 1;
 }
 
-template <bool kEpilogue>
+// kFp8: the other ranks' weighted partials are fp8 block-128 messages (Shape::combine_fp8).
+template <bool kEpilogue, bool kFp8>
 __device__ void receive_partials(const GroupView& group, const rocep::device::CombineArgs& args,
                                  uint64_t sequence) {
   const Shape& shape = group.shape;
@@ -349,8 +421,11 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
         int count = 0;
         for (int peer = 0; peer < shape.world; ++peer) {
           if ((mask >> peer) & 1) {
+            const uintptr_t fp8 = kFp8 && peer != shape.rank ? kFp8Input : 0;
             list[count++] = reinterpret_cast<const Vector16*>(
-                region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden);
+                reinterpret_cast<uintptr_t>(
+                    region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden) +
+                fp8);
           }
         }
         if (args.shared_expert_output != nullptr && in_shared_expert_slice(shape, tokens, token)) {
@@ -364,7 +439,14 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
         const int b_token = first + b * static_cast<int>(gridDim.x);
         auto* out =
             reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(b_token) * args.out_row_stride);
-        if constexpr (kEpilogue) {
+        if constexpr (kFp8) {
+          if constexpr (kEpilogue) {
+            sum_rows_and_messages(out, partials + b * list_length, partial_counts[b], shape,
+                                  RowEpilogue(args, b_token, vectors));
+          } else {
+            sum_rows_and_messages(out, partials + b * list_length, partial_counts[b], shape, NoEpilogue{});
+          }
+        } else if constexpr (kEpilogue) {
           reduce_rows(out, partials + b * list_length, ones, partial_counts[b], vectors, threadIdx.x,
                       blockDim.x, RowEpilogue(args, b_token, vectors));
         } else {
@@ -607,40 +689,78 @@ extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_combine_send(GroupView group, rocep::device::CombineArgs args) {
-  send_partials(group, args);
+  send_partials<false>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_combine_recv(GroupView group, rocep::device::CombineArgs args) {
-  receive_partials<false>(group, args, group.block_calls[blockIdx.x].combines + 1);
+  receive_partials<false, false>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
     rocep_combine_recv_epilogue(GroupView group, rocep::device::CombineArgs args) {
-  receive_partials<true>(group, args, group.block_calls[blockIdx.x].combines + 1);
+  receive_partials<true, false>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     rocep_combine(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
-  send_partials(group, args);
-  receive_partials<false>(group, args, sequence);
+  send_partials<false>(group, args);
+  receive_partials<false, false>(group, args, sequence);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
     rocep_combine_epilogue(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
-  send_partials(group, args);
-  receive_partials<true>(group, args, sequence);
+  send_partials<false>(group, args);
+  receive_partials<true, false>(group, args, sequence);
+}
+
+// The expanded layout's combine with the partials crossing in fp8 (Shape::combine_fp8): kernels of their
+// own, so that the bf16 ones keep their registers.
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
+    rocep_combine_send_fp8(GroupView group, rocep::device::CombineArgs args) {
+  send_partials<true>(group, args);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
+    rocep_combine_recv_fp8(GroupView group, rocep::device::CombineArgs args) {
+  receive_partials<false, true>(group, args, group.block_calls[blockIdx.x].combines + 1);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
+    rocep_combine_recv_epilogue_fp8(GroupView group, rocep::device::CombineArgs args) {
+  receive_partials<true, true>(group, args, group.block_calls[blockIdx.x].combines + 1);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
+    rocep_combine_fp8(GroupView group, rocep::device::CombineArgs args) {
+  const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
+  send_partials<true>(group, args);
+  receive_partials<false, true>(group, args, sequence);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
+    rocep_combine_epilogue_fp8(GroupView group, rocep::device::CombineArgs args) {
+  const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
+  send_partials<true>(group, args);
+  receive_partials<true, true>(group, args, sequence);
 }
 
 namespace rocep::device {
 
 hipError_t load_combine_kernels(bool per_token, int* resident_blocks) {
   const std::initializer_list<const void*> expanded = {
-      reinterpret_cast<const void*>(&rocep_combine_send), reinterpret_cast<const void*>(&rocep_combine_recv),
+      reinterpret_cast<const void*>(&rocep_combine_send),
+      reinterpret_cast<const void*>(&rocep_combine_recv),
       reinterpret_cast<const void*>(&rocep_combine_recv_epilogue),
-      reinterpret_cast<const void*>(&rocep_combine), reinterpret_cast<const void*>(&rocep_combine_epilogue)};
+      reinterpret_cast<const void*>(&rocep_combine),
+      reinterpret_cast<const void*>(&rocep_combine_epilogue),
+      reinterpret_cast<const void*>(&rocep_combine_send_fp8),
+      reinterpret_cast<const void*>(&rocep_combine_recv_fp8),
+      reinterpret_cast<const void*>(&rocep_combine_recv_epilogue_fp8),
+      reinterpret_cast<const void*>(&rocep_combine_fp8),
+      reinterpret_cast<const void*>(&rocep_combine_epilogue_fp8)};
   const std::initializer_list<const void*> by_token = {
       reinterpret_cast<const void*>(&rocep_combine_send_per_token),
       reinterpret_cast<const void*>(&rocep_combine_recv_per_token),
@@ -672,7 +792,9 @@ hipError_t launch_combine_send(const GroupView& group, const CombineArgs& args, 
         fp8 ? &rocep_combine_send_per_token_fp8 : &rocep_combine_send_per_token, grid,
         Residency::kBlockByBlock, stream, group, args);
   }
-  return launch_kernel(&rocep_combine_send, grid, Residency::kBlockByBlock, stream, group, args);
+  const bool fp8 = group.shape.combine_fp8 != 0;
+  return launch_kernel(fp8 ? &rocep_combine_send_fp8 : &rocep_combine_send, grid, Residency::kBlockByBlock,
+                       stream, group, args);
 }
 
 hipError_t launch_combine_recv(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
@@ -686,8 +808,10 @@ hipError_t launch_combine_recv(const GroupView& group, const CombineArgs& args, 
     return launch_kernel<PerTokenTuning::kCombineThreads>(kernel, grid, Residency::kBlockByBlock, stream,
                                                           group, args);
   }
-  return launch_kernel(epilogue ? &rocep_combine_recv_epilogue : &rocep_combine_recv, grid,
-                       Residency::kBlockByBlock, stream, group, args);
+  const bool fp8 = group.shape.combine_fp8 != 0;
+  const auto kernel = epilogue ? (fp8 ? &rocep_combine_recv_epilogue_fp8 : &rocep_combine_recv_epilogue)
+                               : (fp8 ? &rocep_combine_recv_fp8 : &rocep_combine_recv);
+  return launch_kernel(kernel, grid, Residency::kBlockByBlock, stream, group, args);
 }
 
 hipError_t launch_combine(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
@@ -701,8 +825,10 @@ hipError_t launch_combine(const GroupView& group, const CombineArgs& args, const
     return launch_kernel<PerTokenTuning::kCombineThreads>(kernel, grid, Residency::kWholeGrid, stream, group,
                                                           args);
   }
-  return launch_kernel(epilogue ? &rocep_combine_epilogue : &rocep_combine, grid, Residency::kWholeGrid,
-                       stream, group, args);
+  const bool fp8 = group.shape.combine_fp8 != 0;
+  const auto kernel = epilogue ? (fp8 ? &rocep_combine_epilogue_fp8 : &rocep_combine_epilogue)
+                               : (fp8 ? &rocep_combine_fp8 : &rocep_combine);
+  return launch_kernel(kernel, grid, Residency::kWholeGrid, stream, group, args);
 }
 
 }  // namespace rocep::device

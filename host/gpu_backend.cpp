@@ -30,11 +30,6 @@ DeviceBuffer zeroed(std::size_t bytes, DeviceMemoryKind kind = DeviceMemoryKind:
 GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(world.rank()), world_(world) {
   // Every check before the first agreement sees the same values on every rank (the config is agreed, the
   // node layout is gathered), so every rank throws alike.
-  if (config.combine_dtype != CombineDtype::kBf16 && config.layout != Layout::kPerToken) {
-    throw ConfigError(std::string("EpConfig.combine_dtype = ") + to_string(config.combine_dtype) +
-                      " is supported by backend gpu in the per-token layout only (layout = kPerToken); the "
-                      "CPU reference implements it in both (Backend::kCpuReference)");
-  }
   const NodeLayout layout = node_layout(world, config.gpus_per_node);
   if (layout.num_nodes != 1) {
     throw ConfigError("EpGroup: backend gpu needs every rank on one node (this node has " +

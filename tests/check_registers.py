@@ -19,7 +19,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXPANDED = {
     "rocep_dispatch", "rocep_dispatch_send", "rocep_dispatch_recv", "rocep_dispatch_scale_runs",
     "rocep_dispatch_recv_scale_runs", "rocep_dispatch_input_scales", "rocep_combine", "rocep_combine_send",
-    "rocep_combine_recv", "rocep_combine_epilogue", "rocep_combine_recv_epilogue",
+    "rocep_combine_recv", "rocep_combine_epilogue", "rocep_combine_recv_epilogue", "rocep_combine_fp8",
+    "rocep_combine_send_fp8", "rocep_combine_recv_fp8", "rocep_combine_epilogue_fp8",
+    "rocep_combine_recv_epilogue_fp8",
 }
 LIMIT = 80  # 65536 registers / (3 blocks x 256 threads), in the allocation's steps of 8
 

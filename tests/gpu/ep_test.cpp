@@ -164,6 +164,23 @@ TEST_F(GpuEp, ExpertInputScalesMatchReference) {
   }
 }
 
+// The weighted combine's partials crossing in fp8 block-128 (EpConfig::combine_dtype), both encodings: long
+// rows (a block per (source, token)) and short ones (batches of pairs), at the default budget and on 8
+// blocks; the unweighted combine's rows stay bf16.
+TEST_F(GpuEp, Fp8CombineMatchesReference) {
+  const int world = world_size();
+  for (const auto encoding : {rocep::Fp8Encoding::kE4m3fn, rocep::Fp8Encoding::kE4m3fnuz}) {
+    for (EpConfig config :
+         {make_config(7168, 8, 256 / world, 128), make_config(2048, 4, 64 / world, 96, 1, 8)}) {
+      config.combine_dtype = rocep::CombineDtype::kFp8Block128;
+      config.fp8_encoding = encoding;
+      for (const Routing routing : {Routing::kUniform, Routing::kMasked, Routing::kHotExpert}) {
+        check_against_reference(config, routing);
+      }
+    }
+  }
+}
+
 // Tokens written into the group's input buffer (no staging copy in the send) give the same results.
 TEST_F(GpuEp, TokensInTheInputBufferMatchReference) {
   const int world = world_size();
