@@ -3,9 +3,10 @@
 // cmake/RocepShmem.cmake). This is the only file that names either engine; rocep's code calls shmem::*.
 //
 // Host: the engine joined through rocep's own Bootstrap with a unique id (no MPI, no launcher), symmetric
-// memory, a barrier over every PE. Device: a non-blocking put of bytes followed, on the same connection, by
-// an add to a 64-bit signal word of the target PE (so a peer that sees the signal sees the bytes), and the
-// signal word read where it lives.
+// memory (and a pointer to a same-node PE's), a barrier over every PE. Device: non-blocking puts (by a
+// thread, or by a block together), a put of bytes followed, on the same connection, by an add to a 64-bit
+// signal word of the target PE (so a peer that sees the signal sees the bytes), single-word stores and
+// adds, the signal word read where it lives, fence and quiet.
 #pragma once
 
 #include <cstddef>
@@ -36,9 +37,6 @@ inline int init_with_unique_id(int pe, int pes, const UniqueId* id) {
   const int status = nvshmemx_set_attr_uniqueid_args(pe, pes, id, &attributes);
   return status != 0 ? status : nvshmemx_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attributes);
 }
-inline void finalize() {
-  nvshmem_finalize();
-}
 inline int my_pe() {
   return nvshmem_my_pe();
 }
@@ -58,6 +56,12 @@ inline UniqueId unique_id_initializer() {
   return NVSHMEMX_UNIQUEID_INITIALIZER;
 }
 
+// `memory` (symmetric) of PE `pe` as this process can load and store it (a PE of this node whose memory
+// the engine mapped), or null.
+inline void* peer_pointer(void* memory, int pe) {
+  return nvshmem_ptr(memory, pe);
+}
+
 #if defined(__CUDACC__)
 // The calling thread puts `bytes` from `source` (local) to `destination` (symmetric) on `pe`, then adds
 // `value` to the signal word `signal` (symmetric) on `pe`, ordered after the bytes. Returns at once.
@@ -65,11 +69,35 @@ __device__ inline void put_signal_add_nbi(void* destination, const void* source,
                                           uint64_t* signal, uint64_t value, int pe) {
   nvshmem_putmem_signal_nbi(destination, source, bytes, signal, value, NVSHMEM_SIGNAL_ADD, pe);
 }
+// The calling thread puts `bytes` from `source` (symmetric) to `destination` (symmetric) on `pe`; returns
+// once issued.
+__device__ inline void put_nbi(void* destination, const void* source, std::size_t bytes, int pe) {
+  nvshmem_putmem_nbi(destination, source, bytes, pe);
+}
+// The same put by every thread of the block together (each calls it with the same arguments).
+__device__ inline void put_nbi_block(void* destination, const void* source, std::size_t bytes, int pe) {
+  nvshmemx_putmem_nbi_block(destination, source, bytes, pe);
+}
+// Single words to `destination` (symmetric) on `pe`: a store of an int32, a store of a uint64, an atomic
+// add to a uint64.
+__device__ inline void int32_put(int32_t* destination, int32_t value, int pe) {
+  nvshmem_int32_p(destination, value, pe);
+}
+__device__ inline void uint64_put(uint64_t* destination, uint64_t value, int pe) {
+  nvshmem_uint64_p(destination, value, pe);
+}
+__device__ inline void uint64_add(uint64_t* destination, uint64_t value, int pe) {
+  nvshmem_uint64_atomic_add(destination, value, pe);
+}
 // The local signal word, as the engine's signal updates leave it.
 __device__ inline uint64_t signal_fetch(uint64_t* signal) {
   return nvshmem_signal_fetch(signal);
 }
-// Completes this thread's puts (their source may be reused).
+// Operations this PE issued before to a PE are delivered there before the ones it issues after.
+__device__ inline void fence() {
+  nvshmem_fence();
+}
+// Completes the operations this PE issued before (delivered, their sources reusable).
 __device__ inline void quiet() {
   nvshmem_quiet();
 }
@@ -86,9 +114,6 @@ inline int init_with_unique_id(int pe, int pes, const UniqueId* id) {
   InitAttributes attributes{};
   const int status = rocshmem_set_attr_uniqueid_args(pe, pes, const_cast<UniqueId*>(id), &attributes);
   return status != 0 ? status : rocshmem_init_attr(ROCSHMEM_INIT_WITH_UNIQUEID, &attributes);
-}
-inline void finalize() {
-  rocshmem_finalize();
 }
 inline int my_pe() {
   return rocshmem_my_pe();
@@ -109,13 +134,35 @@ inline UniqueId unique_id_initializer() {
   return UniqueId{};
 }
 
+inline void* peer_pointer(void* memory, int pe) {
+  return rocshmem_ptr(memory, pe);
+}
+
 #if defined(__HIPCC__)
 __device__ inline void put_signal_add_nbi(void* destination, const void* source, std::size_t bytes,
                                           uint64_t* signal, uint64_t value, int pe) {
   rocshmem_putmem_signal_nbi(destination, source, bytes, signal, value, ROCSHMEM_SIGNAL_ADD, pe);
 }
+__device__ inline void put_nbi(void* destination, const void* source, std::size_t bytes, int pe) {
+  rocshmem_putmem_nbi(destination, source, bytes, pe);
+}
+__device__ inline void put_nbi_block(void* destination, const void* source, std::size_t bytes, int pe) {
+  rocshmem_putmem_nbi_wg(destination, source, bytes, pe);
+}
+__device__ inline void int32_put(int32_t* destination, int32_t value, int pe) {
+  rocshmem_int32_p(destination, value, pe);
+}
+__device__ inline void uint64_put(uint64_t* destination, uint64_t value, int pe) {
+  rocshmem_uint64_p(destination, value, pe);
+}
+__device__ inline void uint64_add(uint64_t* destination, uint64_t value, int pe) {
+  rocshmem_uint64_atomic_add(destination, value, pe);
+}
 __device__ inline uint64_t signal_fetch(uint64_t* signal) {
   return rocshmem_signal_fetch(signal);
+}
+__device__ inline void fence() {
+  rocshmem_fence();
 }
 __device__ inline void quiet() {
   rocshmem_quiet();

@@ -3,14 +3,18 @@
 //   - write_window + publish: stores bound for a peer's region, then handed over;
 //   - read_window: loads of a peer's region, after that peer's arrival was acquired;
 //   - share: this rank's own bytes that peers will read (its staged messages);
-//   - signal_store + signal_add: the words of a peer's Signals; flag_store: a flag word in a peer's region.
-// The transport of a node is IPC: each peer's regions are mapped into this process and reached with plain
-// loads and stores over xGMI / NVLink, so a window is the peer's region itself and publish / share have
-// nothing left to do. A transport without load/store access to a peer (SHMEM across nodes) gives a window
-// onto a local image of the peer's region instead, turns publish into a non-blocking put from that image,
-// share into a put of this rank's bytes into the peer's image of this rank's region (so that the peer's
-// read_window is local), and signal_add into a signal on the same connection, ordered after those puts. The
-// phase code calls every one of them where such a transport needs it.
+//   - signal_store + signal_add: the words of a peer's Signals; flag_store: a flag word in a peer's region;
+//   - complete_block: the block's handed-over bytes delivered, before the grid counts the block done.
+// A peer of this node is reached by IPC: its regions are mapped into this process (by the runtime's IPC, or
+// by the SHMEM engine where the group spans nodes) and reached with plain loads and stores over xGMI /
+// NVLink, so a window is the peer's region itself and publish / share / complete have nothing left to do.
+// A peer on another node (a bit of shmem_peers; builds with an engine, ROCEP_SHMEM) is reached through the
+// engine: its write window is this rank's outbox for it, publish puts the range from the outbox into the
+// peer's region (at the same offset: the regions are symmetric), share puts this rank's own bytes into
+// the peer's image of this rank's dispatch region (so that the peer's read_window is local), the signal
+// words are single-word puts and adds on the engine, and a flag is put after a fence. complete_block waits
+// for the engine's puts of this PE, so that the grid's signal, issued after every block counted in, comes
+// after every byte it signals. The phase code calls every one of them where such a transport needs it.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +23,7 @@
 #include "ep_params.hpp"
 #if defined(__HIPCC__) || defined(__CUDACC__)
 #include "atomics.hpp"  // the members that signal: device compilations only (host code fills the tables)
+#include "shmem.hpp"    // ROCEP_HAVE_SHMEM and the engine's calls, in builds with an engine
 #endif
 
 namespace rocep::device {
@@ -31,50 +36,135 @@ using SignalWords = int32_t (Signals::*)[kMaxWorld];
 // The regions a rank exposes to its peers (hip/ep_params.hpp has their layouts).
 enum class PeerRegion { kDispatch, kCombine };
 
-// The IPC transport: the peers' regions, mapped here (entry r is rank r's; this rank's own entry is its own
-// memory). Built by the host (host/gpu_backend.cpp) from the group's IPC mappings.
+// The peers' regions (entry r is rank r's; this rank's own entry is its own memory). Built by the host
+// (host/gpu_backend.cpp). The layout is the same in every build: a caller's build without an engine reads
+// the same GroupView.
 struct PeerTransport {
-  uint8_t* const* dispatch_regions;  // [world]: rank r's DispatchRegion
-  uint8_t* const* combine_regions;   // [world]: rank r's CombineRegion
-  Signals* const* signals;           // [world]: rank r's Signals
+  uint8_t* const* dispatch_regions;  // [world]: rank r's DispatchRegion (a SHMEM peer's: the outbox for it)
+  uint8_t* const* combine_regions;   // [world]: rank r's CombineRegion (a SHMEM peer's: the outbox for it)
+  Signals* const* signals;           // [world]: rank r's Signals (a SHMEM peer's: unused)
+  // The peers reached through the SHMEM engine: bit r for rank r. 0 on one node and without an engine.
+  uint64_t shmem_peers;
+  // With SHMEM peers, this rank's symmetric memory (the same addresses on every PE): its own regions and
+  // signals, and the images of the ranks' dispatch regions, image r at dispatch_images + r *
+  // dispatch_region_bytes, where rank r puts what it shares.
+  uint8_t* own_dispatch_region;
+  uint8_t* own_combine_region;
+  Signals* own_signals;
+  uint8_t* dispatch_images;
+  std::size_t dispatch_region_bytes;
+  int32_t rank;
+
+  ROCEP_DEVICE bool through_shmem(int peer) const { return ((shmem_peers >> peer) & 1u) != 0; }
 
   // Where this rank stores bytes bound for `peer`'s `region`, addressed as that region is: they are the
   // peer's once published (publish) and signalled (signal_add). IPC: the peer's region itself.
   ROCEP_DEVICE uint8_t* write_window(PeerRegion region, int peer) const {
     return region == PeerRegion::kDispatch ? dispatch_regions[peer] : combine_regions[peer];
   }
-  // Where this rank loads bytes of `peer`'s `region` from, once it acquired the peer's arrival. IPC: the
-  // peer's region itself.
+  // Where this rank loads bytes of `peer`'s dispatch region from, once it acquired the peer's arrival. IPC:
+  // the peer's region itself; SHMEM: this rank's image of it.
   ROCEP_DEVICE const uint8_t* read_window(PeerRegion region, int peer) const {
+    if (region == PeerRegion::kDispatch && through_shmem(peer)) {
+      return dispatch_images + static_cast<std::size_t>(peer) * dispatch_region_bytes;
+    }
     return region == PeerRegion::kDispatch ? dispatch_regions[peer] : combine_regions[peer];
   }
-  // Called by the thread that stored [offset, offset + bytes) of `peer`'s write window, after those stores
-  // (publish_block: by every thread of the block, after its own stores of the block's range; a transport
-  // that puts the range synchronises the block first). IPC: the stores are already in the peer's memory.
-  ROCEP_DEVICE void publish(PeerRegion, int /*peer*/, std::size_t /*offset*/, std::size_t /*bytes*/) const {}
-  ROCEP_DEVICE void publish_block(PeerRegion, int /*peer*/, std::size_t /*offset*/,
-                                  std::size_t /*bytes*/) const {}
-  // Called by every thread of the block after its own stores of the block's [offset, offset + bytes) of
-  // this rank's own `region` (or none, where the caller wrote them): bytes the peers will read through their
-  // read_window. IPC: they read them in place.
-  ROCEP_DEVICE void share_block(PeerRegion, std::size_t /*offset*/, std::size_t /*bytes*/) const {}
 
 #if defined(__HIPCC__) || defined(__CUDACC__)
-  // Stores `value` into `peer`'s (words)[index], a plain store that the next signal_add of this grid
-  // releases to the peer (signal_grid_done: the block's count, then a system-scope fence).
+  // Called by the thread that stored [offset, offset + bytes) of `peer`'s write window, after those stores.
+  // IPC: the stores are already in the peer's memory.
+  __device__ void publish(PeerRegion region, int peer, std::size_t offset, std::size_t bytes) const {
+#if defined(ROCEP_HAVE_SHMEM)
+    if (through_shmem(peer)) {
+      shmem::put_nbi(own_region(region) + offset, write_window(region, peer) + offset, bytes, peer);
+    }
+#else
+    (void)region, (void)peer, (void)offset, (void)bytes;
+#endif
+  }
+  // The same by every thread of the block, after its own stores of the block's range; `peer` is the same in
+  // every thread. SHMEM synchronises the block, then the block puts the range together.
+  __device__ void publish_block(PeerRegion region, int peer, std::size_t offset, std::size_t bytes) const {
+#if defined(ROCEP_HAVE_SHMEM)
+    if (through_shmem(peer)) {
+      __syncthreads();
+      shmem::put_nbi_block(own_region(region) + offset, write_window(region, peer) + offset, bytes, peer);
+    }
+#else
+    (void)region, (void)peer, (void)offset, (void)bytes;
+#endif
+  }
+  // Called by every thread of the block after its own stores of the block's [offset, offset + bytes) of
+  // this rank's own dispatch region (or none, where the caller wrote them): bytes the peers will read
+  // through their read_window. IPC: they read them in place; SHMEM: the block puts them into every SHMEM
+  // peer's image of this rank's region.
+  __device__ void share_block(PeerRegion region, std::size_t offset, std::size_t bytes) const {
+    (void)region;  // only the dispatch region is shared
+#if defined(ROCEP_HAVE_SHMEM)
+    if (shmem_peers == 0) {
+      return;
+    }
+    __syncthreads();
+    uint8_t* image = dispatch_images + static_cast<std::size_t>(rank) * dispatch_region_bytes + offset;
+    for (int peer = 0; peer < kMaxWorld && (shmem_peers >> peer) != 0; ++peer) {
+      if (through_shmem(peer)) {
+        shmem::put_nbi_block(image, own_dispatch_region + offset, bytes, peer);
+      }
+    }
+#else
+    (void)offset, (void)bytes;
+#endif
+  }
+  // Called by thread 0 of a block after a barrier of the block, before the block counts itself done: what
+  // the block handed over is delivered (SHMEM: every put of this PE so far completed).
+  __device__ void complete_block() const {
+#if defined(ROCEP_HAVE_SHMEM)
+    if (shmem_peers != 0) {
+      shmem::quiet();
+    }
+#endif
+  }
+  // Stores `value` into `peer`'s (words)[index], a plain store (IPC) or a single-word put (SHMEM) that the
+  // next signal_add of this grid releases to the peer (signal_grid_done: the block's completion and count,
+  // then a system-scope fence).
   __device__ void signal_store(int peer, SignalWords words, int index, int32_t value) const {
+#if defined(ROCEP_HAVE_SHMEM)
+    if (through_shmem(peer)) {
+      shmem::int32_put(&(own_signals->*words)[index], value, peer);
+      return;
+    }
+#endif
     (signals[peer]->*words)[index] = value;
   }
   // Adds `value` to `peer`'s (words)[index] at system scope, relaxed: the caller orders what it signals
-  // with a system-scope release (fence_acq_rel_system) before it.
+  // with a system-scope release (fence_acq_rel_system), and for SHMEM peers complete_block, before it.
   __device__ void signal_add(int peer, ArrivalWords words, int index, uint64_t value) const {
+#if defined(ROCEP_HAVE_SHMEM)
+    if (through_shmem(peer)) {
+      shmem::uint64_add(&(own_signals->*words)[index], value, peer);
+      return;
+    }
+#endif
     add_relaxed_system(&(signals[peer]->*words)[index], value);
   }
   // Stores `value` into the 64-bit flag at `offset` of `peer`'s `region` with release at system scope: what
-  // this thread stored, and what its block stored before a barrier with it, is the peer's first. A
-  // transport that puts would put the flag on the connection of the puts it flags, after them.
+  // this thread stored, and what its block stored or put before a barrier with it, is the peer's first.
+  // SHMEM: the flag is put after a fence, so it is delivered after the block's puts.
   __device__ void flag_store(PeerRegion region, int peer, std::size_t offset, uint64_t value) const {
+#if defined(ROCEP_HAVE_SHMEM)
+    if (through_shmem(peer)) {
+      shmem::fence();
+      shmem::uint64_put(reinterpret_cast<uint64_t*>(own_region(region) + offset), value, peer);
+      return;
+    }
+#endif
     store_release<Scope::kSystem>(reinterpret_cast<uint64_t*>(write_window(region, peer) + offset), value);
+  }
+
+ private:
+  __device__ uint8_t* own_region(PeerRegion region) const {
+    return region == PeerRegion::kDispatch ? own_dispatch_region : own_combine_region;
   }
 #endif
 };

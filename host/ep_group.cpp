@@ -1,6 +1,9 @@
 #include "rocep/ep_group.hpp"
 
 #include <array>
+#include <cstdlib>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "backend.hpp"
@@ -68,6 +71,24 @@ void require_same_config(Bootstrap& bootstrap, const EpConfig& config, Backend b
   }
 }
 
+// `config`, its gpus_per_node taken from the environment's ROCEP_GPUS_PER_NODE where the caller left it 0
+// (detect) and the variable is set: a test or a launcher can declare each GPU a node that way.
+EpConfig with_environment(EpConfig config) {
+  const char* given = std::getenv("ROCEP_GPUS_PER_NODE");
+  if (config.gpus_per_node != 0 || given == nullptr || *given == '\0') {
+    return config;
+  }
+  char* end = nullptr;
+  const long value = std::strtol(given, &end, 10);
+  if (*end != '\0' || value < 1 || value > std::numeric_limits<int>::max()) {
+    throw ConfigError(
+        std::string("ROCEP_GPUS_PER_NODE='") + given +
+        "' is invalid: allowed values are a positive integer that divides the world size, or unset");
+  }
+  config.gpus_per_node = static_cast<int>(value);
+  return config;
+}
+
 // The GPU backend when this build has one and every rank sees a GPU (the same answer on every rank).
 Backend resolve_auto(Bootstrap& bootstrap) {
   const int mine = gpu_visible() ? 1 : 0;
@@ -85,7 +106,7 @@ Backend resolve_auto(Bootstrap& bootstrap) {
 
 struct EpGroup::Impl {
   Impl(std::shared_ptr<Bootstrap> group_bootstrap, const EpConfig& group_config, Backend requested)
-      : bootstrap(std::move(group_bootstrap)), config(group_config), backend(requested) {
+      : bootstrap(std::move(group_bootstrap)), config(with_environment(group_config)), backend(requested) {
     if (!bootstrap) {
       throw ConfigError("EpGroup: bootstrap is null; pass a rocep::Bootstrap (MpiBootstrap, or your own)");
     }

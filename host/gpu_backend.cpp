@@ -11,6 +11,7 @@
 #include "gpu_check.hpp"
 #include "node.hpp"
 #include "rocep/errors.hpp"
+#include "shmem_regions.hpp"
 #include "topology.hpp"
 
 namespace rocep {
@@ -31,11 +32,6 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   // Every check before the first agreement sees the same values on every rank (the config is agreed, the
   // node layout is gathered), so every rank throws alike.
   const NodeLayout layout = node_layout(world, config.gpus_per_node);
-  if (layout.num_nodes != 1) {
-    throw ConfigError("EpGroup: backend gpu needs every rank on one node (this node has " +
-                      std::to_string(layout.local_ranks.size()) + " of " + std::to_string(world.size()) +
-                      " ranks); groups over several nodes are not supported yet");
-  }
   if (world.size() > device::kMaxWorld) {
     throw ConfigError("EpGroup: world size " + std::to_string(world.size()) +
                       " is invalid for backend gpu: allowed range is [1, " +
@@ -54,7 +50,11 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   }
   // Refused here, on every rank, rather than hanging in the first call: the node's ranks must reach each
   // other's GPUs peer-to-peer.
-  const NodeGroupTopology node_gpus = gather_node_topology(world);
+  std::vector<bool> on_this_node;
+  for (int peer = 0; peer < world.size(); ++peer) {
+    on_this_node.push_back(layout.on_this_node(peer));
+  }
+  const NodeGroupTopology node_gpus = gather_node_topology(world, on_this_node);
   run_agreed(world, "the peer-to-peer check", [&] {
     const std::string error = peer_to_peer_error(node_gpus.topology, node_gpus.rank_gpus);
     if (!error.empty()) {
@@ -121,13 +121,17 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   // Local-only: no rows cross, so a fused combine's blocks all receive.
   shape.split_combine = grids_split && !config.local_only ? 1 : 0;
 
+  const std::size_t dispatch_bytes = device::DispatchRegion::bytes(shape);
+  const std::size_t combine_bytes = device::CombineRegion::bytes(shape);
   run_agreed(world, "allocating the group's memory", [&] {
     const std::size_t slots = static_cast<std::size_t>(shape.max_tokens) * shape.top_k;
     // Peers store into these three, load from the dispatch region and poll the signals while kernels run
-    // (docs/design.md, "Memory regions and who writes them").
-    dispatch_region_ = DeviceBuffer(device::DispatchRegion::bytes(shape), DeviceMemoryKind::kPeerVisible);
-    combine_region_ = zeroed(device::CombineRegion::bytes(shape), DeviceMemoryKind::kPeerVisible);
-    signals_ = zeroed(sizeof(device::Signals), DeviceMemoryKind::kPeerVisible);
+    // (docs/design.md, "Memory regions and who writes them"). Across nodes they are the SHMEM engine's.
+    if (layout.num_nodes == 1) {
+      dispatch_region_ = DeviceBuffer(dispatch_bytes, DeviceMemoryKind::kPeerVisible);
+      combine_region_ = zeroed(combine_bytes, DeviceMemoryKind::kPeerVisible);
+      signals_ = zeroed(sizeof(device::Signals), DeviceMemoryKind::kPeerVisible);
+    }
     state_ = zeroed(sizeof(device::LocalState));
     block_calls_ = zeroed(static_cast<std::size_t>(grid_.blocks) * sizeof(device::BlockCalls));
     status_ = zeroed(sizeof(device::Status));
@@ -144,27 +148,55 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
     ROCEP_GPU_CHECK(hipDeviceSynchronize());
   });
 
-  // IPC: every rank exports its three regions, the handles are gathered, every rank maps its peers'.
-  constexpr int kRegions = 3;  // dispatch regions, combine regions, signals
-  std::array<IpcBufferHandle, kRegions> mine{};
-  run_agreed(world, "exporting the group's memory over IPC", [&] {
-    mine = {export_ipc(dispatch_region_), export_ipc(combine_region_), export_ipc(signals_)};
-  });
-  std::vector<std::array<IpcBufferHandle, kRegions>> gathered(world.size());
-  world.all_gather(&mine, gathered.data(), sizeof mine);
-  run_agreed(world, "mapping the peers' memory over IPC", [&] {
-    std::array<std::unique_ptr<PeerBuffers>*, kRegions> peers = {&peer_dispatch_regions_,
-                                                                 &peer_combine_regions_, &peer_signals_};
-    std::array<const DeviceBuffer*, kRegions> locals = {&dispatch_region_, &combine_region_, &signals_};
-    std::vector<void*> tables;
-    for (int region = 0; region < kRegions; ++region) {
-      std::vector<IpcBufferHandle> handles;
-      for (const auto& rank_handles : gathered) {
-        handles.push_back(rank_handles[region]);
+  std::vector<void*> tables;  // [3][world]: dispatch regions, combine regions, signals
+  if (layout.num_nodes == 1) {
+    // IPC: every rank exports its three regions, the handles are gathered, every rank maps its peers'.
+    constexpr int kRegions = 3;
+    std::array<IpcBufferHandle, kRegions> mine{};
+    run_agreed(world, "exporting the group's memory over IPC", [&] {
+      mine = {export_ipc(dispatch_region_), export_ipc(combine_region_), export_ipc(signals_)};
+    });
+    std::vector<std::array<IpcBufferHandle, kRegions>> gathered(world.size());
+    world.all_gather(&mine, gathered.data(), sizeof mine);
+    run_agreed(world, "mapping the peers' memory over IPC", [&] {
+      std::array<std::unique_ptr<PeerBuffers>*, kRegions> peers = {&peer_dispatch_regions_,
+                                                                   &peer_combine_regions_, &peer_signals_};
+      std::array<const DeviceBuffer*, kRegions> locals = {&dispatch_region_, &combine_region_, &signals_};
+      for (int region = 0; region < kRegions; ++region) {
+        std::vector<IpcBufferHandle> handles;
+        for (const auto& rank_handles : gathered) {
+          handles.push_back(rank_handles[region]);
+        }
+        *peers[region] = std::make_unique<PeerBuffers>(handles, rank_, *locals[region]);
+        tables.insert(tables.end(), (*peers[region])->pointers().begin(), (*peers[region])->pointers().end());
       }
-      *peers[region] = std::make_unique<PeerBuffers>(handles, rank_, *locals[region]);
-      tables.insert(tables.end(), (*peers[region])->pointers().begin(), (*peers[region])->pointers().end());
+    });
+    view_.signals = signals_.as<device::Signals>();
+    view_.dispatch_region = dispatch_region_.as<uint8_t>();
+    view_.combine_region = combine_region_.as<uint8_t>();
+  } else {
+    // Across nodes: the engine's symmetric memory, peers of other nodes reached by puts (hip/transport.hpp).
+    run_agreed(world, "allocating the group's symmetric memory in the SHMEM engine", [&] {
+      shmem_ = std::make_unique<ShmemRegions>(world, layout, dispatch_bytes, combine_bytes,
+                                              sizeof(device::Signals));
+    });
+    for (const std::vector<void*>* table :
+         {&shmem_->dispatch_windows(), &shmem_->combine_windows(), &shmem_->signal_pointers()}) {
+      tables.insert(tables.end(), table->begin(), table->end());
     }
+    view_.signals = static_cast<device::Signals*>(shmem_->signals());
+    view_.dispatch_region = shmem_->dispatch_region();
+    view_.combine_region = shmem_->combine_region();
+    view_.peers.shmem_peers = shmem_->shmem_peers();
+    view_.peers.own_dispatch_region = shmem_->dispatch_region();
+    view_.peers.own_combine_region = shmem_->combine_region();
+    view_.peers.own_signals = view_.signals;
+    view_.peers.dispatch_images = shmem_->dispatch_images();
+    view_.peers.dispatch_region_bytes = dispatch_bytes;
+    view_.peers.rank = rank_;
+    memory_bytes_ += shmem_->bytes();
+  }
+  run_agreed(world, "copying the peer tables to the GPU", [&] {
     peer_tables_ = DeviceBuffer(tables.size() * sizeof(void*));
     ROCEP_GPU_CHECK(
         hipMemcpy(peer_tables_.get(), tables.data(), peer_tables_.bytes(), hipMemcpyHostToDevice));
@@ -174,9 +206,6 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   view_.peers.dispatch_regions = reinterpret_cast<uint8_t* const*>(table);
   view_.peers.combine_regions = reinterpret_cast<uint8_t* const*>(table + shape.world);
   view_.peers.signals = reinterpret_cast<device::Signals* const*>(table + 2 * shape.world);
-  view_.signals = signals_.as<device::Signals>();
-  view_.dispatch_region = dispatch_region_.as<uint8_t>();
-  view_.combine_region = combine_region_.as<uint8_t>();
   view_.state = state_.as<device::LocalState>();
   view_.block_calls = block_calls_.as<device::BlockCalls>();
   view_.status = status_.as<device::Status>();
@@ -217,11 +246,14 @@ GpuEp::~GpuEp() {
     dispatch_region_.leak();
     combine_region_.leak();
     signals_.leak();
+    if (shmem_) {
+      shmem_->leak();
+    }
   }
 }
 
 uint8_t* GpuEp::messages() const {
-  return dispatch_region_.as<uint8_t>() + device::DispatchRegion::message_offset(view_.shape, 0);
+  return view_.dispatch_region + device::DispatchRegion::message_offset(view_.shape, 0);
 }
 
 void* GpuEp::dispatch_input_buffer() {
@@ -230,7 +262,7 @@ void* GpuEp::dispatch_input_buffer() {
 
 contract::DispatchMemory GpuEp::dispatch_memory() const {
   const void* input_buffer = config_.dispatch_format == TokenFormat::kBf16 ? messages() : nullptr;
-  return {dispatch_region_.get(), dispatch_region_.bytes(), input_buffer};
+  return {view_.dispatch_region, device::DispatchRegion::bytes(view_.shape), input_buffer};
 }
 
 device::DispatchSendArgs GpuEp::dispatch_send_args(const DispatchInputs& inputs) const {

@@ -11,15 +11,17 @@
 #include "rocep/bootstrap.hpp"
 #include "rocep/config.hpp"
 #include "rocep/types.hpp"
+#include "shmem_regions.hpp"
 
 namespace rocep {
 
 class GpuEp final : public EpBackend {
  public:
   // Collective over `world`, failure-atomic (every step agreed: the ranks throw together). Uses the calling
-  // thread's current device. Throws ConfigError if the ranks are not all on one node, two of the node's GPUs
-  // cannot reach each other peer-to-peer, the shape exceeds what the kernels support, or config.num_sms
-  // exceeds this rank's share of its GPU's multiprocessors (comm_policy.hpp sm_budget).
+  // thread's current device. Ranks on other nodes (node_layout) are reached through the SHMEM engine
+  // (ShmemRegions). Throws ConfigError if the ranks span nodes in a build without an engine, two of the
+  // node's GPUs cannot reach each other peer-to-peer, the shape exceeds what the kernels support, or
+  // config.num_sms exceeds this rank's share of its GPU's multiprocessors (comm_policy.hpp sm_budget).
   GpuEp(Bootstrap& world, const EpConfig& config);
   // Waits for this device, closes the mappings of the peers' memory, then waits for every peer to have
   // closed theirs (a barrier bounded by the timeout) before this rank's memory is freed. If the group is
@@ -81,7 +83,8 @@ class GpuEp final : public EpBackend {
   std::unique_ptr<PeerBuffers> peer_dispatch_regions_;
   std::unique_ptr<PeerBuffers> peer_combine_regions_;
   std::unique_ptr<PeerBuffers> peer_signals_;
-  DeviceBuffer peer_tables_;  // [3][world] pointers: dispatch regions, combine regions, signals
+  std::unique_ptr<ShmemRegions> shmem_;  // across nodes: the regions and signals, in place of the three above
+  DeviceBuffer peer_tables_;             // [3][world] pointers: dispatch regions, combine regions, signals
   PinnedHostBuffer status_mirror_;
   Stream poll_stream_;
   device::GroupView view_{};

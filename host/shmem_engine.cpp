@@ -12,13 +12,15 @@ namespace rocep {
 namespace {
 
 std::mutex engine_mutex;
-std::weak_ptr<ShmemEngine> engine;  // the process's engine while anyone holds it
+// The process's engine, once joined, until the process exits: the engine cannot be initialised twice in a
+// process, and its finalisation is a collective that a peer gone first would never join. Never destroyed.
+std::shared_ptr<ShmemEngine>& engine = *new std::shared_ptr<ShmemEngine>();
 
 }  // namespace
 
 std::shared_ptr<ShmemEngine> ShmemEngine::join(Bootstrap& world) {
   const std::lock_guard<std::mutex> lock(engine_mutex);
-  if (std::shared_ptr<ShmemEngine> running = engine.lock()) {
+  if (const std::shared_ptr<ShmemEngine>& running = engine) {
     if (running->pe() != world.rank() || running->pes() != world.size()) {
       throw ConfigError("ShmemEngine: this process already joined the engine as PE " +
                         std::to_string(running->pe()) + " of " + std::to_string(running->pes()) +
@@ -48,10 +50,6 @@ std::shared_ptr<ShmemEngine> ShmemEngine::join(Bootstrap& world) {
   std::shared_ptr<ShmemEngine> joined(new ShmemEngine(world.rank(), world.size()));
   engine = joined;
   return joined;
-}
-
-ShmemEngine::~ShmemEngine() {
-  shmem::finalize();
 }
 
 void* ShmemEngine::allocate(std::size_t bytes) {

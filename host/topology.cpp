@@ -150,8 +150,8 @@ std::string peer_to_peer_error(const NodeTopology& topology, const std::vector<i
       for (const auto& [from, to] : {std::pair{first, second}, std::pair{second, first}}) {
         const int from_gpu = rank_gpus[from];
         const int to_gpu = rank_gpus[to];
-        if (from_gpu == to_gpu) {
-          continue;  // one GPU shared by several ranks (MPS)
+        if (from_gpu == to_gpu || from_gpu < 0 || to_gpu < 0) {
+          continue;  // one GPU shared by several ranks (MPS), or a rank of another node
         }
         const GpuLink& link = topology.link(from_gpu, to_gpu);
         if (link.peer_access == Answer::kNo || link.native_atomics == Answer::kNo) {

@@ -58,11 +58,11 @@ struct NodeTopology {
 // "link PCIe, 2 hops, no P2P access": the words the verdict and describe() use for a link.
 std::string describe_link(const GpuLink& link);
 
-// Empty when ranks whose GPUs are `rank_gpus` (one index into topology.gpus per rank of the node, in rank
-// order) can form a group: every pair of ranks on distinct GPUs has P2P access and native atomics both ways,
-// or no source could ask. Otherwise the ConfigError message for the first failing pair in rank order, e.g.
-// "rank 0 (GPU 0000:c1:00.0) cannot reach rank 3 (GPU 0000:05:00.0) peer-to-peer: link PCIe,
-// 2 hops, no P2P access".
+// Empty when ranks whose GPUs are `rank_gpus` (one index into topology.gpus per rank, in rank order; -1 for
+// a rank of another node, which is not checked) can form a group: every pair of ranks on distinct GPUs has
+// P2P access and native atomics both ways, or no source could ask. Otherwise the ConfigError message for the
+// first failing pair in rank order, e.g. "rank 0 (GPU 0000:c1:00.0) cannot reach rank 3 (GPU 0000:05:00.0)
+// peer-to-peer: link PCIe, 2 hops, no P2P access".
 std::string peer_to_peer_error(const NodeTopology& topology, const std::vector<int>& rank_gpus);
 
 // "0000:c1:00.0" (lower case, four-digit domain) from a runtime's "00000000:C1:00.0" or similar; `text`
@@ -108,10 +108,11 @@ NodeTopology read_node_topology(std::vector<GpuInfo> gpus);
 
 struct NodeGroupTopology {
   NodeTopology topology;       // the distinct GPUs of the node's ranks
-  std::vector<int> rank_gpus;  // per rank of the node: its GPU's index in topology.gpus
+  std::vector<int> rank_gpus;  // per rank: its GPU's index in topology.gpus; -1 for a rank of another node
 };
-// Collective over `node` (the ranks of one node): each rank names its current GPU; every rank returns the
-// same GPUs and rank_gpus, with links as this process can read them.
-NodeGroupTopology gather_node_topology(Bootstrap& node);
+// Collective over `group`: each rank names its current GPU; every rank of a node returns the same GPUs and
+// rank_gpus, with links as this process can read them. `on_this_node` (empty: every rank) marks the ranks
+// of the caller's node; the others are left out (-1).
+NodeGroupTopology gather_node_topology(Bootstrap& group, const std::vector<bool>& on_this_node = {});
 
 }  // namespace rocep

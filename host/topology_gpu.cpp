@@ -313,7 +313,7 @@ NodeTopology read_node_topology(std::vector<GpuInfo> gpus) {
   return topology;
 }
 
-NodeGroupTopology gather_node_topology(Bootstrap& node) {
+NodeGroupTopology gather_node_topology(Bootstrap& group, const std::vector<bool>& on_this_node) {
   const std::vector<GpuInfo> visible = visible_gpus();
   const GpuInfo& mine = visible.at(static_cast<std::size_t>(current_device()));
   // Fixed size: every rank contributes the same bytes. Names longer than this are cut (bus ids never are).
@@ -324,12 +324,17 @@ NodeGroupTopology gather_node_topology(Bootstrap& node) {
   RankGpu contribution{};
   mine.pci_bus_id.copy(contribution.pci_bus_id.data(), contribution.pci_bus_id.size() - 1);
   mine.name.copy(contribution.name.data(), contribution.name.size() - 1);
-  std::vector<RankGpu> rank_gpus(static_cast<std::size_t>(node.size()));
-  node.all_gather(&contribution, rank_gpus.data(), sizeof contribution);
+  std::vector<RankGpu> rank_gpus(static_cast<std::size_t>(group.size()));
+  group.all_gather(&contribution, rank_gpus.data(), sizeof contribution);
 
   std::vector<GpuInfo> gpus;
   NodeGroupTopology gathered;
-  for (const RankGpu& rank_gpu : rank_gpus) {
+  for (std::size_t rank = 0; rank < rank_gpus.size(); ++rank) {
+    const RankGpu& rank_gpu = rank_gpus[rank];
+    if (!on_this_node.empty() && !on_this_node[rank]) {
+      gathered.rank_gpus.push_back(-1);
+      continue;
+    }
     const std::string pci_bus_id = rank_gpu.pci_bus_id.data();
     const auto found = std::find_if(
         gpus.begin(), gpus.end(), [&pci_bus_id](const GpuInfo& gpu) { return gpu.pci_bus_id == pci_bus_id; });

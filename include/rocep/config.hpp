@@ -43,7 +43,9 @@ struct EpConfig {
   TokenFormat dispatch_format = TokenFormat::kBf16;
   Fp8Encoding fp8_encoding = Fp8Encoding::kAuto;  // for kFp8Block128 (and the SiLU kernels' fp8 output)
   CombineDtype combine_dtype = CombineDtype::kBf16;
-  int gpus_per_node = 0;  // ranks that share a node (and reach each other by IPC); 0 = detect
+  // Ranks that share a node and reach each other by IPC; the others are reached through the SHMEM engine.
+  // 0 = ROCEP_GPUS_PER_NODE from the environment where set, else detect.
+  int gpus_per_node = 0;
   // The multiprocessors (SMs; CUs on AMD) that this rank's dispatch / combine kernels may occupy, so that
   // the experts' kernels keep the rest. kDefaultSms: the default share, 3/16 of the GPU's multiprocessors
   // rounded down (24 of an H100's or H200's 132 SMs, DeepEP's budget there; 57 of an MI300X's 304 CUs).

@@ -67,8 +67,10 @@ class EpGroup {
   // keeps the bootstrap for its lifetime (its destructor uses it) and uses it only at creation and
   // destruction, never in dispatch or combine. Allocates: yes (receive buffers, counters, peer tables; see
   // memory_bytes()). Not graph-safe. The GPU backend uses the calling thread's current device (set it first;
-  // one GPU per rank) and needs every rank on one node (config.gpus_per_node, or the host identity every
-  // rank reports) whose GPUs reach each other peer to peer.
+  // one GPU per rank). Which ranks share a node comes from config.gpus_per_node, else from the environment's
+  // ROCEP_GPUS_PER_NODE, else from the host identity every rank reports; the GPUs of a node must reach each
+  // other peer to peer. Ranks on other nodes are reached through the SHMEM engine, in builds with one
+  // (ROCEP_SHMEM, docs/scale-out.md); without one, every rank must be on one node (else ConfigError).
   // Failure-atomic: either every rank returns, or every rank throws, naming the first rank that failed and
   // the step: ConfigError if config.validate(bootstrap size) fails, if the configs of the ranks differ, if
   // kGpu is asked for and this build or machine has no GPU, if two GPUs of the node cannot reach each

@@ -1,0 +1,83 @@
+#include "shmem_regions.hpp"
+
+#include <string>
+
+#include "gpu_check.hpp"
+#include "hip/shmem.hpp"
+#include "rocep/errors.hpp"
+#if defined(ROCEP_HAVE_SHMEM)
+#include "shmem_engine.hpp"
+#endif
+
+namespace rocep {
+
+#if defined(ROCEP_HAVE_SHMEM)
+
+ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t dispatch_bytes,
+                           std::size_t combine_bytes, std::size_t signal_bytes)
+    : engine_(ShmemEngine::join(world)) {
+  const int ranks = world.size();
+  const auto world_bytes = static_cast<std::size_t>(ranks);
+  dispatch_region_ = static_cast<uint8_t*>(allocate(dispatch_bytes));
+  combine_region_ = static_cast<uint8_t*>(allocate(combine_bytes));
+  signals_ = allocate(signal_bytes);
+  dispatch_images_ = static_cast<uint8_t*>(allocate(world_bytes * dispatch_bytes));
+  auto* dispatch_outboxes = static_cast<uint8_t*>(allocate(world_bytes * dispatch_bytes));
+  auto* combine_outboxes = static_cast<uint8_t*>(allocate(world_bytes * combine_bytes));
+  ROCEP_GPU_CHECK(hipMemset(combine_region_, 0, combine_bytes));
+  ROCEP_GPU_CHECK(hipMemset(signals_, 0, signal_bytes));
+  ROCEP_GPU_CHECK(hipDeviceSynchronize());
+  for (int peer = 0; peer < ranks; ++peer) {
+    const auto slot = static_cast<std::size_t>(peer);
+    if (peer == world.rank()) {
+      dispatch_windows_.push_back(dispatch_region_);
+      combine_windows_.push_back(combine_region_);
+      signal_pointers_.push_back(signals_);
+    } else if (layout.on_this_node(peer)) {
+      void* dispatch = shmem::peer_pointer(dispatch_region_, peer);
+      void* combine = shmem::peer_pointer(combine_region_, peer);
+      void* signals = shmem::peer_pointer(signals_, peer);
+      if (dispatch == nullptr || combine == nullptr || signals == nullptr) {
+        throw ConfigError("EpGroup: rank " + std::to_string(peer) +
+                          " is on this node, but the SHMEM engine " +
+                          "maps no memory of it here (peer-to-peer access between the two GPUs is missing)");
+      }
+      dispatch_windows_.push_back(dispatch);
+      combine_windows_.push_back(combine);
+      signal_pointers_.push_back(signals);
+    } else {
+      shmem_peers_ |= uint64_t{1} << peer;
+      dispatch_windows_.push_back(dispatch_outboxes + slot * dispatch_bytes);
+      combine_windows_.push_back(combine_outboxes + slot * combine_bytes);
+      signal_pointers_.push_back(nullptr);
+    }
+  }
+}
+
+ShmemRegions::~ShmemRegions() {
+  for (auto memory = allocations_.rbegin(); memory != allocations_.rend(); ++memory) {
+    engine_->release(*memory);
+  }
+}
+
+void* ShmemRegions::allocate(std::size_t bytes) {
+  void* memory = engine_->allocate(bytes);
+  allocations_.push_back(memory);
+  bytes_ += bytes;
+  return memory;
+}
+
+#else  // a build without an engine: groups stay within one node
+
+ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t, std::size_t,
+                           std::size_t) {
+  throw ConfigError(
+      "EpGroup: backend gpu needs every rank on one node in a build without a SHMEM engine (" +
+      std::to_string(layout.num_nodes) + " nodes for " + std::to_string(world.size()) +
+      " ranks); build with -DROCEP_SHMEM=nvshmem or rocshmem (docs/scale-out.md) to span nodes");
+}
+ShmemRegions::~ShmemRegions() = default;
+
+#endif
+
+}  // namespace rocep
