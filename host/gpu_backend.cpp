@@ -177,7 +177,8 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   } else {
     // Across nodes: the engine's symmetric memory, peers of other nodes reached by puts (hip/transport.hpp).
     run_agreed(world, "allocating the group's symmetric memory in the SHMEM engine", [&] {
-      shmem_ = std::make_unique<ShmemRegions>(world, layout, dispatch_bytes, combine_bytes,
+      shmem_ = std::make_unique<ShmemRegions>(world, layout, dispatch_bytes,
+                                              device::DispatchRegion::message_offset(shape, 0), combine_bytes,
                                               sizeof(device::Signals));
     });
     for (const std::vector<void*>* table :

@@ -14,7 +14,8 @@ namespace rocep {
 #if defined(ROCEP_HAVE_SHMEM)
 
 ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t dispatch_bytes,
-                           std::size_t combine_bytes, std::size_t signal_bytes)
+                           std::size_t dispatch_window_bytes, std::size_t combine_bytes,
+                           std::size_t signal_bytes)
     : engine_(ShmemEngine::join(world)) {
   const int ranks = world.size();
   const auto world_bytes = static_cast<std::size_t>(ranks);
@@ -22,7 +23,9 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size
   combine_region_ = static_cast<uint8_t*>(allocate(combine_bytes));
   signals_ = allocate(signal_bytes);
   dispatch_images_ = static_cast<uint8_t*>(allocate(world_bytes * dispatch_bytes));
-  auto* dispatch_outboxes = static_cast<uint8_t*>(allocate(world_bytes * dispatch_bytes));
+  // A peer's dispatch outbox holds what this rank stores through its write window: ids, weights and masks,
+  // all before the messages (the messages are shared, not written into peers' regions).
+  auto* dispatch_outboxes = static_cast<uint8_t*>(allocate(world_bytes * dispatch_window_bytes));
   auto* combine_outboxes = static_cast<uint8_t*>(allocate(world_bytes * combine_bytes));
   ROCEP_GPU_CHECK(hipMemset(combine_region_, 0, combine_bytes));
   ROCEP_GPU_CHECK(hipMemset(signals_, 0, signal_bytes));
@@ -47,7 +50,7 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size
       signal_pointers_.push_back(signals);
     } else {
       shmem_peers_ |= uint64_t{1} << peer;
-      dispatch_windows_.push_back(dispatch_outboxes + slot * dispatch_bytes);
+      dispatch_windows_.push_back(dispatch_outboxes + slot * dispatch_window_bytes);
       combine_windows_.push_back(combine_outboxes + slot * combine_bytes);
       signal_pointers_.push_back(nullptr);
     }

@@ -1,9 +1,12 @@
 // The peer-visible memory of a group whose ranks span nodes (docs/scale-out.md): the group's dispatch and
 // combine regions and its signals in the SHMEM engine's symmetric memory, with what the transport needs
 // for each peer on another node (hip/transport.hpp): an outbox per peer for each region, and an image of
-// every rank's dispatch region. Peers of this rank's node are reached through the engine's mapping of their
-// symmetric memory, with plain loads and stores as over IPC. Compiled only into builds with an engine
-// (ROCEP_SHMEM).
+// every rank's dispatch region. Symmetric bytes per rank: (1 + world) x the dispatch region (its own and
+// the images), (1 + world) x the combine region (its own and the outboxes), world x the dispatch
+// region's ids, weights and masks, and the signals. The combine outboxes make that grow as world x
+// max(world, top_k) x max_tokens_per_rank rows (docs/scale-out.md). Peers of this rank's node are reached
+// through the engine's mapping of their symmetric memory, with plain loads and stores as over IPC. Compiled
+// only into builds with an engine (ROCEP_SHMEM).
 #pragma once
 
 #include <cstddef>
@@ -24,8 +27,10 @@ class ShmemRegions {
   // process lives) and allocates the regions, zeroing the combine region and the signals. Throws ConfigError
   // when a rank of this node is not mapped by the engine, GpuRuntimeError when the engine's heap is too
   // small (NVSHMEM_SYMMETRIC_SIZE / ROCSHMEM_HEAP_SIZE) or it refused to start.
+  // A dispatch window (the outbox for a peer) spans [0, dispatch_window_bytes) of the region: where this
+  // rank stores into a peer's dispatch region.
   ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t dispatch_bytes,
-               std::size_t combine_bytes, std::size_t signal_bytes);
+               std::size_t dispatch_window_bytes, std::size_t combine_bytes, std::size_t signal_bytes);
   // Frees the symmetric memory, a collective of the engine, unless leaked.
   ~ShmemRegions();
   ShmemRegions(const ShmemRegions&) = delete;
