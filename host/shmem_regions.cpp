@@ -72,7 +72,7 @@ void* ShmemRegions::allocate(std::size_t bytes) {
 
 #else  // a build without an engine: groups stay within one node
 
-ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t, std::size_t,
+ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t, std::size_t, std::size_t,
                            std::size_t) {
   throw ConfigError(
       "EpGroup: backend gpu needs every rank on one node in a build without a SHMEM engine (" +
