@@ -65,9 +65,11 @@ struct PeerTransport {
   // Where this rank loads bytes of `peer`'s dispatch region from, once it acquired the peer's arrival. IPC:
   // the peer's region itself; SHMEM: this rank's image of it.
   ROCEP_DEVICE const uint8_t* read_window(PeerRegion region, int peer) const {
+#if defined(ROCEP_HAVE_SHMEM)
     if (region == PeerRegion::kDispatch && through_shmem(peer)) {
       return dispatch_images + static_cast<std::size_t>(peer) * dispatch_region_bytes;
     }
+#endif
     return region == PeerRegion::kDispatch ? dispatch_regions[peer] : combine_regions[peer];
   }
 
