@@ -638,79 +638,80 @@ __device__ void combine_kernel_per_token(const GroupView& group, const rocep::de
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
-    rocep_combine_send_per_token(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_send_per_token)(GroupView group, rocep::device::CombineArgs args) {
   send_kernel_per_token<false>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
-    rocep_combine_recv_per_token(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_recv_per_token)(GroupView group, rocep::device::CombineArgs args) {
   receive_kernel_per_token<false>(group, args, NoEpilogue{});
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
-    rocep_combine_recv_per_token_epilogue(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_recv_per_token_epilogue)(GroupView group, rocep::device::CombineArgs args) {
   receive_kernel_per_token<false>(group, args, RowEpilogues{args});
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
-    rocep_combine_per_token(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_per_token)(GroupView group, rocep::device::CombineArgs args) {
   combine_kernel_per_token<false>(group, args, NoEpilogue{});
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
-    rocep_combine_per_token_epilogue(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_per_token_epilogue)(GroupView group, rocep::device::CombineArgs args) {
   combine_kernel_per_token<false>(group, args, RowEpilogues{args});
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
-    rocep_combine_send_per_token_fp8(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_send_per_token_fp8)(GroupView group, rocep::device::CombineArgs args) {
   send_kernel_per_token<true>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
-    rocep_combine_recv_per_token_fp8(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_recv_per_token_fp8)(GroupView group, rocep::device::CombineArgs args) {
   receive_kernel_per_token<true>(group, args, NoEpilogue{});
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
-    rocep_combine_recv_per_token_epilogue_fp8(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_recv_per_token_epilogue_fp8)(GroupView group,
+                                                               rocep::device::CombineArgs args) {
   receive_kernel_per_token<true>(group, args, RowEpilogues{args});
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
-    rocep_combine_per_token_fp8(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_per_token_fp8)(GroupView group, rocep::device::CombineArgs args) {
   combine_kernel_per_token<true>(group, args, NoEpilogue{});
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
-    rocep_combine_per_token_epilogue_fp8(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_per_token_epilogue_fp8)(GroupView group, rocep::device::CombineArgs args) {
   combine_kernel_per_token<true>(group, args, RowEpilogues{args});
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_combine_send(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_send)(GroupView group, rocep::device::CombineArgs args) {
   send_partials<false>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_combine_recv(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_recv)(GroupView group, rocep::device::CombineArgs args) {
   receive_partials<false, false>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
-    rocep_combine_recv_epilogue(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_recv_epilogue)(GroupView group, rocep::device::CombineArgs args) {
   receive_partials<true, false>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_combine(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine)(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
   send_partials<false>(group, args);
   receive_partials<false, false>(group, args, sequence);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
-    rocep_combine_epilogue(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_epilogue)(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
   send_partials<false>(group, args);
   receive_partials<true, false>(group, args, sequence);
@@ -719,29 +720,29 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm
 // The expanded layout's combine with the partials crossing in fp8 (Shape::combine_fp8): kernels of their
 // own, so that the bf16 ones keep their registers.
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
-    rocep_combine_send_fp8(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_send_fp8)(GroupView group, rocep::device::CombineArgs args) {
   send_partials<true>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
-    rocep_combine_recv_fp8(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_recv_fp8)(GroupView group, rocep::device::CombineArgs args) {
   receive_partials<false, true>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
-    rocep_combine_recv_epilogue_fp8(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_recv_epilogue_fp8)(GroupView group, rocep::device::CombineArgs args) {
   receive_partials<true, true>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
-    rocep_combine_fp8(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_fp8)(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
   send_partials<true>(group, args);
   receive_partials<false, true>(group, args, sequence);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
-    rocep_combine_epilogue_fp8(GroupView group, rocep::device::CombineArgs args) {
+    ROCEP_EP_KERNEL(rocep_combine_epilogue_fp8)(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
   send_partials<true>(group, args);
   receive_partials<true, true>(group, args, sequence);
@@ -749,29 +750,30 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm
 
 namespace rocep::device {
 
-hipError_t load_combine_kernels(bool per_token, int* resident_blocks) {
+template <>
+hipError_t EpKernels<kCompiledTransport>::load_combine_kernels(bool per_token, int* resident_blocks) {
   const std::initializer_list<const void*> expanded = {
-      reinterpret_cast<const void*>(&rocep_combine_send),
-      reinterpret_cast<const void*>(&rocep_combine_recv),
-      reinterpret_cast<const void*>(&rocep_combine_recv_epilogue),
-      reinterpret_cast<const void*>(&rocep_combine),
-      reinterpret_cast<const void*>(&rocep_combine_epilogue),
-      reinterpret_cast<const void*>(&rocep_combine_send_fp8),
-      reinterpret_cast<const void*>(&rocep_combine_recv_fp8),
-      reinterpret_cast<const void*>(&rocep_combine_recv_epilogue_fp8),
-      reinterpret_cast<const void*>(&rocep_combine_fp8),
-      reinterpret_cast<const void*>(&rocep_combine_epilogue_fp8)};
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_send)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_recv)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_recv_epilogue)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_epilogue)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_send_fp8)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_recv_fp8)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_recv_epilogue_fp8)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_fp8)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_epilogue_fp8))};
   const std::initializer_list<const void*> by_token = {
-      reinterpret_cast<const void*>(&rocep_combine_send_per_token),
-      reinterpret_cast<const void*>(&rocep_combine_recv_per_token),
-      reinterpret_cast<const void*>(&rocep_combine_recv_per_token_epilogue),
-      reinterpret_cast<const void*>(&rocep_combine_per_token),
-      reinterpret_cast<const void*>(&rocep_combine_per_token_epilogue),
-      reinterpret_cast<const void*>(&rocep_combine_send_per_token_fp8),
-      reinterpret_cast<const void*>(&rocep_combine_recv_per_token_fp8),
-      reinterpret_cast<const void*>(&rocep_combine_recv_per_token_epilogue_fp8),
-      reinterpret_cast<const void*>(&rocep_combine_per_token_fp8),
-      reinterpret_cast<const void*>(&rocep_combine_per_token_epilogue_fp8)};
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_send_per_token)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_recv_per_token)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_recv_per_token_epilogue)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_per_token)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_per_token_epilogue)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_send_per_token_fp8)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_recv_per_token_fp8)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_recv_per_token_epilogue_fp8)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_per_token_fp8)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_combine_per_token_epilogue_fp8))};
   int unused = 1 << 30;  // the other layout's kernels are loaded too, but their residency is not the group's
   constexpr int kPerTokenThreads = PerTokenTuning::kCombineThreads;
   hipError_t status = per_token ? load_kernels(by_token, resident_blocks, kPerTokenThreads)
@@ -784,50 +786,60 @@ hipError_t load_combine_kernels(bool per_token, int* resident_blocks) {
 
 // The send waits on nobody and the receive only on the peers' grids; the fused call also on its own send's
 // signal.
-hipError_t launch_combine_send(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
-                               hipStream_t stream) {
+template <>
+hipError_t EpKernels<kCompiledTransport>::launch_combine_send(const GroupView& group, const CombineArgs& args,
+                                                              const LaunchGrid& grid, hipStream_t stream) {
   if (group.shape.per_token != 0) {
     const bool fp8 = group.shape.combine_fp8 != 0;
     return launch_kernel<PerTokenTuning::kCombineThreads>(
-        fp8 ? &rocep_combine_send_per_token_fp8 : &rocep_combine_send_per_token, grid,
-        Residency::kBlockByBlock, stream, group, args);
+        fp8 ? &ROCEP_EP_KERNEL(rocep_combine_send_per_token_fp8)
+            : &ROCEP_EP_KERNEL(rocep_combine_send_per_token),
+        grid, Residency::kBlockByBlock, stream, group, args);
   }
   const bool fp8 = group.shape.combine_fp8 != 0;
-  return launch_kernel(fp8 ? &rocep_combine_send_fp8 : &rocep_combine_send, grid, Residency::kBlockByBlock,
-                       stream, group, args);
+  return launch_kernel(fp8 ? &ROCEP_EP_KERNEL(rocep_combine_send_fp8) : &ROCEP_EP_KERNEL(rocep_combine_send),
+                       grid, Residency::kBlockByBlock, stream, group, args);
 }
 
-hipError_t launch_combine_recv(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
-                               hipStream_t stream) {
+template <>
+hipError_t EpKernels<kCompiledTransport>::launch_combine_recv(const GroupView& group, const CombineArgs& args,
+                                                              const LaunchGrid& grid, hipStream_t stream) {
   const bool epilogue = has_epilogue(args);
   if (group.shape.per_token != 0) {
     const bool fp8 = group.shape.combine_fp8 != 0;
-    const auto kernel =
-        epilogue ? (fp8 ? &rocep_combine_recv_per_token_epilogue_fp8 : &rocep_combine_recv_per_token_epilogue)
-                 : (fp8 ? &rocep_combine_recv_per_token_fp8 : &rocep_combine_recv_per_token);
+    const auto kernel = epilogue ? (fp8 ? &ROCEP_EP_KERNEL(rocep_combine_recv_per_token_epilogue_fp8)
+                                        : &ROCEP_EP_KERNEL(rocep_combine_recv_per_token_epilogue))
+                                 : (fp8 ? &ROCEP_EP_KERNEL(rocep_combine_recv_per_token_fp8)
+                                        : &ROCEP_EP_KERNEL(rocep_combine_recv_per_token));
     return launch_kernel<PerTokenTuning::kCombineThreads>(kernel, grid, Residency::kBlockByBlock, stream,
                                                           group, args);
   }
   const bool fp8 = group.shape.combine_fp8 != 0;
-  const auto kernel = epilogue ? (fp8 ? &rocep_combine_recv_epilogue_fp8 : &rocep_combine_recv_epilogue)
-                               : (fp8 ? &rocep_combine_recv_fp8 : &rocep_combine_recv);
+  const auto kernel =
+      epilogue ? (fp8 ? &ROCEP_EP_KERNEL(rocep_combine_recv_epilogue_fp8)
+                      : &ROCEP_EP_KERNEL(rocep_combine_recv_epilogue))
+               : (fp8 ? &ROCEP_EP_KERNEL(rocep_combine_recv_fp8) : &ROCEP_EP_KERNEL(rocep_combine_recv));
   return launch_kernel(kernel, grid, Residency::kBlockByBlock, stream, group, args);
 }
 
-hipError_t launch_combine(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
-                          hipStream_t stream) {
+template <>
+hipError_t EpKernels<kCompiledTransport>::launch_combine(const GroupView& group, const CombineArgs& args,
+                                                         const LaunchGrid& grid, hipStream_t stream) {
   const bool epilogue = has_epilogue(args);
   if (group.shape.per_token != 0) {
     const bool fp8 = group.shape.combine_fp8 != 0;
-    const auto kernel =
-        epilogue ? (fp8 ? &rocep_combine_per_token_epilogue_fp8 : &rocep_combine_per_token_epilogue)
-                 : (fp8 ? &rocep_combine_per_token_fp8 : &rocep_combine_per_token);
+    const auto kernel = epilogue ? (fp8 ? &ROCEP_EP_KERNEL(rocep_combine_per_token_epilogue_fp8)
+                                        : &ROCEP_EP_KERNEL(rocep_combine_per_token_epilogue))
+                                 : (fp8 ? &ROCEP_EP_KERNEL(rocep_combine_per_token_fp8)
+                                        : &ROCEP_EP_KERNEL(rocep_combine_per_token));
     return launch_kernel<PerTokenTuning::kCombineThreads>(kernel, grid, Residency::kWholeGrid, stream, group,
                                                           args);
   }
   const bool fp8 = group.shape.combine_fp8 != 0;
-  const auto kernel = epilogue ? (fp8 ? &rocep_combine_epilogue_fp8 : &rocep_combine_epilogue)
-                               : (fp8 ? &rocep_combine_fp8 : &rocep_combine);
+  const auto kernel =
+      epilogue
+          ? (fp8 ? &ROCEP_EP_KERNEL(rocep_combine_epilogue_fp8) : &ROCEP_EP_KERNEL(rocep_combine_epilogue))
+          : (fp8 ? &ROCEP_EP_KERNEL(rocep_combine_fp8) : &ROCEP_EP_KERNEL(rocep_combine));
   return launch_kernel(kernel, grid, Residency::kWholeGrid, stream, group, args);
 }
 

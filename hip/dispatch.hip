@@ -1155,7 +1155,7 @@ __device__ void dispatch_kernel(const GroupView& group, const DispatchSendArgs& 
 // divided by its expert's scale (IEEE division, then the saturating encoder), 8 per thread and step;
 // padding rows zero bytes. A kernel of its own: the division's registers stay out of the receive's.
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_dispatch_input_scales(GroupView group, DispatchRecvArgs args) {
+    ROCEP_EP_KERNEL(rocep_dispatch_input_scales)(GroupView group, DispatchRecvArgs args) {
   const Shape& shape = group.shape;
   const uint32_t rows = args.row_offsets[shape.local_experts];
   const auto vectors = static_cast<uint32_t>(shape.hidden) / kElementsPerThread;
@@ -1191,34 +1191,35 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_dispatch_send(GroupView group, DispatchSendArgs args) {
+    ROCEP_EP_KERNEL(rocep_dispatch_send)(GroupView group, DispatchSendArgs args) {
   __shared__ unsigned long long scratch[kBlockRankingMasks];
   send_tokens<false>(group, args, scratch);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_dispatch_recv(GroupView group, DispatchRecvArgs args) {
+    ROCEP_EP_KERNEL(rocep_dispatch_recv)(GroupView group, DispatchRecvArgs args) {
   receive_kernel<false>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_dispatch(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
+    ROCEP_EP_KERNEL(rocep_dispatch)(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
   dispatch_kernel<false>(group, send_args, recv_args);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
-    rocep_dispatch_send_per_token(GroupView group, DispatchSendArgs args) {
+    ROCEP_EP_KERNEL(rocep_dispatch_send_per_token)(GroupView group, DispatchSendArgs args) {
   __shared__ unsigned long long scratch[kBlockRankingMasks];
   send_tokens<true>(group, args, scratch);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
-    rocep_dispatch_recv_per_token(GroupView group, DispatchRecvArgs args) {
+    ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token)(GroupView group, DispatchRecvArgs args) {
   receive_per_token_kernel(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
-    rocep_dispatch_per_token(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
+    ROCEP_EP_KERNEL(rocep_dispatch_per_token)(GroupView group, DispatchSendArgs send_args,
+                                              DispatchRecvArgs recv_args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
   __shared__ RowLayoutMemory memory;
   send_tokens<true>(group, send_args, memory.masks);
@@ -1230,29 +1231,31 @@ extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
 // code as it was (as a run-time choice inside them, it cost the mxfp4 receive of 4096 tokens 4 us at EP2
 // and 7 us at EP4, H200).
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_dispatch_recv_scale_runs(GroupView group, DispatchRecvArgs args) {
+    ROCEP_EP_KERNEL(rocep_dispatch_recv_scale_runs)(GroupView group, DispatchRecvArgs args) {
   receive_kernel<true>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    rocep_dispatch_scale_runs(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
+    ROCEP_EP_KERNEL(rocep_dispatch_scale_runs)(GroupView group, DispatchSendArgs send_args,
+                                               DispatchRecvArgs recv_args) {
   dispatch_kernel<true>(group, send_args, recv_args);
 }
 
 namespace rocep::device {
 
-hipError_t load_dispatch_kernels(bool per_token, int* resident_blocks) {
+template <>
+hipError_t EpKernels<kCompiledTransport>::load_dispatch_kernels(bool per_token, int* resident_blocks) {
   const std::initializer_list<const void*> expanded = {
-      reinterpret_cast<const void*>(&rocep_dispatch_send),
-      reinterpret_cast<const void*>(&rocep_dispatch_recv),
-      reinterpret_cast<const void*>(&rocep_dispatch),
-      reinterpret_cast<const void*>(&rocep_dispatch_recv_scale_runs),
-      reinterpret_cast<const void*>(&rocep_dispatch_scale_runs),
-      reinterpret_cast<const void*>(&rocep_dispatch_input_scales)};
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_send)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_scale_runs)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_scale_runs)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_input_scales))};
   const std::initializer_list<const void*> by_token = {
-      reinterpret_cast<const void*>(&rocep_dispatch_send_per_token),
-      reinterpret_cast<const void*>(&rocep_dispatch_recv_per_token),
-      reinterpret_cast<const void*>(&rocep_dispatch_per_token)};
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_send_per_token)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token))};
   int unused = 1 << 30;  // the other layout's kernels are loaded too, but their residency is not the group's
   constexpr int kPerTokenThreads = PerTokenTuning::kDispatchThreads;
   hipError_t status = per_token ? load_kernels(by_token, resident_blocks, kPerTokenThreads)
@@ -1265,13 +1268,16 @@ hipError_t load_dispatch_kernels(bool per_token, int* resident_blocks) {
 
 // The send waits on nobody; the receive (a grid barrier where the whole grid ranks the rows or lays out the
 // scales) and the fused call (its own send's signal) wait on their grid.
-hipError_t launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, const LaunchGrid& grid,
-                                hipStream_t stream) {
+template <>
+hipError_t EpKernels<kCompiledTransport>::launch_dispatch_send(const GroupView& group,
+                                                               const DispatchSendArgs& args,
+                                                               const LaunchGrid& grid, hipStream_t stream) {
   if (group.shape.per_token != 0) {
-    return launch_kernel<PerTokenTuning::kDispatchThreads>(&rocep_dispatch_send_per_token, grid,
-                                                           Residency::kBlockByBlock, stream, group, args);
+    return launch_kernel<PerTokenTuning::kDispatchThreads>(
+        &ROCEP_EP_KERNEL(rocep_dispatch_send_per_token), grid, Residency::kBlockByBlock, stream, group, args);
   }
-  return launch_kernel(&rocep_dispatch_send, grid, Residency::kBlockByBlock, stream, group, args);
+  return launch_kernel(&ROCEP_EP_KERNEL(rocep_dispatch_send), grid, Residency::kBlockByBlock, stream, group,
+                       args);
 }
 
 namespace {
@@ -1282,32 +1288,41 @@ hipError_t launch_input_scales(const GroupView& group, const DispatchRecvArgs& a
   if (args.expert_input_scales == nullptr) {
     return hipSuccess;
   }
-  return launch_kernel(&rocep_dispatch_input_scales, grid, Residency::kBlockByBlock, stream, group, args);
+  return launch_kernel(&ROCEP_EP_KERNEL(rocep_dispatch_input_scales), grid, Residency::kBlockByBlock, stream,
+                       group, args);
 }
 
 }  // namespace
 
-hipError_t launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, const LaunchGrid& grid,
-                                hipStream_t stream) {
+template <>
+hipError_t EpKernels<kCompiledTransport>::launch_dispatch_recv(const GroupView& group,
+                                                               const DispatchRecvArgs& args,
+                                                               const LaunchGrid& grid, hipStream_t stream) {
   if (group.shape.per_token != 0) {
-    return launch_kernel<PerTokenTuning::kDispatchThreads>(&rocep_dispatch_recv_per_token, grid,
-                                                           Residency::kWholeGrid, stream, group, args);
+    return launch_kernel<PerTokenTuning::kDispatchThreads>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token),
+                                                           grid, Residency::kWholeGrid, stream, group, args);
   }
-  const hipError_t status = launch_kernel(
-      scales_laid_out_later(group.shape) ? &rocep_dispatch_recv_scale_runs : &rocep_dispatch_recv, grid,
-      Residency::kWholeGrid, stream, group, args);
+  const hipError_t status =
+      launch_kernel(scales_laid_out_later(group.shape) ? &ROCEP_EP_KERNEL(rocep_dispatch_recv_scale_runs)
+                                                       : &ROCEP_EP_KERNEL(rocep_dispatch_recv),
+                    grid, Residency::kWholeGrid, stream, group, args);
   return status == hipSuccess ? launch_input_scales(group, args, grid, stream) : status;
 }
 
-hipError_t launch_dispatch(const GroupView& group, const DispatchSendArgs& send_args,
-                           const DispatchRecvArgs& recv_args, const LaunchGrid& grid, hipStream_t stream) {
+template <>
+hipError_t EpKernels<kCompiledTransport>::launch_dispatch(const GroupView& group,
+                                                          const DispatchSendArgs& send_args,
+                                                          const DispatchRecvArgs& recv_args,
+                                                          const LaunchGrid& grid, hipStream_t stream) {
   if (group.shape.per_token != 0) {
-    return launch_kernel<PerTokenTuning::kDispatchThreads>(
-        &rocep_dispatch_per_token, grid, Residency::kWholeGrid, stream, group, send_args, recv_args);
+    return launch_kernel<PerTokenTuning::kDispatchThreads>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token), grid,
+                                                           Residency::kWholeGrid, stream, group, send_args,
+                                                           recv_args);
   }
   const hipError_t status =
-      launch_kernel(scales_laid_out_later(group.shape) ? &rocep_dispatch_scale_runs : &rocep_dispatch, grid,
-                    Residency::kWholeGrid, stream, group, send_args, recv_args);
+      launch_kernel(scales_laid_out_later(group.shape) ? &ROCEP_EP_KERNEL(rocep_dispatch_scale_runs)
+                                                       : &ROCEP_EP_KERNEL(rocep_dispatch),
+                    grid, Residency::kWholeGrid, stream, group, send_args, recv_args);
   return status == hipSuccess ? launch_input_scales(group, recv_args, grid, stream) : status;
 }
 

@@ -174,9 +174,6 @@ inline hipError_t load_kernels(std::initializer_list<const void*> kernels, int* 
   }
   return hipSuccess;
 }
-// The kernels of both layouts are loaded; *resident_blocks counts those of the group's (`per_token`).
-hipError_t load_dispatch_kernels(bool per_token, int* resident_blocks);
-hipError_t load_combine_kernels(bool per_token, int* resident_blocks);
 
 // The grid of every kernel of one group (the host's CommPolicy decides it).
 struct LaunchGrid {
@@ -209,19 +206,44 @@ hipError_t launch_kernel(void (*kernel)(Params...), const LaunchGrid& grid, Resi
   return hipLaunchKernel(function, dim3(grid.blocks), dim3(kThreads), arguments, 0, stream);
 }
 
-// Each launcher returns the runtime's status of its launch.
-hipError_t launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args, const LaunchGrid& grid,
-                                hipStream_t stream);
-hipError_t launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args, const LaunchGrid& grid,
-                                hipStream_t stream);
-// The fused calls run both halves in one kernel.
-hipError_t launch_dispatch(const GroupView& group, const DispatchSendArgs& send_args,
-                           const DispatchRecvArgs& recv_args, const LaunchGrid& grid, hipStream_t stream);
-hipError_t launch_combine(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
-                          hipStream_t stream);
-hipError_t launch_combine_send(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
-                               hipStream_t stream);
-hipError_t launch_combine_recv(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
-                               hipStream_t stream);
+// How a group's kernels reach its peers (hip/transport.hpp): kIpc, every peer on this node; kShmem, some
+// on other nodes, through the SHMEM engine.
+enum class Transport { kIpc, kShmem };
+
+// The dispatch and combine kernels of one transport. hip/dispatch.hip and hip/combine.hip are compiled once
+// for kIpc into the library, and in builds with an engine once more for kShmem (ROCEP_SHMEM_KERNELS:
+// relocatable device code, the engine's calls, kernels named with ROCEP_EP_KERNEL), so that neither the
+// engine's code nor the relocatable build touches the kernels of a group within one node.
+template <Transport kTransport>
+struct EpKernels {
+  // The kernels of both layouts are loaded; *resident_blocks counts those of the group's (`per_token`).
+  static hipError_t load_dispatch_kernels(bool per_token, int* resident_blocks);
+  static hipError_t load_combine_kernels(bool per_token, int* resident_blocks);
+  // Each launcher returns the runtime's status of its launch.
+  static hipError_t launch_dispatch_send(const GroupView& group, const DispatchSendArgs& args,
+                                         const LaunchGrid& grid, hipStream_t stream);
+  static hipError_t launch_dispatch_recv(const GroupView& group, const DispatchRecvArgs& args,
+                                         const LaunchGrid& grid, hipStream_t stream);
+  // The fused calls run both halves in one kernel.
+  static hipError_t launch_dispatch(const GroupView& group, const DispatchSendArgs& send_args,
+                                    const DispatchRecvArgs& recv_args, const LaunchGrid& grid,
+                                    hipStream_t stream);
+  static hipError_t launch_combine(const GroupView& group, const CombineArgs& args, const LaunchGrid& grid,
+                                   hipStream_t stream);
+  static hipError_t launch_combine_send(const GroupView& group, const CombineArgs& args,
+                                        const LaunchGrid& grid, hipStream_t stream);
+  static hipError_t launch_combine_recv(const GroupView& group, const CombineArgs& args,
+                                        const LaunchGrid& grid, hipStream_t stream);
+};
+
+// The transport this compilation of the kernels serves, and the names of its kernels (extern "C", so the
+// two compilations' must differ).
+#if defined(ROCEP_SHMEM_KERNELS)
+inline constexpr Transport kCompiledTransport = Transport::kShmem;
+#define ROCEP_EP_KERNEL(name) name##_over_shmem
+#else
+inline constexpr Transport kCompiledTransport = Transport::kIpc;
+#define ROCEP_EP_KERNEL(name) name
+#endif
 
 }  // namespace rocep::device

@@ -28,10 +28,21 @@ DeviceBuffer zeroed(std::size_t bytes, DeviceMemoryKind kind = DeviceMemoryKind:
 
 }  // namespace
 
+template <typename Call>
+hipError_t GpuEp::on_kernels(Call&& call) const {
+#if defined(ROCEP_WITH_SHMEM_KERNELS)
+  if (transport_ == device::Transport::kShmem) {
+    return call(device::EpKernels<device::Transport::kShmem>{});
+  }
+#endif
+  return call(device::EpKernels<device::Transport::kIpc>{});
+}
+
 GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(world.rank()), world_(world) {
   // Every check before the first agreement sees the same values on every rank (the config is agreed, the
   // node layout is gathered), so every rank throws alike.
   const NodeLayout layout = node_layout(world, config.gpus_per_node);
+  transport_ = layout.num_nodes == 1 ? device::Transport::kIpc : device::Transport::kShmem;
   if (world.size() > device::kMaxWorld) {
     throw ConfigError("EpGroup: world size " + std::to_string(world.size()) +
                       " is invalid for backend gpu: allowed range is [1, " +
@@ -64,10 +75,12 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   int device = 0;
   run_agreed(world, "loading the kernels", [&] {
     int resident_per_multiprocessor = 1 << 30;
-    ROCEP_GPU_CHECK(
-        device::load_dispatch_kernels(config.layout == Layout::kPerToken, &resident_per_multiprocessor));
-    ROCEP_GPU_CHECK(
-        device::load_combine_kernels(config.layout == Layout::kPerToken, &resident_per_multiprocessor));
+    const bool per_token = config.layout == Layout::kPerToken;
+    ROCEP_GPU_CHECK(on_kernels([&](auto kernels) {
+      const hipError_t status = kernels.load_dispatch_kernels(per_token, &resident_per_multiprocessor);
+      return status != hipSuccess ? status
+                                  : kernels.load_combine_kernels(per_token, &resident_per_multiprocessor);
+    }));
     device = current_device();
     hipDeviceProp_t properties;
     ROCEP_GPU_CHECK(hipGetDeviceProperties(&properties, device));
@@ -297,19 +310,25 @@ device::DispatchRecvArgs GpuEp::dispatch_recv_args(const DispatchOutputs& output
 }
 
 void GpuEp::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {
-  check_launch("dispatch",
-               device::launch_dispatch(view_, dispatch_send_args(inputs), dispatch_recv_args(outputs), grid_,
-                                       static_cast<hipStream_t>(stream)));
+  check_launch("dispatch", on_kernels([&](auto kernels) {
+                 return kernels.launch_dispatch(view_, dispatch_send_args(inputs),
+                                                dispatch_recv_args(outputs), grid_,
+                                                static_cast<hipStream_t>(stream));
+               }));
 }
 
 void GpuEp::dispatch_send(const DispatchInputs& inputs, void* stream) {
-  check_launch("dispatch_send", device::launch_dispatch_send(view_, dispatch_send_args(inputs), grid_,
-                                                             static_cast<hipStream_t>(stream)));
+  check_launch("dispatch_send", on_kernels([&](auto kernels) {
+                 return kernels.launch_dispatch_send(view_, dispatch_send_args(inputs), grid_,
+                                                     static_cast<hipStream_t>(stream));
+               }));
 }
 
 void GpuEp::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
-  check_launch("dispatch_recv", device::launch_dispatch_recv(view_, dispatch_recv_args(outputs), grid_,
-                                                             static_cast<hipStream_t>(stream)));
+  check_launch("dispatch_recv", on_kernels([&](auto kernels) {
+                 return kernels.launch_dispatch_recv(view_, dispatch_recv_args(outputs), grid_,
+                                                     static_cast<hipStream_t>(stream));
+               }));
 }
 
 device::CombineArgs GpuEp::combine_kernel_args(const CombineArgs& args) const {
@@ -326,18 +345,24 @@ device::CombineArgs GpuEp::combine_kernel_args(const CombineArgs& args) const {
 }
 
 void GpuEp::combine(const CombineArgs& args, void* stream) {
-  check_launch("combine", device::launch_combine(view_, combine_kernel_args(args), grid_,
-                                                 static_cast<hipStream_t>(stream)));
+  check_launch("combine", on_kernels([&](auto kernels) {
+                 return kernels.launch_combine(view_, combine_kernel_args(args), grid_,
+                                               static_cast<hipStream_t>(stream));
+               }));
 }
 
 void GpuEp::combine_send(const CombineArgs& args, void* stream) {
-  check_launch("combine_send", device::launch_combine_send(view_, combine_kernel_args(args), grid_,
-                                                           static_cast<hipStream_t>(stream)));
+  check_launch("combine_send", on_kernels([&](auto kernels) {
+                 return kernels.launch_combine_send(view_, combine_kernel_args(args), grid_,
+                                                    static_cast<hipStream_t>(stream));
+               }));
 }
 
 void GpuEp::combine_recv(const CombineArgs& args, void* stream) {
-  check_launch("combine_recv", device::launch_combine_recv(view_, combine_kernel_args(args), grid_,
-                                                           static_cast<hipStream_t>(stream)));
+  check_launch("combine_recv", on_kernels([&](auto kernels) {
+                 return kernels.launch_combine_recv(view_, combine_kernel_args(args), grid_,
+                                                    static_cast<hipStream_t>(stream));
+               }));
 }
 
 void GpuEp::combine_recv_with(const CombineArgs& args, const CombineReceiveLauncher& launcher, void* stream) {

@@ -64,6 +64,10 @@ class GpuEp final : public EpBackend {
   void check_launch(const char* call, hipError_t status);
   // The status record as the kernels left it, copied on `stream` and waited for.
   device::Status read_status(hipStream_t stream);
+  // call(kernels), kernels the device::EpKernels of the group's transport; returns what it returns. A
+  // build without an engine has only the IPC kernels (and no group with transport kShmem gets created).
+  template <typename Call>
+  hipError_t on_kernels(Call&& call) const;
 
   EpConfig config_;
   int rank_;
@@ -89,6 +93,7 @@ class GpuEp final : public EpBackend {
   Stream poll_stream_;
   device::GroupView view_{};
   device::LaunchGrid grid_{};  // every kernel's: from the SM budget (comm_policy.hpp)
+  device::Transport transport_ = device::Transport::kIpc;
   std::size_t memory_bytes_ = 0;
   bool broken_ = false;
 };
