@@ -492,8 +492,9 @@ __device__ inline int combine_senders(int blocks) {
 // partial), with PerTokenTuning::kCombineVectorsInFlight loads in flight per thread. Its own tokens' rows
 // stay in expert_outputs, where its receive reads them. A rank whose call is chunked (chunked_combine of the
 // count it dispatched) gets units (chunk, rank), the ranks interleaved so that every link is busy, each unit
-// flagged as the unit of call `sequence` once its rows are stored; the others get their tokens in batches
-// of PerTokenTuning::kBatchTokens, the ranks interleaved, released by the grid's signal alone.
+// flagged as the unit of call `sequence` once its rows are stored; the others get batches of
+// PerTokenTuning::kBatchTokens consecutive tokens of one rank, the ranks interleaved, released by the
+// grid's signal alone.
 template <bool kFp8>
 __device__ void send_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                     uint64_t sequence, int sender, int senders) {
@@ -502,7 +503,6 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
   static_assert(kMaxCombineChunkTokens <= kBatch, "a chunk's rows fit a batch's lists");
   __shared__ const uint8_t* from[kBatch];
   __shared__ uint8_t* to[kBatch];
-  __shared__ int sources[kBatch];
   __shared__ std::size_t offsets[kBatch];
   __shared__ int count;
   const int others = shape.world - 1;
@@ -517,17 +517,19 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
           (static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * row_bytes;
       from[place] = reinterpret_cast<const uint8_t*>(args.expert_outputs) + row * row_bytes;
       to[place] = group.peers.write_window(PeerRegion::kCombine, source) + offset;
-      sources[place] = source;
       offsets[place] = offset;
     }
   };
-  // The listed rows as they are, or (combine_fp8) quantised to fp8 block-128 messages, a row at a time by
-  // the whole block with the next rows' loads in flight (the dispatch quantises its tokens one by one).
+  // The listed rows (all bound for `source`) as they are, or (combine_fp8) quantised to fp8 block-128
+  // messages by the whole block, PerTokenTuning::kQuantizedRowsAtOnce rows per batch of loads; then handed
+  // over: bf16 rows as the one range from the first listed row to the last (the rows between, of tokens
+  // this rank did not receive, are never read by the peer), fp8 messages (each shorter than its row slot)
+  // one by one.
   Shape fp8_rows = shape;
   fp8_rows.format = Format::kFp8Block128;
   fp8_rows.payload_bytes = static_cast<uint32_t>(shape.hidden);
   const std::size_t sent_bytes = kFp8 ? fp8_combine_message_bytes(shape) : row_bytes;
-  const auto copy_listed = [&] {
+  const auto copy_listed = [&](int source) {
     if constexpr (kFp8) {
       quantize_rows_to_messages<Format::kFp8Block128, PerTokenTuning::kQuantizedRowsAtOnce>(from, to, count,
                                                                                             fp8_rows, 1.0f);
@@ -535,8 +537,18 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
       copy_rows<PerTokenTuning::kCombineVectorsInFlight>(from, to, count,
                                                          static_cast<uint32_t>(row_bytes / kVectorBytes));
     }
-    for (int place = 0; place < count; ++place) {
-      group.peers.publish_block(PeerRegion::kCombine, sources[place], offsets[place], sent_bytes);
+    if constexpr (kFp8) {
+      for (int place = 0; place < count; ++place) {
+        group.peers.publish_block(PeerRegion::kCombine, source, offsets[place], sent_bytes);
+      }
+    } else if (count > 0) {
+      std::size_t lowest = offsets[0];
+      std::size_t highest = offsets[0];
+      for (int place = 1; place < count; ++place) {
+        lowest = offsets[place] < lowest ? offsets[place] : lowest;
+        highest = offsets[place] > highest ? offsets[place] : highest;
+      }
+      group.peers.publish_block(PeerRegion::kCombine, source, lowest, highest - lowest + sent_bytes);
     }
   };
   bool any_chunked = false;
@@ -546,25 +558,27 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
       (chunked_combine(shape, group.signals->tokens_from[source]) ? any_chunked : any_whole) = true;
     }
   }
-  const int items = any_whole ? others * shape.max_tokens : 0;  // (other rank, token)
-  for (int first = sender; first < items; first += kBatch * senders) {
-    __syncthreads();  // the batch of the round before is copied
+  const int runs = (shape.max_tokens + kBatch - 1) / kBatch;
+  const int batches = any_whole ? others * runs : 0;  // (other rank, run of kBatch tokens)
+  for (int batch = sender; batch < batches; batch += senders) {
+    const int other = batch % others;
+    const int source = other + (other >= shape.rank ? 1 : 0);
+    const int tokens = group.signals->tokens_from[source];
+    const int first = batch / others * kBatch;
+    if (chunked_combine(shape, tokens) || first >= tokens) {
+      continue;  // the same in every thread
+    }
+    __syncthreads();  // the batch before is copied
     if (threadIdx.x == 0) {
       count = 0;
     }
     __syncthreads();
-    const int item = first + static_cast<int>(threadIdx.x) * senders;
-    if (static_cast<int>(threadIdx.x) < kBatch && item < items) {
-      const int other = item % others;
-      const int source = other + (other >= shape.rank ? 1 : 0);
-      const int token = item / others;
-      const int tokens = group.signals->tokens_from[source];
-      if (!chunked_combine(shape, tokens) && token < tokens) {
-        list_row(source, token);
-      }
+    const int token = first + static_cast<int>(threadIdx.x);
+    if (static_cast<int>(threadIdx.x) < kBatch && token < tokens) {
+      list_row(source, token);
     }
     __syncthreads();
-    copy_listed();
+    copy_listed(source);
   }
   const int units = any_chunked ? others * max_combine_chunks(shape) : 0;
   for (int unit = sender; unit < units; unit += senders) {
@@ -586,7 +600,7 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
       list_row(source, token);
     }
     __syncthreads();
-    copy_listed();
+    copy_listed(source);
     __syncthreads();  // every thread's rows before the flag
     if (threadIdx.x == 0) {
       group.peers.flag_store(PeerRegion::kCombine, source,

@@ -322,38 +322,37 @@ __device__ void quantize_rows(const uint8_t* const* from, uint8_t* const* to, in
   }
 }
 
-// Tokens [first, num_tokens) of the block (gridDim.x apart) into this rank's own region,
-// PerTokenTuning::kBatchTokens at a time: bf16 tokens as they are, with PerTokenTuning::kVectorsInFlight
-// loads in flight per thread, or (`quantize`) bf16 tokens quantised into the group's scaled format,
-// PerTokenTuning::kQuantizedRowsAtOnce rows per batch of loads. The per-token send's staging, which a small
-// grid otherwise waits on token by token.
-__device__ void stage_token_batches(const GroupView& group, const DispatchSendArgs& args, int first,
-                                    int num_tokens, bool quantize) {
+// This rank's tokens [0, num_tokens) into its own region, PerTokenTuning::kBatchTokens consecutive tokens
+// at a time per block (batch b by block b % gridDim.x): bf16 tokens as they are, with
+// PerTokenTuning::kVectorsInFlight loads in flight per thread, or (`quantize`) bf16 tokens quantised into
+// the group's scaled format, PerTokenTuning::kQuantizedRowsAtOnce rows per batch of loads. Each batch is
+// then shared as one range. The per-token send's staging, which a small grid otherwise waits on token by
+// token.
+__device__ void stage_token_batches(const GroupView& group, const DispatchSendArgs& args, int num_tokens,
+                                    bool quantize) {
   const Shape& shape = group.shape;
   constexpr int kBatch = PerTokenTuning::kBatchTokens;
   __shared__ const uint8_t* from[kBatch];
   __shared__ uint8_t* to[kBatch];
   const std::size_t row_bytes = quantize ? static_cast<std::size_t>(shape.hidden) * 2 : shape.payload_bytes;
   const float global_scale = quantize && shape.format == Format::kNvfp4 ? *args.global_scale : 1.0f;
-  const int stride = static_cast<int>(gridDim.x);
-  for (int batch = first; batch < num_tokens; batch += kBatch * stride) {
+  for (int first = static_cast<int>(blockIdx.x) * kBatch; first < num_tokens;
+       first += static_cast<int>(gridDim.x) * kBatch) {
     __syncthreads();  // the batch before is stored
     if (static_cast<int>(threadIdx.x) < kBatch) {
-      const int token = batch + static_cast<int>(threadIdx.x) * stride;
+      const int token = first + static_cast<int>(threadIdx.x);
       from[threadIdx.x] = args.tokens + static_cast<std::size_t>(token) * row_bytes;
       to[threadIdx.x] = region_message(group.dispatch_region, shape, token);
     }
     __syncthreads();
-    const int count = min(kBatch, (num_tokens - batch + stride - 1) / stride);
+    const int count = min(kBatch, num_tokens - first);
     if (quantize) {
       quantize_rows(from, to, count, shape, global_scale);
     } else {
       copy_rows<PerTokenTuning::kVectorsInFlight>(from, to, count, shape.payload_bytes / kVectorBytes);
     }
-    for (int i = 0; i < count; ++i) {
-      group.peers.share_block(PeerRegion::kDispatch,
-                              DispatchRegion::message_offset(shape, batch + i * stride), shape.message_bytes);
-    }
+    group.peers.share_block(PeerRegion::kDispatch, DispatchRegion::message_offset(shape, first),
+                            static_cast<std::size_t>(count) * shape.message_bytes);
   }
 }
 
@@ -381,10 +380,12 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
   }
   const int stride = static_cast<int>(gridDim.x);
   const int tokens = batch_tokens(shape);
-  if (args.tokens_in_place) {  // written there by the caller: shared as they are
-    for (int token = static_cast<int>(blockIdx.x); token < num_tokens; token += static_cast<int>(gridDim.x)) {
-      group.peers.share_block(PeerRegion::kDispatch, DispatchRegion::message_offset(shape, token),
-                              shape.message_bytes);
+  if (args.tokens_in_place) {  // written there by the caller: shared as they are, a batch at a time
+    constexpr int kBatch = PerTokenTuning::kBatchTokens;
+    for (int first = static_cast<int>(blockIdx.x) * kBatch; first < num_tokens; first += stride * kBatch) {
+      group.peers.share_block(
+          PeerRegion::kDispatch, DispatchRegion::message_offset(shape, first),
+          static_cast<std::size_t>(min(kBatch, num_tokens - first)) * shape.message_bytes);
     }
   }
   int staged = args.tokens_in_place ? num_tokens : static_cast<int>(blockIdx.x);  // next token to stage
@@ -394,8 +395,8 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
     const BatchSlot slot = load_batch_slot(shape, args, first, batch ? count : 0);
     if constexpr (kPerToken) {
       const bool quantize = shape.format != Format::kBf16 && args.token_scales == nullptr;
-      if (shape.format == Format::kBf16 || quantize) {
-        stage_token_batches(group, args, staged, num_tokens, quantize);
+      if (staged < num_tokens && (shape.format == Format::kBf16 || quantize)) {
+        stage_token_batches(group, args, num_tokens, quantize);
         staged = num_tokens;
       }
     }
