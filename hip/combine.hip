@@ -492,9 +492,8 @@ __device__ inline int combine_senders(int blocks) {
 // partial), with PerTokenTuning::kCombineVectorsInFlight loads in flight per thread. Its own tokens' rows
 // stay in expert_outputs, where its receive reads them. A rank whose call is chunked (chunked_combine of the
 // count it dispatched) gets units (chunk, rank), the ranks interleaved so that every link is busy, each unit
-// flagged as the unit of call `sequence` once its rows are stored; the others get batches of
-// PerTokenTuning::kBatchTokens consecutive tokens of one rank, the ranks interleaved, released by the
-// grid's signal alone.
+// flagged as the unit of call `sequence` once its rows are stored; the others get runs of consecutive
+// tokens of one rank (tokens_per_run), the ranks interleaved, released by the grid's signal alone.
 template <bool kFp8>
 __device__ void send_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                     uint64_t sequence, int sender, int senders) {
@@ -558,13 +557,15 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
       (chunked_combine(shape, group.signals->tokens_from[source]) ? any_chunked : any_whole) = true;
     }
   }
-  const int runs = (shape.max_tokens + kBatch - 1) / kBatch;
-  const int batches = any_whole ? others * runs : 0;  // (other rank, run of kBatch tokens)
+  // (other rank, run of `run` consecutive tokens), up to the most tokens any rank sent.
+  const int most = any_whole ? most_tokens_sent(group.signals, shape.world) : 0;
+  const int run = tokens_per_run(most * others, senders);
+  const int batches = others * ((most + run - 1) / run);
   for (int batch = sender; batch < batches; batch += senders) {
     const int other = batch % others;
     const int source = other + (other >= shape.rank ? 1 : 0);
     const int tokens = group.signals->tokens_from[source];
-    const int first = batch / others * kBatch;
+    const int first = batch / others * run;
     if (chunked_combine(shape, tokens) || first >= tokens) {
       continue;  // the same in every thread
     }
@@ -574,7 +575,7 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
     }
     __syncthreads();
     const int token = first + static_cast<int>(threadIdx.x);
-    if (static_cast<int>(threadIdx.x) < kBatch && token < tokens) {
+    if (static_cast<int>(threadIdx.x) < run && token < tokens) {
       list_row(source, token);
     }
     __syncthreads();

@@ -322,8 +322,8 @@ __device__ void quantize_rows(const uint8_t* const* from, uint8_t* const* to, in
   }
 }
 
-// This rank's tokens [0, num_tokens) into its own region, PerTokenTuning::kBatchTokens consecutive tokens
-// at a time per block (batch b by block b % gridDim.x): bf16 tokens as they are, with
+// This rank's tokens [0, num_tokens) into its own region, runs of tokens_per_run consecutive tokens (run r
+// by block r % gridDim.x): bf16 tokens as they are, with
 // PerTokenTuning::kVectorsInFlight loads in flight per thread, or (`quantize`) bf16 tokens quantised into
 // the group's scaled format, PerTokenTuning::kQuantizedRowsAtOnce rows per batch of loads. Each batch is
 // then shared as one range. The per-token send's staging, which a small grid otherwise waits on token by
@@ -336,16 +336,17 @@ __device__ void stage_token_batches(const GroupView& group, const DispatchSendAr
   __shared__ uint8_t* to[kBatch];
   const std::size_t row_bytes = quantize ? static_cast<std::size_t>(shape.hidden) * 2 : shape.payload_bytes;
   const float global_scale = quantize && shape.format == Format::kNvfp4 ? *args.global_scale : 1.0f;
-  for (int first = static_cast<int>(blockIdx.x) * kBatch; first < num_tokens;
-       first += static_cast<int>(gridDim.x) * kBatch) {
+  const int run = tokens_per_run(num_tokens, static_cast<int>(gridDim.x));
+  for (int first = static_cast<int>(blockIdx.x) * run; first < num_tokens;
+       first += static_cast<int>(gridDim.x) * run) {
     __syncthreads();  // the batch before is stored
-    if (static_cast<int>(threadIdx.x) < kBatch) {
+    if (static_cast<int>(threadIdx.x) < run) {
       const int token = first + static_cast<int>(threadIdx.x);
       from[threadIdx.x] = args.tokens + static_cast<std::size_t>(token) * row_bytes;
       to[threadIdx.x] = region_message(group.dispatch_region, shape, token);
     }
     __syncthreads();
-    const int count = min(kBatch, num_tokens - first);
+    const int count = min(run, num_tokens - first);
     if (quantize) {
       quantize_rows(from, to, count, shape, global_scale);
     } else {
@@ -380,14 +381,14 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
   }
   const int stride = static_cast<int>(gridDim.x);
   const int tokens = batch_tokens(shape);
-  if (args.tokens_in_place) {  // written there by the caller: shared as they are, a batch at a time
-    constexpr int kBatch = PerTokenTuning::kBatchTokens;
-    for (int first = static_cast<int>(blockIdx.x) * kBatch; first < num_tokens; first += stride * kBatch) {
-      group.peers.share_block(
-          PeerRegion::kDispatch, DispatchRegion::message_offset(shape, first),
-          static_cast<std::size_t>(min(kBatch, num_tokens - first)) * shape.message_bytes);
+  if (args.tokens_in_place) {  // written there by the caller: shared as they are, a run at a time
+    const int run = tokens_per_run(num_tokens, stride);
+    for (int first = static_cast<int>(blockIdx.x) * run; first < num_tokens; first += stride * run) {
+      group.peers.share_block(PeerRegion::kDispatch, DispatchRegion::message_offset(shape, first),
+                              static_cast<std::size_t>(min(run, num_tokens - first)) * shape.message_bytes);
     }
   }
+
   int staged = args.tokens_in_place ? num_tokens : static_cast<int>(blockIdx.x);  // next token to stage
   for (int first = static_cast<int>(blockIdx.x) * tokens;; first += stride * tokens) {
     const bool batch = first < chunks_per_source(shape) * kChunkTokens;

@@ -128,6 +128,13 @@ struct PerTokenTuning {
   static constexpr int kCombineSenderPercent = 42;
 };
 
+// The consecutive tokens a block takes at a time where `blocks` blocks share `tokens`: up to
+// PerTokenTuning::kBatchTokens, fewer when the tokens are few, so that every block gets some.
+ROCEP_HOST_DEVICE inline int tokens_per_run(int tokens, int blocks) {
+  const int even = (tokens + blocks - 1) / blocks;
+  return even < 1 ? 1 : (even < PerTokenTuning::kBatchTokens ? even : PerTokenTuning::kBatchTokens);
+}
+
 struct CombineArgs {
   const uint16_t* expert_outputs;  // bf16 [rows][hidden]
   const float* row_weights;        // null = unweighted
