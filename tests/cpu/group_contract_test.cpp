@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <random>
@@ -329,3 +330,48 @@ TEST(EpGroupOverThreadsTest, MixedWeightedCombinesAreRecordedOnEveryRank) {
 }
 
 }  // namespace
+
+// ROCEP_GPUS_PER_NODE stands in for EpConfig::gpus_per_node = 0 at creation: a value that is no positive
+// integer is refused naming the variable, one that does not divide the world as the config field would be,
+// on every rank alike; a value the caller's config overrides is not read.
+TEST(EpGroupOverThreadsTest, GpusPerNodeFromTheEnvironmentIsCheckedAtCreation) {
+  const auto creation_errors = [](int gpus_per_node) {
+    constexpr int kWorld = 4;
+    auto rendezvous = std::make_shared<rocep::testing::ThreadRendezvous>(kWorld);
+    std::vector<std::string> errors(kWorld);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < kWorld; ++rank) {
+      threads.emplace_back([&, rank] {
+        rocep::EpConfig config = small_config(kWorld);
+        config.gpus_per_node = gpus_per_node;
+        try {
+          rocep::EpGroup group(std::make_shared<rocep::testing::ThreadBootstrap>(rendezvous, rank), config,
+                               rocep::Backend::kCpuReference);
+        } catch (const rocep::ConfigError& error) {
+          errors[rank] = error.what();
+        }
+      });
+    }
+    for (std::thread& thread : threads) {
+      thread.join();
+    }
+    return errors;
+  };
+  ASSERT_EQ(setenv("ROCEP_GPUS_PER_NODE", "two", 1), 0);
+  for (const std::string& error : creation_errors(0)) {
+    EXPECT_NE(error.find("ROCEP_GPUS_PER_NODE='two' is invalid"), std::string::npos) << error;
+  }
+  ASSERT_EQ(setenv("ROCEP_GPUS_PER_NODE", "3", 1), 0);
+  for (const std::string& error : creation_errors(0)) {
+    EXPECT_NE(error.find("gpus_per_node"), std::string::npos) << error;
+    EXPECT_NE(error.find("3"), std::string::npos) << error;
+  }
+  for (const std::string& error : creation_errors(2)) {  // the config's own value: the variable unread
+    EXPECT_EQ(error, "");
+  }
+  ASSERT_EQ(setenv("ROCEP_GPUS_PER_NODE", "2", 1), 0);
+  for (const std::string& error : creation_errors(0)) {
+    EXPECT_EQ(error, "");
+  }
+  ASSERT_EQ(unsetenv("ROCEP_GPUS_PER_NODE"), 0);
+}
