@@ -78,12 +78,12 @@ __device__ inline void put_nbi(void* destination, const void* source, std::size_
 __device__ inline void put_nbi_block(void* destination, const void* source, std::size_t bytes, int pe) {
   nvshmemx_putmem_nbi_block(destination, source, bytes, pe);
 }
-// Single words to `destination` (symmetric) on `pe`: a store of an int32, a store of a uint64, an atomic
-// add to a uint64.
+// Single words to `destination` (symmetric) on `pe`: a store of an int32 that the target reads after a
+// signal, a uint64 flag that the target polls, an atomic add to a uint64.
 __device__ inline void int32_put(int32_t* destination, int32_t value, int pe) {
   nvshmem_int32_p(destination, value, pe);
 }
-__device__ inline void uint64_put(uint64_t* destination, uint64_t value, int pe) {
+__device__ inline void flag_put(uint64_t* destination, uint64_t value, int pe) {
   nvshmem_uint64_p(destination, value, pe);
 }
 __device__ inline void uint64_add(uint64_t* destination, uint64_t value, int pe) {
@@ -152,8 +152,9 @@ __device__ inline void put_nbi_block(void* destination, const void* source, std:
 __device__ inline void int32_put(int32_t* destination, int32_t value, int pe) {
   rocshmem_int32_p(destination, value, pe);
 }
-__device__ inline void uint64_put(uint64_t* destination, uint64_t value, int pe) {
-  rocshmem_uint64_p(destination, value, pe);
+// A polled flag as an atomic: on AMD a plain store into memory a peer polls may stay unseen there.
+__device__ inline void flag_put(uint64_t* destination, uint64_t value, int pe) {
+  rocshmem_uint64_atomic_set(destination, value, pe);
 }
 __device__ inline void uint64_add(uint64_t* destination, uint64_t value, int pe) {
   rocshmem_uint64_atomic_add(destination, value, pe);

@@ -157,7 +157,7 @@ struct PeerTransport {
 #if defined(ROCEP_HAVE_SHMEM)
     if (through_shmem(peer)) {
       shmem::fence();
-      shmem::uint64_put(reinterpret_cast<uint64_t*>(own_region(region) + offset), value, peer);
+      shmem::flag_put(reinterpret_cast<uint64_t*>(own_region(region) + offset), value, peer);
       return;
     }
 #endif
