@@ -145,6 +145,16 @@ TEST(TopologyTest, OneRankOnAnUnreachableGpuIsNamed) {
             "3 hops, weight 72, no P2P access");
 }
 
+TEST(TopologyTest, RanksOfOtherNodesAreNotChecked) {
+  // Ranks 1 and 3 on another node (-1): the node's own ranks share one socket; the same GPUs as ranks of
+  // this node are refused.
+  EXPECT_EQ(rocep::peer_to_peer_error(pcie_node(), {0, -1, 1, -1}), "");
+  EXPECT_EQ(rocep::peer_to_peer_error(pcie_node(), {-1, -1}), "");
+  EXPECT_EQ(rocep::peer_to_peer_error(pcie_node(), {0, -1, 2}),
+            "rank 0 (GPU 0000:05:00.0) cannot reach rank 2 (GPU 0000:85:00.0) peer-to-peer: link PCIe, "
+            "3 hops, weight 72, no P2P access");
+}
+
 TEST(TopologyTest, AOneWayLinkIsRefusedInItsDirection) {
   // P2P from GPU 1 to GPU 0 only: the pair of ranks (0, 1) fails reading rank 1's side.
   NodeTopology topology = pcie_node();
