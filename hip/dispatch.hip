@@ -322,12 +322,11 @@ __device__ void quantize_rows(const uint8_t* const* from, uint8_t* const* to, in
   }
 }
 
-// This rank's tokens [0, num_tokens) into its own region, runs of tokens_per_run consecutive tokens (run r
-// by block r % gridDim.x): bf16 tokens as they are, with
-// PerTokenTuning::kVectorsInFlight loads in flight per thread, or (`quantize`) bf16 tokens quantised into
-// the group's scaled format, PerTokenTuning::kQuantizedRowsAtOnce rows per batch of loads. Each batch is
-// then shared as one range. The per-token send's staging, which a small grid otherwise waits on token by
-// token.
+// This rank's tokens [0, num_tokens) into its own region, in runs of tokens_per_run consecutive tokens
+// (run r by block r % gridDim.x): bf16 tokens as they are, with PerTokenTuning::kVectorsInFlight loads in
+// flight per thread, or (`quantize`) bf16 tokens quantised into the group's scaled format,
+// PerTokenTuning::kQuantizedRowsAtOnce rows per batch of loads. Each run is then shared as one range. The
+// per-token send's staging, which a small grid otherwise waits on token by token.
 __device__ void stage_token_batches(const GroupView& group, const DispatchSendArgs& args, int num_tokens,
                                     bool quantize) {
   const Shape& shape = group.shape;
@@ -339,7 +338,7 @@ __device__ void stage_token_batches(const GroupView& group, const DispatchSendAr
   const int run = tokens_per_run(num_tokens, static_cast<int>(gridDim.x));
   for (int first = static_cast<int>(blockIdx.x) * run; first < num_tokens;
        first += static_cast<int>(gridDim.x) * run) {
-    __syncthreads();  // the batch before is stored
+    __syncthreads();  // the run before is stored
     if (static_cast<int>(threadIdx.x) < run) {
       const int token = first + static_cast<int>(threadIdx.x);
       from[threadIdx.x] = args.tokens + static_cast<std::size_t>(token) * row_bytes;
@@ -388,7 +387,6 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
                               static_cast<std::size_t>(min(run, num_tokens - first)) * shape.message_bytes);
     }
   }
-
   int staged = args.tokens_in_place ? num_tokens : static_cast<int>(blockIdx.x);  // next token to stage
   for (int first = static_cast<int>(blockIdx.x) * tokens;; first += stride * tokens) {
     const bool batch = first < chunks_per_source(shape) * kChunkTokens;
