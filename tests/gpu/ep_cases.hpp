@@ -480,11 +480,12 @@ inline void check_against_reference(const EpConfig& config, Routing routing, boo
     const std::size_t bookkeeping = (3 * world + 1) * slots * sizeof(int32_t) + tokens * sizeof(uint64_t) +
                                     (chunks + 1) * config.num_local_experts(world) * sizeof(uint32_t) +
                                     3 * (std::size_t{2} << 20) + 4096;
-    // With ranks on other nodes (ROCEP_GPUS_PER_NODE below the world size), the SHMEM engine's images of
-    // every rank's dispatch region and the outboxes for the peers add world x the regions, and less than
-    // world x the bookkeeping on top (host/shmem_regions.hpp).
+    // With ranks on other nodes (ROCEP_GPUS_PER_NODE set and below the world size; empty is unset, as for
+    // the library), the SHMEM engine's images of every rank's dispatch region and the outboxes for the peers
+    // add world x the regions, and less than world x the bookkeeping on top (host/shmem_regions.hpp).
     const char* gpus_per_node = std::getenv("ROCEP_GPUS_PER_NODE");
-    const bool across_nodes = gpus_per_node != nullptr && std::atoi(gpus_per_node) < world;
+    const bool across_nodes =
+        gpus_per_node != nullptr && *gpus_per_node != '\0' && std::atoi(gpus_per_node) < world;
     const std::size_t copies = across_nodes ? 1 + static_cast<std::size_t>(world) : 1;
     EXPECT_GE(group.memory_bytes(), regions * copies);
     EXPECT_LE(group.memory_bytes(), (regions + bookkeeping) * copies);
