@@ -387,8 +387,9 @@ template <bool kEpilogue, bool kFp8>
 __device__ void receive_partials(const GroupView& group, const rocep::device::CombineArgs& args,
                                  uint64_t sequence) {
   const Shape& shape = group.shape;
-  const bool arrived = block_wait_for_peers(group.signals->combine_arrived, sequence, shape.world,
-                                            group.timeout_ticks, group.status, Operation::kCombineRecv);
+  const bool arrived =
+      block_wait_for_peers(group.signals->combine_arrived, sequence, shape.world, group.timeout_ticks,
+                           group.status, Operation::kCombineRecv, &group.peers);
   // Partials laid out by a combine weighted otherwise than this one are read as if they were this call's
   // (within the region, so no access strays) and out is invalid: recorded as a failure of the call. Block 0
   // checks, its thread r reading rank r's word after its own acquire of rank r's arrival, with no barrier.

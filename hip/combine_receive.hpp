@@ -177,8 +177,9 @@ __device__ inline void add_fp8_row(Lanes (&sums)[kVectors], const uint8_t* messa
 // send was not per-token partials.
 __device__ inline bool wait_for_rows(const GroupView& group, uint64_t sequence, bool check_weighting) {
   const Shape& shape = group.shape;
-  const bool arrived = block_wait_for_peers(group.signals->combine_arrived, sequence, shape.world,
-                                            group.timeout_ticks, group.status, Operation::kCombineRecv);
+  const bool arrived =
+      block_wait_for_peers(group.signals->combine_arrived, sequence, shape.world, group.timeout_ticks,
+                           group.status, Operation::kCombineRecv, &group.peers);
   if (arrived && check_weighting && static_cast<int>(threadIdx.x) < shape.world) {
     const int32_t peer_weighted = group.signals->combine_weighted[threadIdx.x];
     if (peer_weighted != 1) {
@@ -232,10 +233,11 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
         break;
       }
       count = min(chunk_tokens, tokens - first);
-      arrived = block_wait_for_peers(
-          reinterpret_cast<const uint64_t*>(group.combine_region +
-                                            CombineRegion::chunk_flag_offset(shape, chunk, 0)),
-          sequence, shape.world, group.timeout_ticks, group.status, Operation::kCombineRecv, shape.rank);
+      arrived =
+          block_wait_for_peers(reinterpret_cast<const uint64_t*>(
+                                   group.combine_region + CombineRegion::chunk_flag_offset(shape, chunk, 0)),
+                               sequence, shape.world, group.timeout_ticks, group.status,
+                               Operation::kCombineRecv, nullptr, shape.rank);
       if (!arrived) {
         break;
       }

@@ -41,19 +41,19 @@ __device__ inline bool arrives_last(uint32_t* count) {
 }
 
 // Called by every thread of every block of a sending grid once the block's stores for the peers are
-// issued. The blocks count in through *blocks_done (arrives_last), each once what it handed over is
-// delivered (PeerTransport::complete_block); the grid's last block then, with one
+// issued. The blocks count in through *blocks_done (arrives_last); the grid's last block then, with one
 // system-scope fence for the whole grid, adds 1 to every peer's words[rank]. With a system fence and adds
 // in every block, signalling took 4.0 us of a 128-token dispatch send on H200 (EP2, 396 blocks); this way
-// 2.5 us. The last block also sets *claims (unless null) to 0: no block of the grid claims work any more,
-// and the next grid to claim from it starts after this one.
+// 2.5 us. A peer reached through the SHMEM engine is signalled by every block instead, after its own puts
+// (PeerTransport::signal_block_done). The last block also sets *claims (unless null) to 0: no block of the
+// grid claims work any more, and the next grid to claim from it starts after this one.
 __device__ inline void signal_grid_done(uint32_t* blocks_done, uint32_t* claims, const PeerTransport& peers,
                                         int world, int rank, ArrivalWords words) {
   __syncthreads();  // the block's stores are ordered before thread 0's
   if (threadIdx.x != 0) {
     return;
   }
-  peers.complete_block();  // what the block put to SHMEM peers is delivered before it counts in
+  peers.signal_block_done(words);
   if (!arrives_last(blocks_done)) {
     return;
   }
@@ -62,17 +62,20 @@ __device__ inline void signal_grid_done(uint32_t* blocks_done, uint32_t* claims,
   }
   fence_acq_rel_system();  // every block's stores (acquired by the count) before the adds, for every peer
   for (int peer = 0; peer < world; ++peer) {
-    peers.signal_add(peer, words, rank, uint64_t{1});
+    if (!peers.through_shmem(peer)) {
+      peers.signal_add(peer, words, rank, uint64_t{1});
+    }
   }
 }
 
 // The calling block waits until every rank r but skipped_rank has signalled its `sequence`-th call
-// (words[r] >= sequence), thread r for rank r, so that the waits overlap (one after another, thread 0 paid
-// a read of the polled words per rank); the whole block learns the outcome. A rank that does not signal in
-// time is reported. Call from every thread.
+// (words[r] >= sequence; for arrival words, `peers` given, words[r] >= peers->arrivals(r, sequence)), thread
+// r for rank r, so that the waits overlap (one after another, thread 0 paid a read of the polled words per
+// rank); the whole block learns the outcome. A rank that does not signal in time is reported. Call from
+// every thread.
 __device__ inline bool block_wait_for_peers(const uint64_t* words, uint64_t sequence, int world,
                                             uint64_t timeout_ticks, Status* status, Operation operation,
-                                            int skipped_rank = -1) {
+                                            const PeerTransport* peers, int skipped_rank = -1) {
   __shared__ int missing;  // ranks not waited for: late, or the group had already timed out
   if (threadIdx.x == 0) {
     missing = 0;
@@ -81,7 +84,8 @@ __device__ inline bool block_wait_for_peers(const uint64_t* words, uint64_t sequ
   const int peer = static_cast<int>(threadIdx.x);
   if (peer < world && peer != skipped_rank) {
     const bool waited = !timed_out(status);
-    if (!waited || !wait_until_at_least(words + peer, sequence, timeout_ticks)) {
+    const uint64_t expected = peers != nullptr ? peers->arrivals(peer, sequence) : sequence;
+    if (!waited || !wait_until_at_least(words + peer, expected, timeout_ticks)) {
       if (waited) {
         report_failure(status, StatusCode::kTimeout, operation, peer, -1, -1, static_cast<int>(sequence));
       }

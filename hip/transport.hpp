@@ -4,7 +4,8 @@
 //   - read_window: loads of a peer's region, after that peer's arrival was acquired;
 //   - share: this rank's own bytes that peers will read (its staged messages);
 //   - signal_store + signal_add: the words of a peer's Signals; flag_store: a flag word in a peer's region;
-//   - complete_block: the block's handed-over bytes delivered, before the grid counts the block done.
+//   - signal_block_done: a block's own arrival signal to the peers that count blocks (SHMEM), after its
+//     puts; arrivals: how many arrival adds a peer's call makes.
 // A peer of this node is reached by IPC: its regions are mapped into this process (by the runtime's IPC, or
 // by the SHMEM engine where the group spans nodes) and reached with plain loads and stores over xGMI /
 // NVLink, so a window is the peer's region itself and publish / share / complete have nothing left to do.
@@ -12,9 +13,10 @@
 // engine: its write window is this rank's outbox for it, publish puts the range from the outbox into the
 // peer's region (at the same offset: the regions are symmetric), share puts this rank's own bytes into
 // the peer's image of this rank's dispatch region (so that the peer's read_window is local), the signal
-// words are single-word puts and adds on the engine, and a flag is put after a fence. complete_block waits
-// for the engine's puts of this PE, so that the grid's signal, issued after every block counted in, comes
-// after every byte it signals. The phase code calls every one of them where such a transport needs it.
+// words are single-word puts and adds on the engine, and a flag is put after a fence. Each block signals a
+// SHMEM peer itself, after a fence that orders its puts before the add, so the send returns with its puts
+// in flight and the peer counts the blocks of the call (arrivals). The phase code calls every one of them
+// where such a transport needs it.
 #pragma once
 
 #include <cstddef>
@@ -54,6 +56,12 @@ struct PeerTransport {
   uint8_t* dispatch_images;
   std::size_t dispatch_region_bytes;
   int32_t rank;
+  // [world]: the arrival adds rank r makes per call: 1 (its grid's last block signals), or one per block
+  // of its grid where r reaches this rank through the SHMEM engine.
+  const uint32_t* arrival_adds;
+
+  // The arrival count of `peer` once it made `calls` calls.
+  ROCEP_DEVICE uint64_t arrivals(int peer, uint64_t calls) const { return calls * arrival_adds[peer]; }
 
   ROCEP_DEVICE bool through_shmem(int peer) const { return ((shmem_peers >> peer) & 1u) != 0; }
 
@@ -118,18 +126,26 @@ struct PeerTransport {
     (void)offset, (void)bytes;
 #endif
   }
-  // Called by thread 0 of a block after a barrier of the block, before the block counts itself done: what
-  // the block handed over is delivered (SHMEM: every put of this PE so far completed).
-  __device__ void complete_block() const {
+  // Called by thread 0 of a block after a barrier of the block, once its stores and puts for the peers are
+  // issued: SHMEM adds 1 to every SHMEM peer's words[rank], after a fence that delivers the block's puts
+  // first. The puts may still be in flight when the kernel ends.
+  __device__ void signal_block_done(ArrivalWords words) const {
 #if defined(ROCEP_HAVE_SHMEM)
-    if (shmem_peers != 0) {
-      shmem::quiet();
+    if (shmem_peers == 0) {
+      return;
     }
+    shmem::fence();
+    for (int peer = 0; peer < kMaxWorld && (shmem_peers >> peer) != 0; ++peer) {
+      if (through_shmem(peer)) {
+        shmem::uint64_add(&(own_signals->*words)[rank], uint64_t{1}, peer);
+      }
+    }
+#else
+    (void)words;
 #endif
   }
   // Stores `value` into `peer`'s (words)[index], a plain store (IPC) or a single-word put (SHMEM) that the
-  // next signal_add of this grid releases to the peer (signal_grid_done: the block's completion and count,
-  // then a system-scope fence).
+  // next arrival signal of this block (SHMEM) or grid (IPC) releases to the peer (signal_grid_done).
   __device__ void signal_store(int peer, SignalWords words, int index, int32_t value) const {
 #if defined(ROCEP_HAVE_SHMEM)
     if (through_shmem(peer)) {
@@ -140,7 +156,7 @@ struct PeerTransport {
     (signals[peer]->*words)[index] = value;
   }
   // Adds `value` to `peer`'s (words)[index] at system scope, relaxed: the caller orders what it signals
-  // with a system-scope release (fence_acq_rel_system), and for SHMEM peers complete_block, before it.
+  // with a system-scope release (fence_acq_rel_system; a fence of the engine for SHMEM peers) before it.
   __device__ void signal_add(int peer, ArrivalWords words, int index, uint64_t value) const {
 #if defined(ROCEP_HAVE_SHMEM)
     if (through_shmem(peer)) {

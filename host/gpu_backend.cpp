@@ -210,11 +210,21 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
     view_.peers.rank = rank_;
     memory_bytes_ += shmem_->bytes();
   }
+  // The arrival adds of each peer's call: its grid's last block signals, or, from another node, each block
+  // of its grid (hip/transport.hpp).
+  std::vector<uint32_t> arrival_adds;
+  for (int peer = 0; peer < world.size(); ++peer) {
+    arrival_adds.push_back(layout.on_this_node(peer) ? 1u : static_cast<uint32_t>(grids[peer]));
+  }
   run_agreed(world, "copying the peer tables to the GPU", [&] {
     peer_tables_ = DeviceBuffer(tables.size() * sizeof(void*));
     ROCEP_GPU_CHECK(
         hipMemcpy(peer_tables_.get(), tables.data(), peer_tables_.bytes(), hipMemcpyHostToDevice));
+    arrival_adds_ = DeviceBuffer(arrival_adds.size() * sizeof(uint32_t));
+    ROCEP_GPU_CHECK(
+        hipMemcpy(arrival_adds_.get(), arrival_adds.data(), arrival_adds_.bytes(), hipMemcpyHostToDevice));
   });
+  view_.peers.arrival_adds = arrival_adds_.as<uint32_t>();
 
   auto* table = peer_tables_.as<void*>();
   view_.peers.dispatch_regions = reinterpret_cast<uint8_t* const*>(table);
@@ -232,9 +242,9 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   view_.timeout_ticks =
       static_cast<uint64_t>(config.timeout_seconds * static_cast<double>(wall_clock_rate_hz(device)));
 
-  for (const DeviceBuffer* buffer :
-       {&dispatch_region_, &combine_region_, &signals_, &state_, &block_calls_, &status_, &token_rows_,
-        &expert_rows_, &chunk_rows_, &sent_ids_, &sent_masks_, &received_scales_, &peer_tables_}) {
+  for (const DeviceBuffer* buffer : {&dispatch_region_, &combine_region_, &signals_, &state_, &block_calls_,
+                                     &status_, &token_rows_, &expert_rows_, &chunk_rows_, &sent_ids_,
+                                     &sent_masks_, &received_scales_, &peer_tables_, &arrival_adds_}) {
     memory_bytes_ += buffer->bytes();
   }
   world.barrier();  // every peer has mapped everything before anyone may signal

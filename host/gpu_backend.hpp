@@ -89,6 +89,7 @@ class GpuEp final : public EpBackend {
   std::unique_ptr<PeerBuffers> peer_signals_;
   std::unique_ptr<ShmemRegions> shmem_;  // across nodes: the regions and signals, in place of the three above
   DeviceBuffer peer_tables_;             // [3][world] pointers: dispatch regions, combine regions, signals
+  DeviceBuffer arrival_adds_;            // [world] uint32: PeerTransport::arrival_adds
   PinnedHostBuffer status_mirror_;
   Stream poll_stream_;
   device::GroupView view_{};
