@@ -175,17 +175,19 @@ ROCEP_HOST_DEVICE inline int max_combine_chunks(const Shape& shape) {
 }
 
 // One rank's combine receive region, bf16 rows of `hidden`:
-//   weighted:   [world][T] rows: the partial sum rank r computed for token t at row r * T + t
-//   unweighted: [T][top_k] rows: expert output of (t, k) at row t * top_k + k
+//   weighted (and per-token): [world][T] rows: the partial sum (per-token: the row) rank r computed for
+//               token t at row r * T + t
+//   unweighted (expanded):    [T][top_k] rows: expert output of (t, k) at row t * top_k + k
 // then, for the per-token layout, chunk flags [max_combine_chunks][world] uint64: [c][r] = the last combine
 // call whose rows of chunk c rank r has stored here (zero at creation; calls count from 1).
 struct CombineRegion {
   ROCEP_HOST_DEVICE static std::size_t row_bytes(const Shape& shape) {
     return static_cast<std::size_t>(shape.hidden) * sizeof(uint16_t);
   }
+  // Per-token: a row per (rank, token); expanded: also [token][k] for an unweighted combine.
   ROCEP_HOST_DEVICE static std::size_t rows(const Shape& shape) {
     return static_cast<std::size_t>(shape.max_tokens) *
-           (shape.world > shape.top_k ? shape.world : shape.top_k);
+           (shape.per_token != 0 || shape.world > shape.top_k ? shape.world : shape.top_k);
   }
   // 8-byte aligned: row_bytes is a multiple of 16.
   ROCEP_HOST_DEVICE static std::size_t chunk_flag_offset(const Shape& shape, int chunk, int rank) {

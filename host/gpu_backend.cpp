@@ -190,9 +190,12 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   } else {
     // Across nodes: the engine's symmetric memory, peers of other nodes reached by puts (hip/transport.hpp).
     run_agreed(world, "allocating the group's symmetric memory in the SHMEM engine", [&] {
-      shmem_ = std::make_unique<ShmemRegions>(world, layout, dispatch_bytes,
-                                              device::DispatchRegion::message_offset(shape, 0), combine_bytes,
-                                              sizeof(device::Signals));
+      shmem_ = std::make_unique<ShmemRegions>(
+          world, layout, dispatch_bytes, device::DispatchRegion::message_offset(shape, 0), combine_bytes,
+          shape.per_token != 0
+              ? static_cast<std::size_t>(shape.max_tokens) * device::CombineRegion::row_bytes(shape)
+              : 0,
+          sizeof(device::Signals));
     });
     for (const std::vector<void*>* table :
          {&shmem_->dispatch_windows(), &shmem_->combine_windows(), &shmem_->signal_pointers()}) {

@@ -15,7 +15,7 @@ namespace rocep {
 
 ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t dispatch_bytes,
                            std::size_t dispatch_window_bytes, std::size_t combine_bytes,
-                           std::size_t signal_bytes)
+                           std::size_t combine_slice_bytes, std::size_t signal_bytes)
     : engine_(ShmemEngine::join(world)) {
   const int ranks = world.size();
   const auto world_bytes = static_cast<std::size_t>(ranks);
@@ -26,7 +26,14 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size
   // A peer's dispatch outbox holds what this rank stores through its write window: ids, weights and masks,
   // all before the messages (the messages are shared, not written into peers' regions).
   auto* dispatch_outboxes = static_cast<uint8_t*>(allocate(world_bytes * dispatch_window_bytes));
-  auto* combine_outboxes = static_cast<uint8_t*>(allocate(world_bytes * combine_bytes));
+  // Combine outboxes. Whole regions: the outbox for peer p at p. Slices: the outbox for peer p is
+  // addressed as p's region, so this rank's slice of it (slice `rank`) lands at slice d + rank of the
+  // outboxes, d = (p - rank) mod world in [1, world): distinct per peer, below 2 x world - 1, and never
+  // before the allocation.
+  const std::size_t combine_window_step = combine_slice_bytes > 0 ? combine_slice_bytes : combine_bytes;
+  const std::size_t combine_windows_bytes =
+      combine_slice_bytes > 0 ? (2 * world_bytes - 1) * combine_slice_bytes : world_bytes * combine_bytes;
+  auto* combine_outboxes = static_cast<uint8_t*>(allocate(combine_windows_bytes));
   ROCEP_GPU_CHECK(hipMemset(combine_region_, 0, combine_bytes));
   ROCEP_GPU_CHECK(hipMemset(signals_, 0, signal_bytes));
   ROCEP_GPU_CHECK(hipDeviceSynchronize());
@@ -51,7 +58,11 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size
     } else {
       shmem_peers_ |= uint64_t{1} << peer;
       dispatch_windows_.push_back(dispatch_outboxes + slot * dispatch_window_bytes);
-      combine_windows_.push_back(combine_outboxes + slot * combine_bytes);
+      const std::size_t step =
+          combine_slice_bytes > 0
+              ? (slot + world_bytes - static_cast<std::size_t>(world.rank())) % world_bytes
+              : slot;
+      combine_windows_.push_back(combine_outboxes + step * combine_window_step);
       signal_pointers_.push_back(nullptr);
     }
   }
@@ -73,7 +84,7 @@ void* ShmemRegions::allocate(std::size_t bytes) {
 #else  // a build without an engine: groups stay within one node
 
 ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t, std::size_t, std::size_t,
-                           std::size_t) {
+                           std::size_t, std::size_t) {
   throw ConfigError(
       "EpGroup: backend gpu needs every rank on one node in a build without a SHMEM engine (" +
       std::to_string(layout.num_nodes) + " nodes for " + std::to_string(world.size()) +

@@ -2,11 +2,11 @@
 // combine regions and its signals in the SHMEM engine's symmetric memory, with what the transport needs
 // for each peer on another node (hip/transport.hpp): an outbox per peer for each region, and an image of
 // every rank's dispatch region. Symmetric bytes per rank: (1 + world) x the dispatch region (its own and
-// the images), (1 + world) x the combine region (its own and the outboxes), world x the dispatch
-// region's ids, weights and masks, and the signals. The combine outboxes make that grow as world x
-// max(world, top_k) x max_tokens_per_rank rows (docs/scale-out.md). Peers of this rank's node are reached
-// through the engine's mapping of their symmetric memory, with plain loads and stores as over IPC. Compiled
-// only into builds with an engine (ROCEP_SHMEM).
+// the images), world x the dispatch region's ids, weights and masks, the signals, and the combine region
+// with its outboxes: per-token, 2 x world - 1 slices of max_tokens_per_rank rows; expanded, (1 + world) x
+// the region, which grows as world x max(world, top_k) x max_tokens_per_rank rows (docs/scale-out.md). Peers
+// of this rank's node are reached through the engine's mapping of their symmetric memory, with plain loads
+// and stores as over IPC. Compiled only into builds with an engine (ROCEP_SHMEM).
 #pragma once
 
 #include <cstddef>
@@ -28,9 +28,13 @@ class ShmemRegions {
   // when a rank of this node is not mapped by the engine, GpuRuntimeError when the engine's heap is too
   // small (NVSHMEM_SYMMETRIC_SIZE / ROCSHMEM_HEAP_SIZE) or it refused to start.
   // A dispatch window (the outbox for a peer) spans [0, dispatch_window_bytes) of the region: where this
-  // rank stores into a peer's dispatch region.
+  // rank stores into a peer's dispatch region. combine_slice_bytes > 0: this rank stores into a peer's
+  // combine region only within [rank * combine_slice_bytes, (rank + 1) * combine_slice_bytes) (the
+  // per-token layout's rows of this rank), so the outboxes hold that slice of each peer's region alone;
+  // 0: whole regions (the expanded layout's unweighted combine stores anywhere in them).
   ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t dispatch_bytes,
-               std::size_t dispatch_window_bytes, std::size_t combine_bytes, std::size_t signal_bytes);
+               std::size_t dispatch_window_bytes, std::size_t combine_bytes, std::size_t combine_slice_bytes,
+               std::size_t signal_bytes);
   // Frees the symmetric memory, a collective of the engine, unless leaked.
   ~ShmemRegions();
   ShmemRegions(const ShmemRegions&) = delete;
