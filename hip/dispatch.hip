@@ -997,34 +997,58 @@ __device__ uint32_t count_received_tokens(const GroupView& group, const Dispatch
   return total;
 }
 
-// One batch of a block's received tokens: where each comes from and the row it goes to.
-struct TokenBatch {
-  const uint8_t* messages[PerTokenTuning::kBatchTokens];
-  uint8_t* payloads[PerTokenTuning::kBatchTokens];  // the rows' payloads in recv_tokens
-  int32_t rows[PerTokenTuning::kBatchTokens];
-  int count;
+// The received tokens' messages into their rows (payload, then the scales of scaled formats), by groups of
+// threads of row_copy_threads each, every group on its own: group g of the grid takes items g, g + groups,
+// ... (token index / world of source index % world: the sources interleaved, so that every link is busy),
+// with no block-wide step between rows, so that while one group waits for a token's mask or its first
+// loads the others copy. `token_bases` as for token_row; `sources[s]`: source s's region and token count.
+struct ReceivedSource {
+  const uint8_t* region;
+  int tokens;
 };
 
-// Copies the batch's payloads (and, for scaled formats, scales) into their rows.
-__device__ void copy_token_batch(const Shape& shape, const DispatchRecvArgs& args, const TokenBatch& batch) {
-  copy_rows<PerTokenTuning::kVectorsInFlight>(batch.messages, batch.payloads, batch.count,
-                                              shape.payload_bytes / kVectorBytes);
-  if (shape.scale_bytes == 0) {
-    return;
+__device__ void copy_received_tokens(const GroupView& group, const DispatchRecvArgs& args,
+                                     const uint32_t* token_bases, const ReceivedSource* sources) {
+  const Shape& shape = group.shape;
+  constexpr int kInFlight = PerTokenTuning::kVectorsInFlight;
+  const uint32_t vectors = shape.payload_bytes / kVectorBytes;
+  const int row_threads = row_copy_threads<kInFlight>(vectors);
+  const int block_groups = static_cast<int>(blockDim.x) / row_threads;
+  const int in_block = static_cast<int>(threadIdx.x) / row_threads;
+  if (in_block >= block_groups) {
+    return;  // the threads past the last whole group
   }
+  const auto lane = static_cast<uint32_t>(threadIdx.x) % static_cast<uint32_t>(row_threads);
+  const auto step = static_cast<uint32_t>(row_threads);
   // Scales row-major after the payload in the message, and so in their rows: words where they are whole.
   const bool words = shape.scale_bytes % 4 == 0;
   const uint32_t units = words ? shape.scale_bytes / 4 : shape.scale_bytes;
-  for (uint32_t index = threadIdx.x; index < static_cast<uint32_t>(batch.count) * units;
-       index += blockDim.x) {
-    const uint32_t item = index / units;
-    const uint32_t unit = index - item * units;
-    const uint8_t* from = batch.messages[item] + shape.payload_bytes;
-    uint8_t* to = args.recv_scales + static_cast<std::size_t>(batch.rows[item]) * shape.scale_bytes;
-    if (words) {
-      reinterpret_cast<uint32_t*>(to)[unit] = reinterpret_cast<const uint32_t*>(from)[unit];
-    } else {
-      to[unit] = from[unit];
+  const int items = shape.world * shape.max_tokens;
+  const int groups = static_cast<int>(gridDim.x) * block_groups;
+  for (int index = static_cast<int>(blockIdx.x) * block_groups + in_block; index < items; index += groups) {
+    const int source = index % shape.world;
+    const int token = index / shape.world;
+    if (token >= sources[source].tokens) {
+      continue;
+    }
+    const unsigned long long mask =
+        *region_token_masks(group.dispatch_region, shape, source, token / kChunkTokens);
+    if (((mask >> (token % kChunkTokens)) & 1) == 0) {
+      continue;  // names no expert here
+    }
+    const auto row = static_cast<std::size_t>(token_row(group, token_bases, source, token));
+    const uint8_t* message = sources[source].region + DispatchRegion::message_offset(shape, token);
+    copy_row_part<kInFlight>(reinterpret_cast<const Vector16*>(message),
+                             reinterpret_cast<Vector16*>(args.recv_tokens + row * shape.payload_bytes), 0,
+                             vectors, lane, step);
+    const uint8_t* from = message + shape.payload_bytes;
+    uint8_t* to = args.recv_scales + row * shape.scale_bytes;
+    for (uint32_t unit = lane; unit < units; unit += step) {
+      if (words) {
+        reinterpret_cast<uint32_t*>(to)[unit] = reinterpret_cast<const uint32_t*>(from)[unit];
+      } else {
+        to[unit] = from[unit];
+      }
     }
   }
 }
@@ -1037,12 +1061,12 @@ __device__ inline void invalidate_per_token(const Shape& shape, const DispatchRe
   }
 }
 
-// The per-token receive: once every source's ids and token masks are here, each block takes (source, token)
-// items round-robin (the sources interleaved, so that every link is busy), PerTokenTuning::kBatchTokens of
-// its received tokens at a time: their rows from the token masks, their ids mapped to local experts, their
-// weights and origin, each (row, slot) of a local expert into sorted_token_ids at its place among that
-// expert's pairs (the expanded layout's ranking), and their messages copied from the sources' regions (a
-// pull, each token crossing the link once). Then the padding of sorted_token_ids and block_expert_ids.
+// The per-token receive: once every source's ids and token masks are here, the messages copied from the
+// sources' regions into their rows (copy_received_tokens: a pull, each token crossing the link once); then
+// each block takes (source, token) items round-robin, PerTokenTuning::kBatchTokens at a time: their rows
+// from the token masks, their ids mapped to local experts, their weights and origin, each (row, slot) of a
+// local expert into sorted_token_ids at its place among that expert's pairs (the expanded layout's
+// ranking). Then the padding of sorted_token_ids and block_expert_ids.
 __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
                                   RowLayoutMemory* memory) {
   const Shape& shape = group.shape;
@@ -1060,22 +1084,19 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
   __shared__ uint32_t bases[kTokenBaseEntries];
   count_received_tokens(group, args, bases);
   const uint32_t* token_bases = dispatch_chunks(shape) <= kTokenBaseEntries ? bases : nullptr;
-  __shared__ const uint8_t* source_regions[kMaxWorld];
+  __shared__ ReceivedSource sources[kMaxWorld];
   for (int source = threadIdx.x; source < shape.world; source += blockDim.x) {
-    source_regions[source] = group.peers.read_window(PeerRegion::kDispatch, source);
+    sources[source] = {group.peers.read_window(PeerRegion::kDispatch, source),
+                       group.signals->tokens_from[source]};
   }
-  __shared__ TokenBatch batch;
+  __syncthreads();
+  copy_received_tokens(group, args, token_bases, sources);
   const int items = shape.world * shape.max_tokens;
   const int stride = static_cast<int>(gridDim.x);
   const auto padding = static_cast<int32_t>(static_cast<std::size_t>(items) * shape.top_k);
   const int batch_slots = PerTokenTuning::kBatchTokens * shape.top_k;
   for (int first = static_cast<int>(blockIdx.x); first < items;
        first += PerTokenTuning::kBatchTokens * stride) {
-    __syncthreads();  // the batch of the round before is copied
-    if (threadIdx.x == 0) {
-      batch.count = 0;
-    }
-    __syncthreads();
     // A thread per (item, slot): item j of the batch is the block's item first + j * stride, token
     // index / world of source index % world (the sources interleaved).
     for (int slot_index = threadIdx.x; slot_index < batch_slots; slot_index += blockDim.x) {
@@ -1083,7 +1104,7 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
       const int k = slot_index % shape.top_k;
       const int source = index % shape.world;
       const int token = index / shape.world;
-      if (index >= items || token >= group.signals->tokens_from[source]) {
+      if (index >= items || token >= sources[source].tokens) {
         continue;
       }
       int32_t row = -1;  // a token that names no expert here has no row
@@ -1104,18 +1125,12 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
           args.src_info[3 * static_cast<std::size_t>(row) + 0] = source;
           args.src_info[3 * static_cast<std::size_t>(row) + 1] = token;
           args.src_info[3 * static_cast<std::size_t>(row) + 2] = -1;
-          const int place = atomicAdd(&batch.count, 1);
-          batch.rows[place] = row;
-          batch.messages[place] = source_regions[source] + DispatchRegion::message_offset(shape, token);
-          batch.payloads[place] = args.recv_tokens + static_cast<std::size_t>(row) * shape.payload_bytes;
         }
       }
       // For combine: the token's row in slot 0, -1 in the others.
       group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k + k] =
           k == 0 ? row : -1;
     }
-    __syncthreads();
-    copy_token_batch(shape, args, batch);
   }
   // The padding of each expert's segment of sorted_token_ids, and the expert of each of its blocks.
   for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {

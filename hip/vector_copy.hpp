@@ -102,6 +102,36 @@ __device__ inline void copy_bytes16(void* destination, const void* source, std::
   }
 }
 
+// The threads that copy one row of `vectors` 16-byte vectors in copy_rows and copy_row_part: whole waves,
+// as many as take kInFlight vectors each, at most the block.
+template <int kInFlight>
+__device__ inline int row_copy_threads(uint32_t vectors) {
+  const int wanted = static_cast<int>((vectors + kInFlight - 1) / kInFlight);
+  return min((wanted + kWaveSize - 1) / kWaveSize * kWaveSize, static_cast<int>(blockDim.x));
+}
+
+// Vectors [first, end) of a row, `step` apart per thread from the thread's `lane`, each thread loading
+// kInFlight vectors before it stores any of them.
+template <int kInFlight>
+__device__ inline void copy_row_part(const Vector16* source, Vector16* destination, uint32_t first,
+                                     uint32_t end, uint32_t lane, uint32_t step) {
+  for (uint32_t at = first + lane; at < end; at += kInFlight * step) {
+    Vector16 staged[kInFlight];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      if (at + i * step < end) {
+        staged[i] = source[at + i * step];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      if (at + i * step < end) {
+        destination[at + i * step] = staged[i];
+      }
+    }
+  }
+}
+
 // Copies `count` rows of `vectors` 16-byte vectors each, from[i] to to[i] (shared memory), with every
 // thread of the block. Each row is copied by a group of threads (whole waves: as many as take kInFlight
 // vectors each, at most the block), each thread loading its kInFlight vectors before it stores any of them,
@@ -111,10 +141,8 @@ __device__ inline void copy_bytes16(void* destination, const void* source, std::
 // lookup of its row, per vector.
 template <int kInFlight>
 __device__ void copy_rows(const uint8_t* const* from, uint8_t* const* to, int count, uint32_t vectors) {
-  const int block_threads = static_cast<int>(blockDim.x);
-  const int wanted = static_cast<int>((vectors + kInFlight - 1) / kInFlight);
-  const int row_threads = min((wanted + kWaveSize - 1) / kWaveSize * kWaveSize, block_threads);
-  const int groups = block_threads / row_threads;
+  const int row_threads = row_copy_threads<kInFlight>(vectors);
+  const int groups = static_cast<int>(blockDim.x) / row_threads;
   const int group = static_cast<int>(threadIdx.x) / row_threads;
   if (count <= 0 || group >= groups) {
     return;  // nothing to copy, or the threads past the last whole group
@@ -128,25 +156,10 @@ __device__ void copy_rows(const uint8_t* const* from, uint8_t* const* to, int co
   for (int unit = group; unit < count * parts; unit += groups) {
     const int row = unit / parts;
     const auto part = static_cast<uint32_t>(unit - row * parts);
-    const uint32_t end = (part + 1) * vectors / static_cast<uint32_t>(parts);
-    const auto* source = reinterpret_cast<const Vector16*>(from[row]);
-    auto* destination = reinterpret_cast<Vector16*>(to[row]);
-    for (uint32_t first = part * vectors / static_cast<uint32_t>(parts) + lane; first < end;
-         first += kInFlight * step) {
-      Vector16 staged[kInFlight];
-#pragma unroll
-      for (int i = 0; i < kInFlight; ++i) {
-        if (first + i * step < end) {
-          staged[i] = source[first + i * step];
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kInFlight; ++i) {
-        if (first + i * step < end) {
-          destination[first + i * step] = staged[i];
-        }
-      }
-    }
+    copy_row_part<kInFlight>(reinterpret_cast<const Vector16*>(from[row]),
+                             reinterpret_cast<Vector16*>(to[row]),
+                             part * vectors / static_cast<uint32_t>(parts),
+                             (part + 1) * vectors / static_cast<uint32_t>(parts), lane, step);
   }
 }
 
