@@ -123,11 +123,35 @@ struct CallerEpilogues {
 // its address (16-byte aligned) plus this.
 inline constexpr uintptr_t kFp8Input = 1;
 
+// sums += the eight codes of `words` (no NaN among them) as float16, each times `by` rounded once, then
+// added as a bf16 row's values are (fmaf by 1). kHardware: NVIDIA sm_89 and later convert e4m3fn pairs to
+// float16 of value decode(code) in one instruction; otherwise the codes' bits are moved
+// (e4m3_pair_as_f16_bits) and `by` carries their factor.
+template <bool kHardware>
+__device__ inline void add_f16_pairs(Lanes& sums, const uint32_t (&words)[2], float by) {
+#pragma unroll
+  for (int pair = 0; pair < kLanes / 2; ++pair) {
+    const uint32_t codes = words[pair / 2] >> (16 * (pair % 2));
+    uint32_t halves = 0;
+    if constexpr (kHardware) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(static_cast<uint16_t>(codes)));
+#endif
+    } else {
+      halves = e4m3_pair_as_f16_bits(codes);
+    }
+    const float low = __fmul_rn(f16_as_float(halves & 0xffffu), by);
+    const float high = __fmul_rn(f16_as_float(halves >> 16), by);
+    sums.value[2 * pair] = fmaf(1.0f, low, sums.value[2 * pair]);
+    sums.value[2 * pair + 1] = fmaf(1.0f, high, sums.value[2 * pair + 1]);
+  }
+}
+
 // sums[i] += the values of vector vector0 + i * kStep (i < kVectors, below `end`) of the fp8 block-128
 // message at `message` (payload, then a float32 scale per 128 elements), each decode(code) * scale rounded
 // once, then added as a bf16 row's values are (fmaf by 1): the CPU reference's dequantize_row and sum. The
-// codes go through float16 (e4m3_pair_as_f16_bits), the scale taking their factor; a vector holding a NaN
-// code, which no sender writes, decodes one code at a time.
+// codes go through float16 (add_f16_pairs); a vector holding a NaN code, which no sender writes, decodes
+// one code at a time.
 template <int kVectors, int kStep>
 __device__ inline void add_fp8_row(Lanes (&sums)[kVectors], const uint8_t* message, const Shape& shape,
                                    int vector0, int end) {
@@ -161,15 +185,13 @@ __device__ inline void add_fp8_row(Lanes (&sums)[kVectors], const uint8_t* messa
       }
       continue;
     }
-    const float by = scale[i] * f16_factor;  // exact
-#pragma unroll
-    for (int pair = 0; pair < kLanes / 2; ++pair) {
-      const uint32_t halves = e4m3_pair_as_f16_bits(words[pair / 2] >> (16 * (pair % 2)));
-      const float low = __fmul_rn(f16_as_float(halves & 0xffffu), by);
-      const float high = __fmul_rn(f16_as_float(halves >> 16), by);
-      sums[i].value[2 * pair] = fmaf(1.0f, low, sums[i].value[2 * pair]);
-      sums[i].value[2 * pair + 1] = fmaf(1.0f, high, sums[i].value[2 * pair + 1]);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if (encoding == Fp8::kE4m3fn) {  // the hardware converts e4m3fn pairs to float16 exactly
+      add_f16_pairs<true>(sums[i], words, scale[i]);
+      continue;
     }
+#endif
+    add_f16_pairs<false>(sums[i], words, scale[i] * f16_factor);  // exact
   }
 }
 
