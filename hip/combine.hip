@@ -482,10 +482,14 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
 // --- the per-token layout -------------------------------------------------------------------------------
 
 // The blocks of a fused per-token combine of a chunked call that send, the others receiving:
-// PerTokenTuning's share of the grid (of kCombineSplitBlocks or more). The links fill from a few
-// multiprocessors; the receive's sums, bound by each multiprocessor's instructions, take the rest.
+// PerTokenTuning's share of the grid (of kCombineSplitBlocks or more) for the transport compiled. The links
+// fill from a few multiprocessors; the receive's sums, bound by each multiprocessor's instructions, take the
+// rest.
 __device__ inline int combine_senders(int blocks) {
-  return blocks * PerTokenTuning::kCombineSenderPercent / 100;
+  constexpr int kPercent = kCompiledTransport == Transport::kShmem
+                               ? PerTokenTuning::kCombineSenderPercentOverShmem
+                               : PerTokenTuning::kCombineSenderPercent;
+  return blocks * kPercent / 100;
 }
 
 // The per-token send, by sender `sender` of `senders`: the row of every token this rank received from

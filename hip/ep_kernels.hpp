@@ -112,8 +112,9 @@ struct DispatchRecvArgs {
 // the 64 registers of a 1024-thread block), one input after another (two inputs at once measured no faster:
 // docs/performance.md). Where every rank's grid has kCombineSplitBlocks blocks or more, a fused combine of a
 // chunked call (chunked_combine) splits them: kCombineSenderPercent of them send and the rest receive
-// (hip/combine.hip). One set for every architecture until one is measured to want another
-// (docs/performance.md, per-token layout).
+// (hip/combine.hip), kCombineSenderPercentOverShmem in the kernels compiled for the SHMEM transport, whose
+// senders also put every row from the outbox. One set for every architecture until one is measured to
+// want another (docs/performance.md, per-token layout).
 struct PerTokenTuning {
   static constexpr int kDispatchThreads = 512;
   static constexpr int kBatchTokens = 32;
@@ -126,6 +127,7 @@ struct PerTokenTuning {
   static constexpr int kQuantizedRowsAtOnce = 4;  // rows per batch of loads (quantize_rows_to_messages)
   static constexpr int kCombineSplitBlocks = 16;
   static constexpr int kCombineSenderPercent = 42;
+  static constexpr int kCombineSenderPercentOverShmem = 60;
 };
 
 // The consecutive tokens a block takes at a time where `blocks` blocks share `tokens`: up to
