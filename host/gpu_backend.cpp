@@ -84,10 +84,10 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
     device = current_device();
     hipDeviceProp_t properties;
     ROCEP_GPU_CHECK(hipGetDeviceProperties(&properties, device));
-    // Ranks of this node that run on this same GPU (several ranks per GPU under MPS) share its
-    // multiprocessors: each one's grid must fit its share, or ranks spinning on each other deadlock.
-    const int ranks_on_this_gpu = static_cast<int>(
-        std::count(node_gpus.rank_gpus.begin(), node_gpus.rank_gpus.end(), node_gpus.rank_gpus[rank_]));
+    // Ranks that run on this same GPU (several ranks per GPU under MPS; with nodes declared by
+    // gpus_per_node, also ranks of other declared nodes) share its multiprocessors: each one's grid must fit
+    // its share, or ranks spinning on each other deadlock.
+    const int ranks_on_this_gpu = node_gpus.ranks_on_this_gpu;
     // One block per multiprocessor of the budget, at most the rank's share: with every kernel keeping at
     // least one block resident per multiprocessor, the grids of all the ranks on this GPU are resident
     // together (checked here, so a grid too large is refused at creation rather than spinning).

@@ -109,10 +109,13 @@ NodeTopology read_node_topology(std::vector<GpuInfo> gpus);
 struct NodeGroupTopology {
   NodeTopology topology;       // the distinct GPUs of the node's ranks
   std::vector<int> rank_gpus;  // per rank: its GPU's index in topology.gpus; -1 for a rank of another node
+  // The ranks of the group on the caller's GPU (same machine, same PCI bus id), the caller included,
+  // whatever nodes they are declared on: they share its multiprocessors.
+  int ranks_on_this_gpu = 1;
 };
-// Collective over `group`: each rank names its current GPU; every rank of a node returns the same GPUs and
-// rank_gpus, with links as this process can read them. `on_this_node` (empty: every rank) marks the ranks
-// of the caller's node; the others are left out (-1).
+// Collective over `group`: each rank names its machine and current GPU; every rank of a node returns the
+// same GPUs and rank_gpus, with links as this process can read them. `on_this_node` (empty: every rank)
+// marks the ranks of the caller's node; the others are left out (-1).
 NodeGroupTopology gather_node_topology(Bootstrap& group, const std::vector<bool>& on_this_node = {});
 
 }  // namespace rocep

@@ -12,6 +12,7 @@
 
 #include "device.hpp"
 #include "gpu_check.hpp"
+#include "node.hpp"
 #include "rocep/bootstrap.hpp"
 
 #if defined(ROCEP_HAVE_ROCM_SMI)
@@ -316,19 +317,26 @@ NodeTopology read_node_topology(std::vector<GpuInfo> gpus) {
 NodeGroupTopology gather_node_topology(Bootstrap& group, const std::vector<bool>& on_this_node) {
   const std::vector<GpuInfo> visible = visible_gpus();
   const GpuInfo& mine = visible.at(static_cast<std::size_t>(current_device()));
-  // Fixed size: every rank contributes the same bytes. Names longer than this are cut (bus ids never are).
+  // Fixed size: every rank contributes the same bytes. Names and machine identities longer than this are
+  // cut (bus ids never are).
   struct RankGpu {
     std::array<char, 32> pci_bus_id;
     std::array<char, 96> name;
+    std::array<char, 320> machine;
   };
   RankGpu contribution{};
   mine.pci_bus_id.copy(contribution.pci_bus_id.data(), contribution.pci_bus_id.size() - 1);
   mine.name.copy(contribution.name.data(), contribution.name.size() - 1);
+  host_identity().copy(contribution.machine.data(), contribution.machine.size() - 1);
   std::vector<RankGpu> rank_gpus(static_cast<std::size_t>(group.size()));
   group.all_gather(&contribution, rank_gpus.data(), sizeof contribution);
 
   std::vector<GpuInfo> gpus;
   NodeGroupTopology gathered;
+  gathered.ranks_on_this_gpu = static_cast<int>(
+      std::count_if(rank_gpus.begin(), rank_gpus.end(), [&contribution](const RankGpu& rank_gpu) {
+        return rank_gpu.pci_bus_id == contribution.pci_bus_id && rank_gpu.machine == contribution.machine;
+      }));
   for (std::size_t rank = 0; rank < rank_gpus.size(); ++rank) {
     const RankGpu& rank_gpu = rank_gpus[rank];
     if (!on_this_node.empty() && !on_this_node[rank]) {

@@ -2,9 +2,6 @@
 // and the benchmark's concurrent case), and the split of a rank's multiprocessors between the two.
 #pragma once
 
-#include <algorithm>
-#include <vector>
-
 #include "hip/platform.hpp"
 #include "host/comm_policy.hpp"
 #include "host/device_memory.hpp"
@@ -27,8 +24,7 @@ struct SmSplit {
 inline SmSplit sm_split(Bootstrap& node, int num_sms) {
   const NodeGroupTopology gpus = gather_node_topology(node);
   SmSplit split;
-  split.ranks_on_gpu =
-      static_cast<int>(std::count(gpus.rank_gpus.begin(), gpus.rank_gpus.end(), gpus.rank_gpus[node.rank()]));
+  split.ranks_on_gpu = gpus.ranks_on_this_gpu;
   int device = 0;
   ROCEP_GPU_CHECK(hipGetDevice(&device));
   hipDeviceProp_t properties;
