@@ -104,17 +104,18 @@ struct DispatchRecvArgs {
 
 // How the per-token kernels keep bytes in flight, which is what a small SM budget needs. Each kernel runs one
 // block per multiprocessor of the budget, of kDispatchThreads or kCombineThreads threads: more threads keep
-// more loads in flight at once, within a register file that then gives each thread fewer registers. A block
-// copies kBatchTokens tokens at a time (their rows found first, then every vector of all of them loaded
-// before any is stored), each thread keeping kVectorsInFlight (dispatch) or kCombineVectorsInFlight (the
-// combine send) 16-byte vectors in flight; the combine receive sums each token's row by kTokenThreads
-// threads, kSummedVectors vectors per thread at once (kSummedFp8Vectors where the rows cross in fp8, within
-// the 64 registers of a 1024-thread block), one input after another (two inputs at once measured no faster:
-// docs/performance.md). Where every rank's grid has kCombineSplitBlocks blocks or more, a fused combine of a
-// chunked call (chunked_combine) splits them: kCombineSenderPercent of them send and the rest receive
-// (hip/combine.hip), kCombineSenderPercentOverShmem in the kernels compiled for the SHMEM transport, whose
-// senders also put every row from the outbox. One set for every architecture until one is measured to
-// want another (docs/performance.md, per-token layout).
+// more loads in flight at once, within a register file that then gives each thread fewer registers. The
+// dispatch send and the combine send copy kBatchTokens tokens a block at a time (their rows found first,
+// then every vector of all of them loaded before any is stored), the dispatch receive a token a group of
+// threads at a time, each group on its own; each thread keeps kVectorsInFlight (dispatch) or
+// kCombineVectorsInFlight (the combine send) 16-byte vectors in flight; the combine receive sums each token's
+// row by kTokenThreads threads, kSummedVectors vectors per thread at once (kSummedFp8Vectors where the rows
+// cross in fp8, within the 64 registers of a 1024-thread block), one input after another (two inputs at once
+// measured no faster: docs/performance.md). Where every rank's grid has kCombineSplitBlocks blocks or more, a
+// fused combine of a chunked call (chunked_combine) splits them: kCombineSenderPercent of them send and the
+// rest receive (hip/combine.hip), kCombineSenderPercentOverShmem in the kernels compiled for the SHMEM
+// transport, whose senders also put every row from the outbox. One set for every architecture until one is
+// measured to want another (docs/performance.md, per-token layout).
 struct PerTokenTuning {
   static constexpr int kDispatchThreads = 512;
   static constexpr int kBatchTokens = 32;
