@@ -1001,7 +1001,10 @@ __device__ uint32_t count_received_tokens(const GroupView& group, const Dispatch
 // threads of row_copy_threads each, every group on its own: group g of the grid takes items g, g + groups,
 // ... (token index / world of source index % world: the sources interleaved, so that every link is busy),
 // with no block-wide step between rows, so that while one group waits for a token's mask or its first
-// loads the others copy. `token_bases` as for token_row; `sources[s]`: source s's region and token count.
+// loads the others copy. In a grid of an even number of groups each group keeps to one source at EP2, so
+// pulls over the link and local copies run side by side (every group pulling the other ranks' tokens
+// first measured slower: docs/performance.md). `token_bases` as for token_row; `sources[s]`: source s's
+// region and token count.
 struct ReceivedSource {
   const uint8_t* region;
   int tokens;
