@@ -167,6 +167,13 @@ std::string peer_to_peer_error(const NodeTopology& topology, const std::vector<i
   return {};
 }
 
+int ranks_on_gpu_of(const std::vector<RankPlace>& places, int rank) {
+  const RankPlace& mine = places.at(static_cast<std::size_t>(rank));
+  return static_cast<int>(std::count_if(places.begin(), places.end(), [&mine](const RankPlace& place) {
+    return place.machine == mine.machine && place.pci_bus_id == mine.pci_bus_id;
+  }));
+}
+
 std::string normalized_pci_bus_id(const std::string& text) {
   unsigned domain = 0;
   unsigned bus = 0;

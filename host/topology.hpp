@@ -65,6 +65,15 @@ std::string describe_link(const GpuLink& link);
 // peer-to-peer: link PCIe, 2 hops, no P2P access".
 std::string peer_to_peer_error(const NodeTopology& topology, const std::vector<int>& rank_gpus);
 
+// Where a rank runs: its machine (host_identity() of host/node.hpp) and its GPU's PCI bus id.
+struct RankPlace {
+  std::string machine;
+  std::string pci_bus_id;
+};
+// The ranks of `places` (one per rank) that run on rank `rank`'s GPU, itself included: the same machine and
+// bus id, whatever nodes the group declares them on (gpus_per_node can split one machine's ranks).
+int ranks_on_gpu_of(const std::vector<RankPlace>& places, int rank);
+
 // "0000:c1:00.0" (lower case, four-digit domain) from a runtime's "00000000:C1:00.0" or similar; `text`
 // unchanged when it is not domain:bus:device.function in hex.
 std::string normalized_pci_bus_id(const std::string& text);

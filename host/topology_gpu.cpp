@@ -333,10 +333,11 @@ NodeGroupTopology gather_node_topology(Bootstrap& group, const std::vector<bool>
 
   std::vector<GpuInfo> gpus;
   NodeGroupTopology gathered;
-  gathered.ranks_on_this_gpu = static_cast<int>(
-      std::count_if(rank_gpus.begin(), rank_gpus.end(), [&contribution](const RankGpu& rank_gpu) {
-        return rank_gpu.pci_bus_id == contribution.pci_bus_id && rank_gpu.machine == contribution.machine;
-      }));
+  std::vector<RankPlace> places;
+  for (const RankGpu& rank_gpu : rank_gpus) {
+    places.push_back({rank_gpu.machine.data(), rank_gpu.pci_bus_id.data()});
+  }
+  gathered.ranks_on_this_gpu = ranks_on_gpu_of(places, group.rank());
   for (std::size_t rank = 0; rank < rank_gpus.size(); ++rank) {
     const RankGpu& rank_gpu = rank_gpus[rank];
     if (!on_this_node.empty() && !on_this_node[rank]) {

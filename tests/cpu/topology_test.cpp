@@ -102,6 +102,39 @@ TEST(TopologyTest, PciBusIdsFromRocmSmiAndRuntimes) {
   EXPECT_EQ(rocep::normalized_pci_bus_id("not a bus id"), "not a bus id");
 }
 
+// The ranks sharing a GPU are counted by machine and bus id, whatever nodes they are declared on: 4 ranks on
+// 2 GPUs of one machine, declared 2 nodes of ranks {0, 1} and {2, 3}, still share each GPU two by two; the
+// same bus id on another machine is another GPU.
+TEST(TopologyTest, RanksOnAGpuAreCountedByMachineAndBusId) {
+  struct Case {
+    std::vector<rocep::RankPlace> places;
+    std::vector<int> expected;  // per rank
+  };
+  const std::vector<Case> cases = {
+      {{{"host a", "0000:18:00.0"},
+        {"host a", "0000:2a:00.0"},
+        {"host a", "0000:18:00.0"},
+        {"host a", "0000:2a:00.0"}},
+       {2, 2, 2, 2}},
+      {{{"host a", "0000:18:00.0"},
+        {"host a", "0000:2a:00.0"},
+        {"host b", "0000:18:00.0"},
+        {"host b", "0000:2a:00.0"}},
+       {1, 1, 1, 1}},
+      {{{"host a", "0000:18:00.0"},
+        {"host a", "0000:18:00.0"},
+        {"host a", "0000:18:00.0"},
+        {"host b", "0000:18:00.0"}},
+       {3, 3, 3, 1}},
+  };
+  for (std::size_t index = 0; index < cases.size(); ++index) {
+    for (int rank = 0; rank < static_cast<int>(cases[index].places.size()); ++rank) {
+      EXPECT_EQ(rocep::ranks_on_gpu_of(cases[index].places, rank), cases[index].expected[rank])
+          << "case " << index << ", rank " << rank;
+    }
+  }
+}
+
 TEST(TopologyTest, Mi300xNodeFormsAGroup) {
   const NodeTopology topology = mi300x_node();
   const GpuLink& link = topology.link(2, 5);
