@@ -6,7 +6,7 @@
 // memory (and a pointer to a same-node PE's), a barrier over every PE. Device: non-blocking puts (by a
 // thread, or by a block together), a put of bytes followed, on the same connection, by an add to a 64-bit
 // signal word of the target PE (so a peer that sees the signal sees the bytes), single-word stores and
-// adds, the signal word read where it lives, fence and quiet.
+// adds, the signal word read where it lives, and a fence.
 #pragma once
 
 #include <cstddef>
@@ -97,10 +97,6 @@ __device__ inline uint64_t signal_fetch(uint64_t* signal) {
 __device__ inline void fence() {
   nvshmem_fence();
 }
-// Completes the operations this PE issued before (delivered, their sources reusable).
-__device__ inline void quiet() {
-  nvshmem_quiet();
-}
 #endif
 
 #else  // rocSHMEM: the same calls under its names (compiled where rocSHMEM is installed; no CI here has it)
@@ -164,9 +160,6 @@ __device__ inline uint64_t signal_fetch(uint64_t* signal) {
 }
 __device__ inline void fence() {
   rocshmem_fence();
-}
-__device__ inline void quiet() {
-  rocshmem_quiet();
 }
 #endif
 #endif

@@ -8,9 +8,9 @@
 //     puts; arrivals: how many arrival adds a peer's call makes.
 // A peer of this node is reached by IPC: its regions are mapped into this process (by the runtime's IPC, or
 // by the SHMEM engine where the group spans nodes) and reached with plain loads and stores over xGMI /
-// NVLink, so a window is the peer's region itself and publish / share / complete have nothing left to do.
-// A peer on another node (a bit of shmem_peers; builds with an engine, ROCEP_SHMEM) is reached through the
-// engine: its write window is this rank's outbox for it, publish puts the range from the outbox into the
+// NVLink, so a window is the peer's region itself and publish / share / signal_block_done have nothing left
+// to do. A peer on another node (a bit of shmem_peers; builds with an engine, ROCEP_SHMEM) is reached through
+// the engine: its write window is this rank's outbox for it, publish puts the range from the outbox into the
 // peer's region (at the same offset: the regions are symmetric), share puts this rank's own bytes into
 // the peer's image of this rank's dispatch region (so that the peer's read_window is local), the signal
 // words are single-word puts and adds on the engine, and a flag is put after a fence. Each block signals a
@@ -156,14 +156,9 @@ struct PeerTransport {
     (signals[peer]->*words)[index] = value;
   }
   // Adds `value` to `peer`'s (words)[index] at system scope, relaxed: the caller orders what it signals
-  // with a system-scope release (fence_acq_rel_system; a fence of the engine for SHMEM peers) before it.
+  // with a system-scope release (fence_acq_rel_system) before it. A peer reached by IPC only: the SHMEM
+  // peers count blocks (signal_block_done).
   __device__ void signal_add(int peer, ArrivalWords words, int index, uint64_t value) const {
-#if defined(ROCEP_HAVE_SHMEM)
-    if (through_shmem(peer)) {
-      shmem::uint64_add(&(own_signals->*words)[index], value, peer);
-      return;
-    }
-#endif
     add_relaxed_system(&(signals[peer]->*words)[index], value);
   }
   // Stores `value` into the 64-bit flag at `offset` of `peer`'s `region` with release at system scope: what
