@@ -16,7 +16,8 @@
 // block-128; the header line's config says which).
 // --local_only=1: EpConfig::local_only of every case, allreduce_world_size the world's: each rank dispatches
 // its tokens to its own experts only, so nothing crosses (remote bytes 0; logical bytes its own rows).
-// --inputs=input_buffer also times bf16 dispatch from tokens written into EpGroup::dispatch_input_buffer().
+// --inputs=input_buffer also times bf16 dispatch from tokens written into EpGroup::dispatch_input_buffer(),
+// and the per-token bf16 combine from expert outputs in EpGroup::combine_input_buffer().
 // --sms: the SM budgets (EpConfig::num_sms) every case runs at: default (the library's share), all, or N
 // multiprocessors; each row names its budget and the multiprocessors it resolved to.
 // The concurrent case (GPU only, at each budget that leaves multiprocessors over): dispatch + combine of
@@ -479,6 +480,11 @@ CaseCalls::CaseCalls(rocep::EpGroup& group, int num_tokens, bool in_input_buffer
                          : memory.make<rocep::bf16_bits>(token_rows * config.hidden),
                     nullptr, nullptr,
                     memory.make<rocep::bf16_bits>(std::size_t{1} * num_tokens * config.hidden)};
+    if (in_input_buffer && config.combine_dtype == rocep::CombineDtype::kBf16) {
+      // The expert outputs in the combine input buffer, as a server's expert kernel would leave them there
+      // (their values, whatever the buffer holds, do not change the time).
+      combine_args.expert_outputs = group.combine_input_buffer();
+    }
     return;
   }
   outputs = {recv_tokens,

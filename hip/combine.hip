@@ -481,78 +481,86 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
 
 // --- the per-token layout -------------------------------------------------------------------------------
 
-// The blocks of a fused per-token combine of a chunked call that send, the others receiving:
-// PerTokenTuning's share of the grid (of kCombineSplitBlocks or more) for the transport compiled. The links
-// fill from a few multiprocessors; the receive's sums, bound by each multiprocessor's instructions, take the
+// The blocks of a fused per-token combine of a chunked call that send, the others receiving: PerTokenTuning's
+// share of the grid (of kCombineSplitBlocks or more), the larger one where the group has SHMEM peers, whose
+// puts take their senders' multiprocessors where the link is NVLink (docs/scale-out.md). The links fill
+// from a few multiprocessors; the receive's sums, bound by each multiprocessor's instructions, take the
 // rest.
-__device__ inline int combine_senders(int blocks) {
-  constexpr int kPercent = kCompiledTransport == Transport::kShmem
-                               ? PerTokenTuning::kCombineSenderPercentOverShmem
-                               : PerTokenTuning::kCombineSenderPercent;
-  return blocks * kPercent / 100;
+__device__ inline int combine_senders(const GroupView& group, int blocks) {
+  const bool puts = kCompiledTransport == Transport::kShmem && group.peers.shmem_peers != 0;
+  return blocks *
+         (puts ? PerTokenTuning::kCombineSenderPercentOverShmem : PerTokenTuning::kCombineSenderPercent) /
+         100;
 }
 
 // The per-token send, by sender `sender` of `senders`: the row of every token this rank received from
 // another rank, into that rank's combine region at [rank][token] (where the weighted combine puts a
 // partial), with PerTokenTuning::kCombineVectorsInFlight loads in flight per thread. Its own tokens' rows
-// stay in expert_outputs, where its receive reads them. A rank whose call is chunked (chunked_combine of the
-// count it dispatched) gets units (chunk, rank), the ranks interleaved so that every link is busy, each unit
-// flagged as the unit of call `sequence` once its rows are stored; the others get runs of consecutive
-// tokens of one rank (tokens_per_run), the ranks interleaved, released by the grid's signal alone.
+// stay in expert_outputs, where its receive reads them. Rows for a SHMEM peer are staged at their own rows
+// of combine_staging first (hip/transport.hpp), and not copied at all where the caller wrote its expert
+// outputs there (bf16). A rank whose call is chunked (chunked_combine of the count it dispatched) gets units
+// (chunk, rank), the ranks interleaved so that every link is busy, each unit flagged as the unit of call
+// `sequence` once its rows are stored; the others get runs of consecutive tokens of one rank
+// (tokens_per_run), the ranks interleaved, released by the grid's signal alone.
 template <bool kFp8>
 __device__ void send_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                     uint64_t sequence, int sender, int senders) {
   const Shape& shape = group.shape;
   constexpr int kBatch = PerTokenTuning::kBatchTokens;
   static_assert(kMaxCombineChunkTokens <= kBatch, "a chunk's rows fit a batch's lists");
-  __shared__ const uint8_t* from[kBatch];
+  static_assert(kBatch <= 32, "a batch's tokens fit the bits of `listed`");
+  __shared__ const uint8_t* from[kBatch];  // [place]: the listed rows, in no order
   __shared__ uint8_t* to[kBatch];
-  __shared__ std::size_t offsets[kBatch];
+  __shared__ std::size_t row_offsets[kBatch];  // [token - first]: where its row lies in the expert outputs
+  __shared__ uint32_t listed;                  // bit token - first: the token's row is listed
   __shared__ int count;
   const int others = shape.world - 1;
   const std::size_t row_bytes = CombineRegion::row_bytes(shape);
-  // Lists row `token` of `source` for the copy, if this rank has one.
-  const auto list_row = [&](int source, int token) {
+  const auto* expert_outputs = reinterpret_cast<const uint8_t*>(args.expert_outputs);
+  // Where token `token`'s row goes in a peer's combine region.
+  const auto offset_of = [&](int token) {
+    return (static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * row_bytes;
+  };
+  // Lists row `token` (the batch's first + i) of `source` for the copy, if this rank has one.
+  const auto list_row = [&](int source, int token, int i) {
     const int32_t row =
         group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k];
     if (row >= 0) {
       const int place = atomicAdd(&count, 1);
-      const std::size_t offset =
-          (static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * row_bytes;
-      from[place] = reinterpret_cast<const uint8_t*>(args.expert_outputs) + row * row_bytes;
-      to[place] = group.peers.write_window(PeerRegion::kCombine, source) + offset;
-      offsets[place] = offset;
+      const std::size_t row_offset = static_cast<std::size_t>(row) * row_bytes;
+      from[place] = expert_outputs + row_offset;
+      to[place] = group.peers.row_window(source, offset_of(token), row_offset);
+      row_offsets[i] = row_offset;
+      atomicOr(&listed, 1u << i);
     }
   };
   // The listed rows (all bound for `source`) as they are, or (combine_fp8) quantised to fp8 block-128
   // messages by the whole block, PerTokenTuning::kQuantizedRowsAtOnce rows per batch of loads; then handed
-  // over: bf16 rows as the one range from the first listed row to the last (the rows between, of tokens
-  // this rank did not receive, are never read by the peer), fp8 messages (each shorter than its row slot)
-  // one by one.
+  // over: bf16 rows as one range per run of consecutive listed tokens (their rows are consecutive too: a
+  // row per received token of `source`, in token order), fp8 messages (each shorter than its row slot) one
+  // by one. `first`: the batch's first token.
   Shape fp8_rows = shape;
   fp8_rows.format = Format::kFp8Block128;
   fp8_rows.payload_bytes = static_cast<uint32_t>(shape.hidden);
   const std::size_t sent_bytes = kFp8 ? fp8_combine_message_bytes(shape) : row_bytes;
-  const auto copy_listed = [&](int source) {
+  const auto copy_listed = [&](int source, int first) {
     if constexpr (kFp8) {
       quantize_rows_to_messages<Format::kFp8Block128, PerTokenTuning::kQuantizedRowsAtOnce>(from, to, count,
                                                                                             fp8_rows, 1.0f);
-    } else {
+    } else if (count > 0 && from[0] != to[0]) {  // the same in every row: staged by the caller already
       copy_rows<PerTokenTuning::kCombineVectorsInFlight>(from, to, count,
                                                          static_cast<uint32_t>(row_bytes / kVectorBytes));
     }
-    if constexpr (kFp8) {
-      for (int place = 0; place < count; ++place) {
-        group.peers.publish_block(PeerRegion::kCombine, source, offsets[place], sent_bytes);
-      }
-    } else if (count > 0) {
-      std::size_t lowest = offsets[0];
-      std::size_t highest = offsets[0];
-      for (int place = 1; place < count; ++place) {
-        lowest = offsets[place] < lowest ? offsets[place] : lowest;
-        highest = offsets[place] > highest ? offsets[place] : highest;
-      }
-      group.peers.publish_block(PeerRegion::kCombine, source, lowest, highest - lowest + sent_bytes);
+    if (!group.peers.through_shmem(source)) {
+      return;  // stored in the peer's memory
+    }
+    for (uint32_t left = listed; left != 0;) {  // the same in every thread
+      const int start = __ffs(static_cast<int>(left)) - 1;
+      const uint32_t above = left >> start;
+      const int length = kFp8 ? 1 : (~above == 0 ? 32 - start : __ffs(static_cast<int>(~above)) - 1);
+      group.peers.publish_staged(source, row_offsets[start], offset_of(first + start),
+                                 static_cast<std::size_t>(length - 1) * row_bytes + sent_bytes);
+      left &= length == 32 ? 0u : ~(((1u << length) - 1u) << start);
     }
   };
   bool any_chunked = false;
@@ -577,14 +585,15 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
     __syncthreads();  // the batch before is copied
     if (threadIdx.x == 0) {
       count = 0;
+      listed = 0;
     }
     __syncthreads();
     const int token = first + static_cast<int>(threadIdx.x);
     if (static_cast<int>(threadIdx.x) < run && token < tokens) {
-      list_row(source, token);
+      list_row(source, token, static_cast<int>(threadIdx.x));
     }
     __syncthreads();
-    copy_listed(source);
+    copy_listed(source, first);
   }
   const int units = any_chunked ? others * max_combine_chunks(shape) : 0;
   for (int unit = sender; unit < units; unit += senders) {
@@ -599,14 +608,15 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
     __syncthreads();  // the unit before is copied
     if (threadIdx.x == 0) {
       count = 0;
+      listed = 0;
     }
     __syncthreads();
     const int token = first + static_cast<int>(threadIdx.x);
     if (static_cast<int>(threadIdx.x) < chunk_tokens && token < tokens) {
-      list_row(source, token);
+      list_row(source, token, static_cast<int>(threadIdx.x));
     }
     __syncthreads();
-    copy_listed(source);
+    copy_listed(source, first);
     __syncthreads();  // every thread's rows before the flag
     if (threadIdx.x == 0) {
       group.peers.flag_store(PeerRegion::kCombine, source,
@@ -638,7 +648,7 @@ __device__ void combine_kernel_per_token(const GroupView& group, const rocep::de
   const int blocks = static_cast<int>(gridDim.x);
   const uint64_t sequence = group.block_calls[block].combines + 1;
   const bool split_roles = chunked_combine(group.shape, group.state->sent_tokens);
-  const int senders = split_roles ? combine_senders(blocks) : blocks;
+  const int senders = split_roles ? combine_senders(group, blocks) : blocks;
   if (block < senders) {
     send_rows_per_token<kFp8>(group, args, sequence, block, senders);
   }

@@ -113,9 +113,9 @@ struct DispatchRecvArgs {
 // cross in fp8, within the 64 registers of a 1024-thread block), one input after another (two inputs at once
 // measured no faster: docs/performance.md). Where every rank's grid has kCombineSplitBlocks blocks or more, a
 // fused combine of a chunked call (chunked_combine) splits them: kCombineSenderPercent of them send and the
-// rest receive (hip/combine.hip), kCombineSenderPercentOverShmem in the kernels compiled for the SHMEM
-// transport, whose senders also put every row from the outbox. One set for every architecture until one is
-// measured to want another (docs/performance.md, per-token layout).
+// rest receive (hip/combine.hip), kCombineSenderPercentOverShmem where the group has SHMEM peers (whose puts
+// take the senders' multiprocessors over NVLink). One set for every architecture until one is measured to
+// want another (docs/performance.md, per-token layout).
 struct PerTokenTuning {
   static constexpr int kDispatchThreads = 512;
   static constexpr int kBatchTokens = 32;

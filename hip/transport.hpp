@@ -1,6 +1,8 @@
 // How the dispatch and combine kernels reach their peers. Every access to another rank's memory goes through
 // PeerTransport, so that the phase code names what it does and never indexes a peer table itself:
 //   - write_window + publish: stores bound for a peer's region, then handed over;
+//   - row_window + publish_staged: the same for the per-token combine's rows, staged (SHMEM) at their own
+//     rows of the expert outputs, so that rows a caller wrote there already need no copy;
 //   - read_window: loads of a peer's region, after that peer's arrival was acquired;
 //   - share: this rank's own bytes that peers will read (its staged messages);
 //   - signal_store + signal_add: the words of a peer's Signals; flag_store: a flag word in a peer's region;
@@ -59,6 +61,10 @@ struct PeerTransport {
   // [world]: the arrival adds rank r makes per call: 1 (its grid's last block signals), or one per block
   // of its grid where r reaches this rank through the SHMEM engine.
   const uint32_t* arrival_adds;
+  // Per-token groups with SHMEM peers: this rank's expert-output rows bound for those peers, at their own
+  // rows ([world x max_tokens] rows of CombineRegion::row_bytes, symmetric), put from there; also the
+  // caller's combine input buffer (EpGroup::combine_input_buffer). Null otherwise.
+  uint8_t* combine_staging;
 
   // The arrival count of `peer` once it made `calls` calls.
   ROCEP_DEVICE uint64_t arrivals(int peer, uint64_t calls) const { return calls * arrival_adds[peer]; }
@@ -69,6 +75,19 @@ struct PeerTransport {
   // peer's once published (publish) and signalled (signal_add). IPC: the peer's region itself.
   ROCEP_DEVICE uint8_t* write_window(PeerRegion region, int peer) const {
     return region == PeerRegion::kDispatch ? dispatch_regions[peer] : combine_regions[peer];
+  }
+  // Where the per-token combine send stores the expert-output row at `row_offset` of the expert outputs,
+  // bound for [offset, offset + a row) of `peer`'s combine region: IPC, the peer's region there; SHMEM, the
+  // same row of combine_staging, put from there by publish_staged.
+  ROCEP_DEVICE uint8_t* row_window(int peer, std::size_t offset, std::size_t row_offset) const {
+#if defined(ROCEP_HAVE_SHMEM)
+    if (through_shmem(peer)) {
+      return combine_staging + row_offset;
+    }
+#else
+    (void)row_offset;
+#endif
+    return combine_regions[peer] + offset;
   }
   // Where this rank loads bytes of `peer`'s dispatch region from, once it acquired the peer's arrival. IPC:
   // the peer's region itself; SHMEM: this rank's image of it.
@@ -103,6 +122,20 @@ struct PeerTransport {
     }
 #else
     (void)region, (void)peer, (void)offset, (void)bytes;
+#endif
+  }
+  // By every thread of the block, after the block's stores through row_window: SHMEM puts
+  // [row_offset, row_offset + bytes) of combine_staging into [offset, offset + bytes) of `peer`'s combine
+  // region; `peer` is the same in every thread. IPC: the stores are already in the peer's memory.
+  __device__ void publish_staged(int peer, std::size_t row_offset, std::size_t offset,
+                                 std::size_t bytes) const {
+#if defined(ROCEP_HAVE_SHMEM)
+    if (through_shmem(peer)) {
+      __syncthreads();
+      shmem::put_nbi_block(own_combine_region + offset, combine_staging + row_offset, bytes, peer);
+    }
+#else
+    (void)peer, (void)row_offset, (void)offset, (void)bytes;
 #endif
   }
   // Called by every thread of the block after its own stores of the block's [offset, offset + bytes) of

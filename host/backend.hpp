@@ -24,7 +24,11 @@ class EpBackend {
   // bf16 groups: the input buffer (see EpGroup::dispatch_input_buffer); its memory, for the check of
   // misplaced tokens.
   virtual void* dispatch_input_buffer() = 0;
-  virtual contract::DispatchMemory dispatch_memory() const = 0;
+  virtual contract::OwnMemory dispatch_memory() const = 0;
+  // bf16 per-token groups: the combine input buffer (see EpGroup::combine_input_buffer); the combine's own
+  // memory, for the check of misplaced expert outputs.
+  virtual void* combine_input_buffer() = 0;
+  virtual contract::OwnMemory combine_memory() const = 0;
 
   // `stream` is the caller's hipStream_t / cudaStream_t (the CPU reference ignores it).
   virtual void dispatch_send(const DispatchInputs& inputs, void* stream) = 0;

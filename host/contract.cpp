@@ -35,6 +35,14 @@ bool has_epilogue_values(const CombineArgs& args) {
   return args.factor != 1.0f || args.token_factors != nullptr || args.residual != nullptr;
 }
 
+// Whether `pointer` lies inside `memory` but not at its input buffer.
+bool misplaced(const void* pointer, const OwnMemory& memory) {
+  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+  const auto first = reinterpret_cast<std::uintptr_t>(memory.first);
+  return pointer != nullptr && pointer != memory.input_buffer && memory.first != nullptr &&
+         address >= first && address - first < memory.bytes;
+}
+
 }  // namespace
 
 const char* to_string(Call call) {
@@ -98,7 +106,7 @@ void CallOrder::advance(Call call) {
 }
 
 std::string dispatch_inputs_error(const EpConfig& config, int rank, const DispatchInputs& inputs,
-                                  const DispatchMemory& memory) {
+                                  const OwnMemory& memory) {
   const std::string where = on_rank("dispatch", rank);
   if (inputs.num_tokens_on_device == nullptr &&
       (inputs.num_tokens < 0 || inputs.num_tokens > config.max_tokens_per_rank)) {
@@ -120,10 +128,7 @@ std::string dispatch_inputs_error(const EpConfig& config, int rank, const Dispat
   }
   // Anywhere in the group's own dispatch memory but at the input buffer, the staging copy would overwrite
   // tokens it has yet to read.
-  const auto address = reinterpret_cast<std::uintptr_t>(inputs.tokens);
-  const auto first = reinterpret_cast<std::uintptr_t>(memory.first);
-  if (inputs.tokens != nullptr && inputs.tokens != memory.input_buffer && address >= first &&
-      address - first < memory.bytes) {
+  if (misplaced(inputs.tokens, memory)) {
     return where + " passed tokens inside the group's own dispatch memory but not at dispatch_input_buffer()";
   }
   return {};
@@ -163,9 +168,16 @@ std::string dispatch_outputs_error(const EpConfig& config, int rank, const Dispa
   return {};
 }
 
-std::string combine_args_error(const EpConfig& config, int rank, const CombineArgs& args) {
+std::string combine_args_error(const EpConfig& config, int rank, const CombineArgs& args,
+                               const OwnMemory& memory) {
   if (args.expert_outputs == nullptr || args.out == nullptr) {
     return on_rank("combine", rank) + " passed a null expert_outputs/out pointer";
+  }
+  // Anywhere in the combine's staging rows but at their start, the staging copy would overwrite rows it has
+  // yet to read.
+  if (misplaced(args.expert_outputs, memory)) {
+    return on_rank("combine", rank) +
+           " passed expert_outputs inside the group's own combine memory but not at combine_input_buffer()";
   }
   if (config.layout == Layout::kPerToken && args.row_weights != nullptr) {
     return on_rank("combine", rank) +
@@ -217,6 +229,18 @@ std::string input_buffer_error(const EpConfig& config) {
   }
   return std::string("EpGroup::dispatch_input_buffer: dispatch_format is ") +
          to_string(config.dispatch_format) + "; the input buffer holds bf16 tokens only";
+}
+
+std::string combine_input_buffer_error(const EpConfig& config) {
+  if (config.layout != Layout::kPerToken) {
+    return "EpGroup::combine_input_buffer: layout is expanded; the combine input buffer serves the per-token "
+           "layout only (EpConfig::layout = kPerToken)";
+  }
+  if (config.combine_dtype != CombineDtype::kBf16) {
+    return std::string("EpGroup::combine_input_buffer: combine_dtype is ") + to_string(config.combine_dtype) +
+           ", which quantises the rows into the buffer's memory; the input buffer serves bf16 combines only";
+  }
+  return {};
 }
 
 DispatchInputs zero_tokens() {

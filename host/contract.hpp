@@ -46,8 +46,9 @@ class CallOrder {
   Phase phase_ = Phase::kIdle;
 };
 
-// The group's own dispatch memory, where tokens may lie only at the input buffer (bf16 groups).
-struct DispatchMemory {
+// Memory of the group's own that a call may read its inputs from only at the input buffer: the dispatch
+// memory (tokens, bf16 groups) and the combine's staging rows (expert outputs, bf16 per-token groups).
+struct OwnMemory {
   const void* first = nullptr;
   std::size_t bytes = 0;
   const void* input_buffer = nullptr;  // null unless the group has one
@@ -56,14 +57,18 @@ struct DispatchMemory {
 // Empty when the argument is valid, else the message of the InvalidInputError, naming the rank and the
 // argument.
 std::string dispatch_inputs_error(const EpConfig& config, int rank, const DispatchInputs& inputs,
-                                  const DispatchMemory& memory);
+                                  const OwnMemory& memory);
 std::string dispatch_outputs_error(const EpConfig& config, int rank, const DispatchOutputs& outputs);
-std::string combine_args_error(const EpConfig& config, int rank, const CombineArgs& args);
+std::string combine_args_error(const EpConfig& config, int rank, const CombineArgs& args,
+                               const OwnMemory& memory);
 // A combine_recv through the caller's epilogue (EpGroup::combine_recv_with), beyond combine_args_error.
 std::string caller_epilogue_error(const EpConfig& config, Backend backend, int rank, const CombineArgs& args,
                                   const CombineReceiveLauncher& launcher);
 // Empty when config.dispatch_format has an input buffer (bf16), else the ConfigError's message.
 std::string input_buffer_error(const EpConfig& config);
+// Empty when the group has a combine input buffer (per-token layout, bf16 combine_dtype), else the
+// ConfigError's message.
+std::string combine_input_buffer_error(const EpConfig& config);
 
 // What a rank whose dispatch inputs failed their checks sends in their place: no token.
 DispatchInputs zero_tokens();

@@ -189,6 +189,14 @@ void* EpGroup::dispatch_input_buffer() {
   return impl_->implementation->dispatch_input_buffer();
 }
 
+void* EpGroup::combine_input_buffer() {
+  const std::string error = contract::combine_input_buffer_error(impl_->config);
+  if (!error.empty()) {
+    throw ConfigError(error);
+  }
+  return impl_->implementation->combine_input_buffer();
+}
+
 void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {
   const ProfilerRange range("rocep::dispatch");
   impl_->require(Call::kDispatch);
@@ -223,7 +231,8 @@ void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
 void EpGroup::combine(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine");
   impl_->require(Call::kCombine);
-  Impl::refuse(contract::combine_args_error(impl_->config, rank(), args));
+  Impl::refuse(
+      contract::combine_args_error(impl_->config, rank(), args, impl_->implementation->combine_memory()));
   impl_->implementation->combine(args, stream);
   impl_->order.advance(Call::kCombine);
 }
@@ -231,7 +240,8 @@ void EpGroup::combine(const CombineArgs& args, void* stream) {
 void EpGroup::combine_send(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine_send");
   impl_->require(Call::kCombineSend);
-  Impl::refuse(contract::combine_args_error(impl_->config, rank(), args));
+  Impl::refuse(
+      contract::combine_args_error(impl_->config, rank(), args, impl_->implementation->combine_memory()));
   impl_->implementation->combine_send(args, stream);
   impl_->order.advance(Call::kCombineSend);
 }
@@ -239,7 +249,8 @@ void EpGroup::combine_send(const CombineArgs& args, void* stream) {
 void EpGroup::combine_recv(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine_recv");
   impl_->require(Call::kCombineRecv);
-  Impl::refuse(contract::combine_args_error(impl_->config, rank(), args));
+  Impl::refuse(
+      contract::combine_args_error(impl_->config, rank(), args, impl_->implementation->combine_memory()));
   impl_->implementation->combine_recv(args, stream);
   impl_->order.advance(Call::kCombineRecv);
 }
@@ -248,7 +259,8 @@ void EpGroup::combine_recv_with(const CombineArgs& args, const CombineReceiveLau
                                 void* stream) {
   const ProfilerRange range("rocep::combine_recv");
   impl_->require(Call::kCombineRecv);
-  Impl::refuse(contract::combine_args_error(impl_->config, rank(), args));
+  Impl::refuse(
+      contract::combine_args_error(impl_->config, rank(), args, impl_->implementation->combine_memory()));
   Impl::refuse(contract::caller_epilogue_error(impl_->config, impl_->backend, rank(), args, launcher));
   impl_->implementation->combine_recv_with(args, launcher, stream);
   impl_->order.advance(Call::kCombineRecv);

@@ -209,6 +209,7 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
     view_.peers.own_combine_region = shmem_->combine_region();
     view_.peers.own_signals = view_.signals;
     view_.peers.dispatch_images = shmem_->dispatch_images();
+    view_.peers.combine_staging = shmem_->combine_staging();
     view_.peers.dispatch_region_bytes = dispatch_bytes;
     view_.peers.rank = rank_;
     memory_bytes_ += shmem_->bytes();
@@ -287,7 +288,28 @@ void* GpuEp::dispatch_input_buffer() {
   return messages();
 }
 
-contract::DispatchMemory GpuEp::dispatch_memory() const {
+void* GpuEp::combine_input_buffer() {
+  if (view_.peers.combine_staging != nullptr) {
+    return view_.peers.combine_staging;
+  }
+  if (combine_input_buffer_.get() == nullptr) {
+    combine_input_buffer_ = DeviceBuffer(combine_memory().bytes);
+    memory_bytes_ += combine_input_buffer_.bytes();
+  }
+  return combine_input_buffer_.get();
+}
+
+contract::OwnMemory GpuEp::combine_memory() const {
+  const void* first =
+      view_.peers.combine_staging != nullptr ? view_.peers.combine_staging : combine_input_buffer_.get();
+  const bool has_buffer = contract::combine_input_buffer_error(config_).empty();
+  return {first,
+          static_cast<std::size_t>(view_.shape.world) * view_.shape.max_tokens *
+              device::CombineRegion::row_bytes(view_.shape),
+          has_buffer ? first : nullptr};
+}
+
+contract::OwnMemory GpuEp::dispatch_memory() const {
   const void* input_buffer = config_.dispatch_format == TokenFormat::kBf16 ? messages() : nullptr;
   return {view_.dispatch_region, device::DispatchRegion::bytes(view_.shape), input_buffer};
 }

@@ -36,7 +36,11 @@ class GpuEp final : public EpBackend {
   std::size_t memory_bytes() const override { return memory_bytes_; }
   // bf16 dispatch: the message area of this rank's dispatch region, [T][hidden] bf16 (see EpGroup).
   void* dispatch_input_buffer() override;
-  contract::DispatchMemory dispatch_memory() const override;
+  contract::OwnMemory dispatch_memory() const override;
+  // bf16 per-token combine: the staging rows of a group with peers on other nodes, else memory of its own
+  // allocated on the first call, [world x T][hidden] bf16 (see EpGroup).
+  void* combine_input_buffer() override;
+  contract::OwnMemory combine_memory() const override;
 
   // The fused calls run one kernel each; the halves one each.
   void dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) override;
@@ -90,6 +94,7 @@ class GpuEp final : public EpBackend {
   std::unique_ptr<ShmemRegions> shmem_;  // across nodes: the regions and signals, in place of the three above
   DeviceBuffer peer_tables_;             // [3][world] pointers: dispatch regions, combine regions, signals
   DeviceBuffer arrival_adds_;            // [world] uint32: PeerTransport::arrival_adds
+  DeviceBuffer combine_input_buffer_;    // within one node, once asked for (combine_input_buffer)
   PinnedHostBuffer status_mirror_;
   Stream poll_stream_;
   device::GroupView view_{};

@@ -142,8 +142,19 @@ void* ReferenceEp::dispatch_input_buffer() {
   return input_buffer_.data();
 }
 
-contract::DispatchMemory ReferenceEp::dispatch_memory() const {
+contract::OwnMemory ReferenceEp::dispatch_memory() const {
   return {input_buffer_.data(), input_buffer_.size() * sizeof(bf16_bits), input_buffer_.data()};
+}
+
+void* ReferenceEp::combine_input_buffer() {
+  combine_input_buffer_.resize(static_cast<std::size_t>(world_size()) * config_.max_tokens_per_rank *
+                               config_.hidden);
+  return combine_input_buffer_.data();
+}
+
+contract::OwnMemory ReferenceEp::combine_memory() const {
+  return {combine_input_buffer_.data(), combine_input_buffer_.size() * sizeof(bf16_bits),
+          combine_input_buffer_.data()};
 }
 
 RecordedError ReferenceEp::poll_error() {

@@ -31,7 +31,9 @@ class ReferenceEp final : public EpBackend {
   std::size_t memory_bytes() const override { return 0; }  // only transient host vectors
   // Host memory here, allocated on the first call.
   void* dispatch_input_buffer() override;
-  contract::DispatchMemory dispatch_memory() const override;
+  contract::OwnMemory dispatch_memory() const override;
+  void* combine_input_buffer() override;
+  contract::OwnMemory combine_memory() const override;
   // Collective; see EpGroup for the contracts. `stream` is ignored.
   void dispatch_send(const DispatchInputs& inputs, void* stream) override;
   void dispatch_recv(const DispatchOutputs& outputs, void* stream) override;
@@ -79,7 +81,8 @@ class ReferenceEp final : public EpBackend {
   int local_experts_ = 0;
   device::Status status_{};
 
-  std::vector<bf16_bits> input_buffer_;  // [max_tokens_per_rank][hidden] once asked for
+  std::vector<bf16_bits> input_buffer_;          // [max_tokens_per_rank][hidden] once asked for
+  std::vector<bf16_bits> combine_input_buffer_;  // [world x max_tokens_per_rank][hidden] once asked for
   // dispatch_send -> dispatch_recv
   std::vector<std::vector<uint8_t>> received_messages_;
   // dispatch -> combine

@@ -26,14 +26,14 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size
   // A peer's dispatch outbox holds what this rank stores through its write window: ids, weights and masks,
   // all before the messages (the messages are shared, not written into peers' regions).
   auto* dispatch_outboxes = static_cast<uint8_t*>(allocate(world_bytes * dispatch_window_bytes));
-  // Combine outboxes. Whole regions: the outbox for peer p at p. Slices: the outbox for peer p is
-  // addressed as p's region, so this rank's slice of it (slice `rank`) lands at slice d + rank of the
-  // outboxes, d = (p - rank) mod world in [1, world): distinct per peer, below 2 x world - 1, and never
-  // before the allocation.
-  const std::size_t combine_window_step = combine_slice_bytes > 0 ? combine_slice_bytes : combine_bytes;
-  const std::size_t combine_windows_bytes =
-      combine_slice_bytes > 0 ? (2 * world_bytes - 1) * combine_slice_bytes : world_bytes * combine_bytes;
-  auto* combine_outboxes = static_cast<uint8_t*>(allocate(combine_windows_bytes));
+  // Combine: expanded, an outbox per peer, addressed as the peer's region (at p for peer p); per-token, the
+  // staging rows instead, [world][max_tokens_per_rank] rows of combine_slice_bytes / max_tokens_per_rank
+  // bytes, where the rows for every peer lie at their own rows of the expert outputs.
+  auto* combine_outboxes =
+      combine_slice_bytes > 0 ? nullptr : static_cast<uint8_t*>(allocate(world_bytes * combine_bytes));
+  if (combine_slice_bytes > 0) {
+    combine_staging_ = static_cast<uint8_t*>(allocate(world_bytes * combine_slice_bytes));
+  }
   ROCEP_GPU_CHECK(hipMemset(combine_region_, 0, combine_bytes));
   ROCEP_GPU_CHECK(hipMemset(signals_, 0, signal_bytes));
   ROCEP_GPU_CHECK(hipDeviceSynchronize());
@@ -58,11 +58,8 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size
     } else {
       shmem_peers_ |= uint64_t{1} << peer;
       dispatch_windows_.push_back(dispatch_outboxes + slot * dispatch_window_bytes);
-      const std::size_t step =
-          combine_slice_bytes > 0
-              ? (slot + world_bytes - static_cast<std::size_t>(world.rank())) % world_bytes
-              : slot;
-      combine_windows_.push_back(combine_outboxes + step * combine_window_step);
+      combine_windows_.push_back(combine_outboxes != nullptr ? combine_outboxes + slot * combine_bytes
+                                                             : nullptr);
       signal_pointers_.push_back(nullptr);
     }
   }

@@ -1,12 +1,14 @@
 // The peer-visible memory of a group whose ranks span nodes (docs/scale-out.md): the group's dispatch and
 // combine regions and its signals in the SHMEM engine's symmetric memory, with what the transport needs
-// for each peer on another node (hip/transport.hpp): an outbox per peer for each region, and an image of
-// every rank's dispatch region. Symmetric bytes per rank: (1 + world) x the dispatch region (its own and
-// the images), world x the dispatch region's ids, weights and masks, the signals, and the combine region
-// with its outboxes: per-token, 2 x world - 1 slices of max_tokens_per_rank rows; expanded, (1 + world) x
-// the region, which grows as world x max(world, top_k) x max_tokens_per_rank rows (docs/scale-out.md). Peers
-// of this rank's node are reached through the engine's mapping of their symmetric memory, with plain loads
-// and stores as over IPC. Compiled only into builds with an engine (ROCEP_SHMEM).
+// for each peer on another node (hip/transport.hpp): a dispatch outbox per peer, an image of every rank's
+// dispatch region, and the combine's staging: per-token, the staging rows (world x max_tokens_per_rank
+// rows, the expert outputs' own rows); expanded, a combine outbox per peer. Symmetric bytes per rank:
+// (1 + world) x the dispatch region (its own and the images), world x the dispatch region's ids, weights
+// and masks, the signals, and the combine region with its staging: per-token, 2 x world slices of
+// max_tokens_per_rank rows; expanded, (1 + world) x the region, which grows as world x max(world, top_k) x
+// max_tokens_per_rank rows (docs/scale-out.md). Peers of this rank's node are reached through the engine's
+// mapping of their symmetric memory, with plain loads and stores as over IPC. Compiled only into builds
+// with an engine (ROCEP_SHMEM).
 #pragma once
 
 #include <cstddef>
@@ -28,10 +30,10 @@ class ShmemRegions {
   // when a rank of this node is not mapped by the engine, GpuRuntimeError when the engine's heap is too
   // small (NVSHMEM_SYMMETRIC_SIZE / ROCSHMEM_HEAP_SIZE) or it refused to start.
   // A dispatch window (the outbox for a peer) spans [0, dispatch_window_bytes) of the region: where this
-  // rank stores into a peer's dispatch region. combine_slice_bytes > 0: this rank stores into a peer's
-  // combine region only within [rank * combine_slice_bytes, (rank + 1) * combine_slice_bytes) (the
-  // per-token layout's rows of this rank), so the outboxes hold that slice of each peer's region alone;
-  // 0: whole regions (the expanded layout's unweighted combine stores anywhere in them).
+  // rank stores into a peer's dispatch region. combine_slice_bytes > 0 (per-token: max_tokens_per_rank
+  // rows): the combine stages its rows for peers on other nodes in combine_staging, world slices, and the
+  // combine windows of those peers are null; 0 (expanded): each such peer's combine window is an outbox
+  // addressed as the peer's whole region (the unweighted combine stores anywhere in it).
   ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t dispatch_bytes,
                std::size_t dispatch_window_bytes, std::size_t combine_bytes, std::size_t combine_slice_bytes,
                std::size_t signal_bytes);
@@ -44,6 +46,8 @@ class ShmemRegions {
   uint8_t* combine_region() const { return combine_region_; }
   void* signals() const { return signals_; }
   uint8_t* dispatch_images() const { return dispatch_images_; }
+  // Per-token groups: the combine's staging rows (PeerTransport::combine_staging); null for expanded ones.
+  uint8_t* combine_staging() const { return combine_staging_; }
   // Bit r: rank r is on another node, reached by puts.
   uint64_t shmem_peers() const { return shmem_peers_; }
   // [world] each: where this rank stores into rank r's region (its own memory, a same-node peer's as
@@ -67,6 +71,7 @@ class ShmemRegions {
   uint8_t* combine_region_ = nullptr;
   void* signals_ = nullptr;
   uint8_t* dispatch_images_ = nullptr;
+  uint8_t* combine_staging_ = nullptr;
   uint64_t shmem_peers_ = 0;
   std::vector<void*> dispatch_windows_;
   std::vector<void*> combine_windows_;

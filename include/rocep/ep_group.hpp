@@ -107,6 +107,17 @@ class EpGroup {
   // no on the GPU backend (it is the memory the send would stage the tokens into); the CPU reference
   // allocates it on the first call. Throws ConfigError for other dispatch formats.
   void* dispatch_input_buffer();
+  // Per-token layout, bf16 combine only: this rank's combine input buffer, [world_size x
+  // max_tokens_per_rank, hidden] bf16 in the group's own memory (the CPU reference: host memory), for the
+  // expert outputs, a row per received token at its row of DispatchOutputs. Expert outputs written here and
+  // passed as CombineArgs::expert_outputs (this very pointer) are not copied by combine_send where the rows
+  // go to peers on other nodes: this is the memory they are put from (docs/scale-out.md). Within one node
+  // the combine reads them as it reads any expert outputs. Write it only between this rank's dispatch_recv
+  // and its combine_send, in stream order: until the next dispatch_recv ends, puts of the last combine may
+  // still read it. Not collective; the same pointer for the group's lifetime. Allocates: no across nodes
+  // (the staging rows), device memory on the first call within one node, host memory on the CPU
+  // reference's first call. Throws ConfigError for the expanded layout and for combine_dtype fp8.
+  void* combine_input_buffer();
 
   // dispatch = dispatch_send + dispatch_recv.
   // Collective: every rank calls it, in the same order relative to combine, with its own inputs (0 tokens

@@ -834,6 +834,63 @@ TEST(ReferenceEpPerTokenContract, ExpertInputScalesAreRefused) {
   group.combine({rows.data(), nullptr, nullptr, out.data()});
 }
 
+// Expert outputs written into the combine input buffer combine exactly like a copy of them elsewhere, on
+// two calls of the group; a pointer into the buffer anywhere but at its start is refused on its rank only;
+// the expanded layout and an fp8 combine have no buffer.
+TEST(ReferenceEpPerTokenContract, RowsInTheCombineInputBufferCombineLikeAnyOther) {
+  Problem problem = per_token(Problem(kShapes[1], Routing::kMasked));
+  rocep::EpGroup group(MPI_COMM_WORLD, problem.config, rocep::Backend::kCpuReference);
+  auto* buffer = static_cast<bf16_bits*>(group.combine_input_buffer());
+  ASSERT_NE(buffer, nullptr);
+  EXPECT_EQ(group.combine_input_buffer(), buffer) << "the buffer moved";
+  const std::size_t out_elements =
+      std::size_t{1} * problem.config.max_tokens_per_rank * problem.config.hidden;
+  for (int call = 0; call < 2; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call));
+    problem.seed += 17;  // new rows each call
+    PerTokenBuffers dispatched(problem);
+    group.dispatch(problem.mine().view(), dispatched.view());
+    const std::vector<bf16_bits> rows = per_token_rows(problem, dispatched);
+    std::copy(rows.begin(), rows.end(), buffer);
+    std::vector<bf16_bits> out = poisoned<bf16_bits>(out_elements);
+    group.combine({buffer, nullptr, nullptr, out.data()});
+    std::vector<bf16_bits> expected = poisoned<bf16_bits>(out_elements);
+    group.dispatch(problem.mine().view(), dispatched.view());
+    group.combine({rows.data(), nullptr, nullptr, expected.data()});
+    EXPECT_TRUE(same_bytes(out, expected));
+  }
+
+  PerTokenBuffers dispatched(problem);
+  group.dispatch(problem.mine().view(), dispatched.view());
+  const bool last = problem.rank == problem.world - 1;
+  std::vector<bf16_bits> out(out_elements);
+  const rocep::CombineArgs misplaced{last ? buffer + problem.config.hidden : buffer, nullptr, nullptr,
+                                     out.data()};
+  try {
+    group.combine(misplaced);
+    EXPECT_FALSE(last) << "no InvalidInputError on the last rank";
+  } catch (const rocep::InvalidInputError& error) {
+    EXPECT_TRUE(last) << error.what();
+    EXPECT_TRUE(names(error.what(), "rank", problem.world - 1)) << error.what();
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "combine_input_buffer()", error.what());
+    group.combine({buffer, nullptr, nullptr, out.data()});  // the group goes on
+  }
+
+  rocep::EpConfig fp8 = problem.config;
+  fp8.combine_dtype = rocep::CombineDtype::kFp8Block128;
+  rocep::EpGroup fp8_group(MPI_COMM_WORLD, fp8, rocep::Backend::kCpuReference);
+  EXPECT_THROW(fp8_group.combine_input_buffer(), rocep::ConfigError);
+  rocep::EpConfig expanded = problem.config;
+  expanded.layout = rocep::Layout::kExpanded;
+  rocep::EpGroup expanded_group(MPI_COMM_WORLD, expanded, rocep::Backend::kCpuReference);
+  try {
+    expanded_group.combine_input_buffer();
+    ADD_FAILURE() << "the expanded layout gave a combine input buffer";
+  } catch (const rocep::ConfigError& error) {
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "per-token", error.what());
+  }
+}
+
 // --- calls, repeats and the EpGroup wrapper ------------------------------------------------------------
 
 constexpr Shape kSmallShape = {64, 4, 4, 16, 4};

@@ -302,9 +302,11 @@ struct FactorsAndResidual {
 // `call` dispatched and combined on `groups`, split or fused, through `epilogue` when given (rows its
 // stride apart, else hidden), against the reference's outputs; every output poisoned first. `by_caller`:
 // the combine is combine_send, then the receive through FactorsAndResidual with `epilogue`'s values,
-// after the same receive with CombineArgs' own epilogue beside it was refused.
+// after the same receive with CombineArgs' own epilogue beside it was refused. `rows_in_buffer`: the expert
+// rows are written into the group's combine input buffer once the dispatch is done, and combined from there.
 void check_call_on(Groups& groups, const EpConfig& config, const Call& call, bool split,
-                   const rocep::testing::EpilogueData* epilogue, bool by_caller = false) {
+                   const rocep::testing::EpilogueData* epilogue, bool by_caller = false,
+                   bool rows_in_buffer = false) {
   const std::size_t stride = epilogue != nullptr ? epilogue->stride : static_cast<std::size_t>(config.hidden);
   const int tokens = call.inputs.num_tokens;
   HostOutputs expected(config);
@@ -320,6 +322,12 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
   args.out = out.get();
   rocep::testing::dispatch_on(groups.group, groups.device.inputs(false), groups.outputs.view(groups.sizes),
                               split, groups.stream.get());
+  if (rows_in_buffer) {
+    ROCEP_GPU_CHECK(hipStreamSynchronize(static_cast<hipStream_t>(groups.stream.get())));
+    args.expert_outputs = groups.group.combine_input_buffer();
+    ROCEP_GPU_CHECK(hipMemcpy(groups.group.combine_input_buffer(), call.rows.data(),
+                              call.rows.size() * sizeof(bf16_bits), hipMemcpyHostToDevice));
+  }
   if (by_caller) {
     groups.group.combine_send(args, groups.stream.get());
     const FactorsAndResidual caller{epilogue->factor, epilogue->device_token_factors.as<float>(),
@@ -336,6 +344,18 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
   EXPECT_NO_THROW(groups.group.synchronize(groups.stream.get()));
   expect_dispatch_matches(groups.sizes, groups.outputs, expected);
   rocep::testing::expect_strided_rows_match(out, combined, tokens, config.hidden, stride);
+}
+
+// Calls of counts[i] tokens of fresh inputs (seed + i) on one group, uniformly routed, every second one
+// split, checked as check_call_on does.
+void check_calls_on(Groups& groups, const EpConfig& config, uint64_t seed, const std::vector<int>& counts,
+                    bool rows_in_buffer = false) {
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    const bool split = i % 2 == 1;
+    SCOPED_TRACE("call " + std::to_string(i) + (split ? ", split" : ", fused"));
+    check_call_on(groups, config, make_call(config, Routing::kUniform, seed + i, counts[i]), split, nullptr,
+                  false, rows_in_buffer);
+  }
 }
 
 // Dispatch + combine of fresh inputs on a new GPU group and on the reference, split or fused.
@@ -474,8 +494,27 @@ TEST_F(GpuPerToken, ChunkedCombinesMatchTheReference) {
   }
 }
 
-// 8 and 24 multiprocessors and the default share give the reference's outputs, so the same bits (each
-// budget that fits the rank's share of its GPU: under MPS at 25%, 24 does not).
+// Expert rows written into the combine input buffer (across nodes: the staging rows, put from without a
+// copy) give the reference's outputs, over calls of one group whose counts and data change (chunked and
+// not, fused and split); a pointer into the buffer anywhere but at its start is refused on every rank, and
+// the group goes on.
+TEST_F(GpuPerToken, RowsInTheCombineInputBufferMatchTheReference) {
+  const EpConfig config = per_token(make_config(2048, 8, 64 / world_size(), 1536, 16));
+  Groups groups(config);
+  const uint64_t seed = shared_seed();
+  SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
+  check_calls_on(groups, config, seed, {1536, world_rank() % 2 == 0 ? 1100 : 700, 3, 1300},
+                 /*rows_in_buffer=*/true);
+  rocep::testing::dispatch_on(groups.group, groups.device.inputs(false), groups.outputs.view(groups.sizes),
+                              false, groups.stream.get());
+  rocep::CombineArgs args = groups.device.combine();
+  args.expert_outputs = static_cast<bf16_bits*>(groups.group.combine_input_buffer()) + config.hidden;
+  EXPECT_THROW(groups.group.combine(args, groups.stream.get()), rocep::InvalidInputError);
+  args.expert_outputs = groups.group.combine_input_buffer();
+  groups.group.combine(args, groups.stream.get());
+  EXPECT_NO_THROW(groups.group.synchronize(groups.stream.get()));
+}
+
 // Local-only mode (EpConfig::local_only): each rank lays out only its own experts' pairs of its own tokens,
 // combines them here and adds the shared expert on its slice of the tokens, in every all-reduce size that
 // divides the world (the world's and 1); one group over fused and split calls whose counts change, some
@@ -489,16 +528,12 @@ TEST_F(GpuPerToken, LocalOnlyMatchesTheReference) {
     Groups groups(config);
     const uint64_t seed = shared_seed();
     SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
-    const int counts[] = {1536, world_rank() % 2 == 0 ? 1100 : 700, 0, 77};
-    for (int i = 0; i < 4; ++i) {
-      const bool split = i % 2 == 1;
-      SCOPED_TRACE("call " + std::to_string(i) + (split ? ", split" : ", fused"));
-      check_call_on(groups, config, make_call(config, Routing::kUniform, seed + i, counts[i]), split,
-                    nullptr);
-    }
+    check_calls_on(groups, config, seed, {1536, world_rank() % 2 == 0 ? 1100 : 700, 0, 77});
   }
 }
 
+// 8 and 24 multiprocessors and the default share give the reference's outputs, so the same bits (each
+// budget that fits the rank's share of its GPU: under MPS at 25%, 24 does not).
 TEST_F(GpuPerToken, SmBudgetsGiveTheSameBits) {
   rocep::MpiBootstrap world(MPI_COMM_WORLD);
   const int share = rocep::testing::sm_split(world, EpConfig::kAllSms).communication;
