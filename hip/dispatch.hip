@@ -924,7 +924,8 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
   const RowLayout layout = row_layout(memory, group);
   __shared__ uint32_t scale_words[kMaxScaleWords];
   if (!block_wait_for_peers(group.signals->dispatch_arrived, sequence, shape.world, group.timeout_ticks,
-                            group.status, Operation::kDispatchRecv, &group.peers)) {
+                            group.status, Operation::kDispatchRecv, &group.peers, -1,
+                            group.peers.held_arrivals)) {
     invalidate_layout(shape, args);
     return;
   }
@@ -1075,7 +1076,8 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
   const Shape& shape = group.shape;
   const RowLayout layout = row_layout(memory, group);
   if (!block_wait_for_peers(group.signals->dispatch_arrived, sequence, shape.world, group.timeout_ticks,
-                            group.status, Operation::kDispatchRecv, &group.peers)) {
+                            group.status, Operation::kDispatchRecv, &group.peers, -1,
+                            group.peers.held_arrivals)) {
     invalidate_per_token(shape, args);
     return;
   }

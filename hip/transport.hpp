@@ -3,7 +3,8 @@
 //   - write_window + publish: stores bound for a peer's region, then handed over;
 //   - row_window + publish_staged: the same for the per-token combine's rows, staged (SHMEM) at their own
 //     rows of the expert outputs, so that rows a caller wrote there already need no copy;
-//   - read_window: loads of a peer's region, after that peer's arrival was acquired;
+//   - read_window: loads of a peer's region, after that peer's arrival was acquired (and, for a SHMEM
+//     peer's messages held by a node-mate, that node-mate's arrival word for the peer: held_arrivals);
 //   - share: this rank's own bytes that peers will read (its staged messages);
 //   - signal_store + signal_add: the words of a peer's Signals; flag_store: a flag word in a peer's region;
 //   - signal_block_done: a block's own arrival signal to the peers that count blocks (SHMEM), after its
@@ -65,6 +66,15 @@ struct PeerTransport {
   // rows ([world x max_tokens] rows of CombineRegion::row_bytes, symmetric), put from there; also the
   // caller's combine input buffer (EpGroup::combine_input_buffer). Null otherwise.
   uint8_t* combine_staging;
+  // With SHMEM peers, the dispatch messages cross once per node (docs/scale-out.md): share_block puts this
+  // rank's into the image of the ranks of share_peers only, one per other node (the one whose local index
+  // is this rank's, modulo its node's size). [world]: where this rank reads rank r's messages (its region,
+  // or the image of r on this node's rank that holds it: this rank's own or a node-mate's, mapped), and
+  // for a node-mate's, that rank's arrival word for r (mapped; null elsewhere), whose count tells that the
+  // image is complete.
+  uint64_t share_peers;
+  const uint8_t* const* dispatch_sources;
+  const uint64_t* const* held_arrivals;
 
   // The arrival count of `peer` once it made `calls` calls.
   ROCEP_DEVICE uint64_t arrivals(int peer, uint64_t calls) const { return calls * arrival_adds[peer]; }
@@ -89,12 +99,13 @@ struct PeerTransport {
 #endif
     return combine_regions[peer] + offset;
   }
-  // Where this rank loads bytes of `peer`'s dispatch region from, once it acquired the peer's arrival. IPC:
-  // the peer's region itself; SHMEM: this rank's image of it.
+  // Where this rank loads bytes of `peer`'s dispatch region from, once it acquired the peer's arrival (and
+  // for a SHMEM peer the holder's, held_arrivals). IPC: the peer's region itself; SHMEM: the image of it on
+  // this node's rank that holds it (dispatch_sources).
   ROCEP_DEVICE const uint8_t* read_window(PeerRegion region, int peer) const {
 #if defined(ROCEP_HAVE_SHMEM)
     if (region == PeerRegion::kDispatch && through_shmem(peer)) {
-      return dispatch_images + static_cast<std::size_t>(peer) * dispatch_region_bytes;
+      return dispatch_sources[peer];
     }
 #endif
     return region == PeerRegion::kDispatch ? dispatch_regions[peer] : combine_regions[peer];
@@ -140,8 +151,8 @@ struct PeerTransport {
   }
   // Called by every thread of the block after its own stores of the block's [offset, offset + bytes) of
   // this rank's own dispatch region (or none, where the caller wrote them): bytes the peers will read
-  // through their read_window. IPC: they read them in place; SHMEM: the block puts them into every SHMEM
-  // peer's image of this rank's region.
+  // through their read_window. IPC: they read them in place; SHMEM: the block puts them into the image of
+  // this rank's region on each rank of share_peers, one per other node.
   __device__ void share_block(PeerRegion region, std::size_t offset, std::size_t bytes) const {
     (void)region;  // only the dispatch region is shared
 #if defined(ROCEP_HAVE_SHMEM)
@@ -150,8 +161,8 @@ struct PeerTransport {
     }
     __syncthreads();
     uint8_t* image = dispatch_images + static_cast<std::size_t>(rank) * dispatch_region_bytes + offset;
-    for (int peer = 0; peer < kMaxWorld && (shmem_peers >> peer) != 0; ++peer) {
-      if (through_shmem(peer)) {
+    for (int peer = 0; peer < kMaxWorld && (share_peers >> peer) != 0; ++peer) {
+      if (((share_peers >> peer) & 1u) != 0) {
         shmem::put_nbi_block(image, own_dispatch_region + offset, bytes, peer);
       }
     }

@@ -197,10 +197,15 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
               : 0,
           sizeof(device::Signals));
     });
-    for (const std::vector<void*>* table :
-         {&shmem_->dispatch_windows(), &shmem_->combine_windows(), &shmem_->signal_pointers()}) {
+    for (const std::vector<void*>* table : {&shmem_->dispatch_windows(), &shmem_->combine_windows(),
+                                            &shmem_->signal_pointers(), &shmem_->dispatch_sources()}) {
       tables.insert(tables.end(), table->begin(), table->end());
     }
+    for (int peer = 0; peer < shape.world; ++peer) {
+      auto* held = static_cast<device::Signals*>(shmem_->held_signals()[peer]);
+      tables.push_back(held != nullptr ? &held->dispatch_arrived[peer] : nullptr);
+    }
+    view_.peers.share_peers = shmem_->share_peers();
     view_.signals = static_cast<device::Signals*>(shmem_->signals());
     view_.dispatch_region = shmem_->dispatch_region();
     view_.combine_region = shmem_->combine_region();
@@ -234,6 +239,11 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   view_.peers.dispatch_regions = reinterpret_cast<uint8_t* const*>(table);
   view_.peers.combine_regions = reinterpret_cast<uint8_t* const*>(table + shape.world);
   view_.peers.signals = reinterpret_cast<device::Signals* const*>(table + 2 * shape.world);
+  if (shmem_) {  // [5][world]: then where the dispatch messages are read, and the arrival words of their
+                 // holders
+    view_.peers.dispatch_sources = reinterpret_cast<const uint8_t* const*>(table + 3 * shape.world);
+    view_.peers.held_arrivals = reinterpret_cast<const uint64_t* const*>(table + 4 * shape.world);
+  }
   view_.state = state_.as<device::LocalState>();
   view_.block_calls = block_calls_.as<device::BlockCalls>();
   view_.status = status_.as<device::Status>();

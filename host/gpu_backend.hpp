@@ -92,9 +92,11 @@ class GpuEp final : public EpBackend {
   std::unique_ptr<PeerBuffers> peer_combine_regions_;
   std::unique_ptr<PeerBuffers> peer_signals_;
   std::unique_ptr<ShmemRegions> shmem_;  // across nodes: the regions and signals, in place of the three above
-  DeviceBuffer peer_tables_;             // [3][world] pointers: dispatch regions, combine regions, signals
-  DeviceBuffer arrival_adds_;            // [world] uint32: PeerTransport::arrival_adds
-  DeviceBuffer combine_input_buffer_;    // within one node, once asked for (combine_input_buffer)
+  // [3][world] pointers: dispatch regions, combine regions, signals; across nodes [5][world]: then
+  // PeerTransport::dispatch_sources and held_arrivals
+  DeviceBuffer peer_tables_;
+  DeviceBuffer arrival_adds_;          // [world] uint32: PeerTransport::arrival_adds
+  DeviceBuffer combine_input_buffer_;  // within one node, once asked for (combine_input_buffer)
   PinnedHostBuffer status_mirror_;
   Stream poll_stream_;
   device::GroupView view_{};

@@ -16,6 +16,20 @@ constexpr std::size_t kIdentityBytes = 320;
 
 }  // namespace
 
+int message_holder(const NodeLayout& layout, int rank, int node) {
+  std::vector<int> there;
+  int index = 0;
+  for (int peer = 0; peer < static_cast<int>(layout.node_of_rank.size()); ++peer) {
+    if (layout.node_of_rank[peer] == node) {
+      there.push_back(peer);
+    }
+    if (peer < rank && layout.node_of_rank[peer] == layout.node_of_rank[rank]) {
+      ++index;
+    }
+  }
+  return there[static_cast<std::size_t>(index) % there.size()];
+}
+
 std::string host_identity() {
   std::array<char, 256> name{};
   if (gethostname(name.data(), name.size() - 1) != 0) {

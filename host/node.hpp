@@ -19,6 +19,10 @@ struct NodeLayout {
   bool on_this_node(int rank) const { return node_of_rank[rank] == node; }
 };
 
+// The rank of node `node` that holds rank `rank`'s dispatch messages there when they cross nodes: the
+// one whose index among its node's ranks is rank's index among its own node's, modulo the size of `node`.
+int message_holder(const NodeLayout& layout, int rank, int node);
+
 // This machine's identity: its host name and its boot id (/proc/sys/kernel/random/boot_id, where it
 // exists), so that two containers with the same host name on different machines differ.
 std::string host_identity();

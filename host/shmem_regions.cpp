@@ -63,6 +63,28 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size
       signal_pointers_.push_back(nullptr);
     }
   }
+  // The dispatch messages cross once per node, to their holder there (message_holder), which its
+  // node-mates read them from.
+  for (int peer = 0; peer < ranks; ++peer) {
+    const auto slot = static_cast<std::size_t>(peer);
+    if (!layout.on_this_node(peer)) {
+      if (message_holder(layout, world.rank(), layout.node_of_rank[peer]) == peer) {
+        share_peers_ |= uint64_t{1} << peer;
+      }
+      const int holder = message_holder(layout, peer, layout.node);
+      void* image = dispatch_images_ + slot * dispatch_bytes;
+      void* source = holder == world.rank() ? image : shmem::peer_pointer(image, holder);
+      if (source == nullptr) {
+        throw ConfigError("EpGroup: rank " + std::to_string(holder) +
+                          " is on this node, but the SHMEM engine maps no memory of it here");
+      }
+      dispatch_sources_.push_back(source);
+      held_signals_.push_back(holder == world.rank() ? nullptr : signal_pointers_[holder]);
+    } else {
+      dispatch_sources_.push_back(dispatch_windows_[slot]);
+      held_signals_.push_back(nullptr);
+    }
+  }
 }
 
 ShmemRegions::~ShmemRegions() {

@@ -56,6 +56,12 @@ class ShmemRegions {
   const std::vector<void*>& dispatch_windows() const { return dispatch_windows_; }
   const std::vector<void*>& combine_windows() const { return combine_windows_; }
   const std::vector<void*>& signal_pointers() const { return signal_pointers_; }
+  // The dispatch messages crossing once per node (PeerTransport::share_peers): bit r, rank r holds this
+  // rank's messages on its node; [world]: where this rank reads rank r's messages, and the Signals of the
+  // node-mate holding them (mapped; null where r is on this node or this rank holds them).
+  uint64_t share_peers() const { return share_peers_; }
+  const std::vector<void*>& dispatch_sources() const { return dispatch_sources_; }
+  const std::vector<void*>& held_signals() const { return held_signals_; }
   // Symmetric bytes this rank holds.
   std::size_t bytes() const { return bytes_; }
   // Gives the memory up without freeing it (a group that timed out: a peer may still put into it), and
@@ -76,6 +82,9 @@ class ShmemRegions {
   std::vector<void*> dispatch_windows_;
   std::vector<void*> combine_windows_;
   std::vector<void*> signal_pointers_;
+  uint64_t share_peers_ = 0;
+  std::vector<void*> dispatch_sources_;
+  std::vector<void*> held_signals_;
   std::size_t bytes_ = 0;
 };
 

@@ -143,6 +143,20 @@ TEST(NodeLayoutTest, IdentitiesGroupRanksInOrderOfTheirLowestRank) {
   EXPECT_FALSE(layout.on_this_node(0));
 }
 
+// A rank's dispatch messages are held on another node by the rank at its own index there, modulo that
+// node's size: nodes {0, 2, 5}, {1, 4} and {3} (from the identities above).
+TEST(NodeLayoutTest, MessageHolderIsTheRankAtTheSameIndexModuloTheNodeSize) {
+  const std::vector<std::string> identities = {"b", "a", "b", "c", "a", "b"};
+  const rocep::NodeLayout layout = rocep::node_layout_of(identities, 0);
+  EXPECT_EQ(rocep::message_holder(layout, 0, 1), 1);  // index 0 on node 1
+  EXPECT_EQ(rocep::message_holder(layout, 2, 1), 4);  // index 1
+  EXPECT_EQ(rocep::message_holder(layout, 5, 1), 1);  // index 2, modulo 2
+  EXPECT_EQ(rocep::message_holder(layout, 4, 0), 2);  // index 1 on node 0
+  EXPECT_EQ(rocep::message_holder(layout, 4, 2), 3);  // node 2 has one rank
+  EXPECT_EQ(rocep::message_holder(layout, 3, 0), 0);
+  EXPECT_EQ(rocep::message_holder(layout, 1, 0), 0);  // a rank of another node at index 0
+}
+
 TEST(SingleProcessBootstrapTest, IsRankZeroOfOne) {
   rocep::SingleProcessBootstrap bootstrap;
   EXPECT_EQ(bootstrap.rank(), 0);
