@@ -9,6 +9,7 @@
   local_expert_count;
 - dispatch + combine captured in torch.cuda.graph, replayed with new data, for the native group and the op;
 - the combine epilogue (factor, per-token factors, residual) into a slice of a wider tensor, both layouts;
+- tokens and expert rows written into the group's input buffers (torch views of its memory);
 - a group with cupy arrays (cupy inputs and outputs, calls on cupy's current stream), bit for bit;
 - torch CPU tensors on the CPU reference, against numpy arrays.
 
@@ -157,6 +158,29 @@ def check_cupy(boot, rank, world):
             check(f"cupy step {step} combined", gpu.combine(cupy.asarray(bits(expert_rows)), n),
                   cpu.combine(bits(expert_rows), n))
         gpu.synchronize()
+
+
+def check_input_buffers(boot, rank, world):
+    """Tokens written into the group's dispatch input buffer and expert rows into its combine input buffer
+    (torch views of the group's memory), against the reference's dispatch and combine of copies."""
+    config = config_for(world)
+    gpu = rocep.Group(boot, config, rocep.Backend.GPU)
+    cpu = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE)
+    tokens_buffer, rows_buffer = gpu.dispatch_input_buffer(), gpu.combine_input_buffer()
+    if tokens_buffer.dtype != torch.bfloat16 or tuple(rows_buffer.shape) != (gpu.config.max_recv_tokens(world), HIDDEN):
+        failures.append(f"input buffers: {tokens_buffer.dtype} {tuple(rows_buffer.shape)}")
+    for step, n in enumerate([MAX_TOKENS, 33, 0, 90]):
+        tokens, ids, weights, expert_rows = inputs(60 + step, rank, n, world, rows_buffer.shape[0])
+        tokens_buffer[:n].copy_(tokens)
+        got = gpu.dispatch(tokens_buffer[:n], ids.cuda(), weights.cuda())
+        ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy())
+        count = ref.count()
+        for field in ("tokens", "topk_ids", "topk_weights", "src_info"):
+            check(f"input buffers step {step} {field}", getattr(got, field)[:count], getattr(ref, field)[:count])
+        rows_buffer.copy_(expert_rows)
+        check(f"input buffers step {step} combined", gpu.combine(rows_buffer, n).view(torch.uint16),
+              cpu.combine(bits(expert_rows), n))
+    gpu.synchronize()
 
 
 def check_epilogue(boot, rank, world):
@@ -363,6 +387,7 @@ def main() -> int:
     check_input_scales(boot, rank, world)
     check_native_graph(boot, rank, world)
     check_cupy(boot, rank, world)
+    check_input_buffers(boot, rank, world)
     check_epilogue(boot, rank, world)
     check_mori(boot, rank, world, fp8=False)
     check_mori(boot, rank, world, fp8=True)

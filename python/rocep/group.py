@@ -90,6 +90,16 @@ def _gpu_arrays(arrays):
     raise _rocep.ConfigError(f"the GPU backend needs {arrays or 'torch or cupy'} for its arrays: install it")
 
 
+class _DeviceMemory:
+    """Device memory of a group, as __cuda_array_interface__ describes it to torch and cupy; keeps the
+    group alive while an array made from it holds it."""
+
+    def __init__(self, address: int, shape, typestr: str, owner):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (address, False),
+                                         "version": 3, "strides": None, "stream": None}
+        self._owner = owner
+
+
 def _is_torch(array) -> bool:
     return type(array).__module__.startswith("torch")
 
@@ -141,6 +151,35 @@ class Group:
                                device="cuda")
         dtype = "uint16" if dtype == "bfloat16" else dtype
         return _cupy().empty(shape, dtype=dtype) if self._arrays == "cupy" else np.empty(shape, dtype=dtype)
+
+    def _own_memory(self, address: int, rows: int):
+        """`rows` bf16 rows of hidden at `address`, the group's own memory, as an array of its library (torch
+        bfloat16, else the bf16 bits as uint16): a view, valid while the group lives."""
+        shape = (rows, self.config.hidden)
+        if not self._gpu:
+            import ctypes
+            words = (ctypes.c_uint16 * (rows * self.config.hidden)).from_address(address)
+            return np.ctypeslib.as_array(words).reshape(shape)
+        memory = _DeviceMemory(address, shape, "<f2" if self._arrays == "torch" else "<u2", self)
+        if self._arrays == "torch":
+            return _torch().as_tensor(memory, device="cuda").view(_torch().bfloat16)
+        return _cupy().asarray(memory)
+
+    def dispatch_input_buffer(self):
+        """bf16 dispatch only: [max_tokens_per_rank, hidden] bf16 in the group's own memory, where the peers
+        read this rank's tokens. Tokens written there and passed to dispatch as its first rows
+        (`buffer[:num_tokens]`) are not copied by the send. Write it only between this rank's combine and its
+        next dispatch, in stream order. Raises rocep.ConfigError for other dispatch formats."""
+        return self._own_memory(self._group.dispatch_input_buffer_address(), self.config.max_tokens_per_rank)
+
+    def combine_input_buffer(self):
+        """Per-token layout with a bf16 combine only: [max_recv_tokens, hidden] bf16 in the group's own memory,
+        for the expert outputs (a row per received token, at its row). Passed to combine as expert_outputs
+        (the whole buffer), its rows cross to other nodes without a copy (docs/scale-out.md). Write it only
+        between this rank's dispatch and its combine, in stream order. Raises rocep.ConfigError for the
+        expanded layout and an fp8 combine."""
+        return self._own_memory(self._group.combine_input_buffer_address(),
+                                self.config.max_recv_tokens(self.world_size))
 
     def _stream(self) -> int:
         if self._arrays == "torch":

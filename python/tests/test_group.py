@@ -570,3 +570,42 @@ def test_fp8_combine_matches_its_definition_and_stays_close_to_the_bf16_combine(
                 total += row if r == RANK else fp8_block128_round_trip(row)
         assert (fp8_out[t] == bf16.from_float(total)).all(), f"token {t}"
     assert calc_diff(bf16.to_float(fp8_out), bf16.to_float(bf16_out)) < 2e-3
+
+
+def test_tokens_and_expert_outputs_in_the_groups_buffers_give_the_bits_of_copies():
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    tokens_buffer, rows_buffer = group.dispatch_input_buffer(), group.combine_input_buffer()
+    assert tokens_buffer.shape == (config.max_tokens_per_rank, config.hidden)
+    assert rows_buffer.shape == (config.max_recv_tokens(WORLD), config.hidden)
+    for call in range(2):  # new data each call
+        seed = shared_seed()
+        tokens, ids, weights = rank_inputs(config, seed, RANK)
+        rows = bf16.from_float(np.random.default_rng(seed + RANK).uniform(-2, 2, rows_buffer.shape))
+        copied = group.dispatch(tokens, ids, weights)
+        expected = group.combine(rows, len(ids))
+        tokens_buffer[:len(ids)] = tokens
+        in_place = group.dispatch(tokens_buffer[:len(ids)], ids, weights)
+        count, used = copied.count(), int(copied.row_offsets[-1])
+        assert in_place.count() == count and (in_place.row_offsets == copied.row_offsets).all()
+        for field in ("tokens", "topk_ids", "topk_weights", "src_info"):
+            assert (getattr(in_place, field)[:count] == getattr(copied, field)[:count]).all(), f"call {call} {field}"
+        assert (in_place.sorted_token_ids[:used] == copied.sorted_token_ids[:used]).all()
+        rows_buffer[:] = rows
+        assert (group.combine(rows_buffer, len(ids)) == expected).all(), f"call {call} combined"
+    # The array is the group's own memory: one row in, it is refused as misplaced, after this rank took
+    # part with zero tokens. (The module takes expert outputs of exactly max_recv_tokens rows, so a combine
+    # cannot be handed the combine buffer one row in.)
+    with pytest.raises(rocep.InvalidInputError, match="dispatch_input_buffer"):
+        group.dispatch(tokens_buffer[1:], *rank_inputs(config, shared_seed(), RANK, tokens_buffer.shape[0] - 1)[1:])
+    fp8 = make_config()
+    fp8.dispatch_format, fp8.combine_dtype = rocep.TokenFormat.FP8_BLOCK128, rocep.CombineDtype.FP8_BLOCK128
+    fp8_group = rocep.Group(bootstrap.from_mpi4py(COMM), fp8, rocep.Backend.CPU_REFERENCE)
+    with pytest.raises(rocep.ConfigError, match="dispatch_format"):
+        fp8_group.dispatch_input_buffer()
+    with pytest.raises(rocep.ConfigError, match="combine_dtype"):
+        fp8_group.combine_input_buffer()
+    expanded = rocep.Group(bootstrap.from_mpi4py(COMM), make_config(), rocep.Backend.CPU_REFERENCE,
+                           rocep.Layout.EXPANDED)
+    with pytest.raises(rocep.ConfigError, match="per-token"):
+        expanded.combine_input_buffer()
