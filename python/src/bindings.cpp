@@ -457,9 +457,13 @@ NB_MODULE(_rocep, m) {
       // The addresses of the group's input buffers (EpGroup::dispatch_input_buffer, combine_input_buffer):
       // rocep.Group wraps them in arrays of its library.
       .def("dispatch_input_buffer_address",
-           [](rocep::EpGroup& group) { return reinterpret_cast<std::uintptr_t>(group.dispatch_input_buffer()); })
+           [](rocep::EpGroup& group) {
+             return reinterpret_cast<std::uintptr_t>(group.dispatch_input_buffer());
+           })
       .def("combine_input_buffer_address",
-           [](rocep::EpGroup& group) { return reinterpret_cast<std::uintptr_t>(group.combine_input_buffer()); })
+           [](rocep::EpGroup& group) {
+             return reinterpret_cast<std::uintptr_t>(group.combine_input_buffer());
+           })
       .def("dispatch", &dispatch_on_arrays<OutputArrays>, nb::arg("tokens"), nb::arg("topk_ids"),
            nb::arg("topk_weights"), nb::arg("token_scales").none(), nb::arg("outputs"),
            nb::arg("expert_input_scales").none() = nb::none(), nb::arg("stream") = 0)
