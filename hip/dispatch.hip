@@ -130,6 +130,31 @@ __device__ inline int32_t checked_id(const int32_t* given, int k, const Shape& s
   return id;
 }
 
+// Bit r: rank r owns one of the experts token `token` names (ids out of range ignored).
+__device__ inline uint64_t destination_ranks(const Shape& shape, const DispatchSendArgs& args, int token) {
+  uint64_t ranks = 0;
+  const int32_t* ids = args.topk_ids + static_cast<std::size_t>(token) * shape.top_k;
+  for (int k = 0; k < shape.top_k; ++k) {
+    if (ids[k] >= 0 && ids[k] < shape.num_experts) {
+      ranks |= uint64_t{1} << (ids[k] / shape.local_experts);
+    }
+  }
+  return ranks;
+}
+
+// This rank's staged messages of tokens [first, first + count) (count at most kBatchTokens), shared with
+// the peers that read them (PeerTransport::share_tokens_block: over SHMEM each goes only to the nodes of
+// its experts), by the whole block.
+__device__ void share_tokens(const GroupView& group, const DispatchSendArgs& args, int first, int count) {
+  const Shape& shape = group.shape;
+  const int token = first + static_cast<int>(threadIdx.x);
+  const uint64_t ranks = static_cast<int>(threadIdx.x) < count && group.peers.share_peers != 0
+                             ? destination_ranks(shape, args, token)
+                             : 0;
+  group.peers.share_tokens_block(DispatchRegion::message_offset(shape, first), shape.message_bytes, count,
+                                 ranks);
+}
+
 // Tokens of one batch of send_tokens, a slot (token, k) per thread: a whole number of bytes of a chunk's
 // masks (8, 16, 32 or 64 tokens), the fewest that give every block at most one batch where top_k allows.
 __device__ inline int batch_tokens(const Shape& shape) {
@@ -351,8 +376,7 @@ __device__ void stage_token_batches(const GroupView& group, const DispatchSendAr
     } else {
       copy_rows<PerTokenTuning::kVectorsInFlight>(from, to, count, shape.payload_bytes / kVectorBytes);
     }
-    group.peers.share_block(PeerRegion::kDispatch, DispatchRegion::message_offset(shape, first),
-                            static_cast<std::size_t>(count) * shape.message_bytes);
+    share_tokens(group, args, first, count);
   }
 }
 
@@ -383,8 +407,7 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
   if (args.tokens_in_place) {  // written there by the caller: shared as they are, a run at a time
     const int run = tokens_per_run(num_tokens, stride);
     for (int first = static_cast<int>(blockIdx.x) * run; first < num_tokens; first += stride * run) {
-      group.peers.share_block(PeerRegion::kDispatch, DispatchRegion::message_offset(shape, first),
-                              static_cast<std::size_t>(min(run, num_tokens - first)) * shape.message_bytes);
+      share_tokens(group, args, first, min(run, num_tokens - first));
     }
   }
   int staged = args.tokens_in_place ? num_tokens : static_cast<int>(blockIdx.x);  // next token to stage
@@ -401,8 +424,7 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
     }
     for (; staged < num_tokens; staged += stride) {
       stage_token(group, args, staged);
-      group.peers.share_block(PeerRegion::kDispatch, DispatchRegion::message_offset(shape, staged),
-                              shape.message_bytes);
+      share_tokens(group, args, staged, 1);
     }
     if (!batch) {
       break;

@@ -5,7 +5,7 @@
 //     rows of the expert outputs, so that rows a caller wrote there already need no copy;
 //   - read_window: loads of a peer's region, after that peer's arrival was acquired (and, for a SHMEM
 //     peer's messages held by a node-mate, that node-mate's arrival word for the peer: held_arrivals);
-//   - share: this rank's own bytes that peers will read (its staged messages);
+//   - share_tokens_block: this rank's own messages that peers will read (its staged tokens);
 //   - signal_store + signal_add: the words of a peer's Signals; flag_store: a flag word in a peer's region;
 //   - signal_block_done: a block's own arrival signal to the peers that count blocks (SHMEM), after its
 //     puts; arrivals: how many arrival adds a peer's call makes.
@@ -14,8 +14,9 @@
 // NVLink, so a window is the peer's region itself and publish / share / signal_block_done have nothing left
 // to do. A peer on another node (a bit of shmem_peers; builds with an engine, ROCEP_SHMEM) is reached through
 // the engine: its write window is this rank's outbox for it, publish puts the range from the outbox into the
-// peer's region (at the same offset: the regions are symmetric), share puts this rank's own bytes into
-// the peer's image of this rank's dispatch region (so that the peer's read_window is local), the signal
+// peer's region (at the same offset: the regions are symmetric), share puts this rank's own messages into
+// the image of this rank's dispatch region on the holder of each node that needs them (so that the
+// holder's read_window is local, and its node-mates read the holder's image by IPC), the signal
 // words are single-word puts and adds on the engine, and a flag is put after a fence. Each block signals a
 // SHMEM peer itself, after a fence that orders its puts before the add, so the send returns with its puts
 // in flight and the peer counts the blocks of the call (arrivals). The phase code calls every one of them
@@ -66,15 +67,17 @@ struct PeerTransport {
   // rows ([world x max_tokens] rows of CombineRegion::row_bytes, symmetric), put from there; also the
   // caller's combine input buffer (EpGroup::combine_input_buffer). Null otherwise.
   uint8_t* combine_staging;
-  // With SHMEM peers, the dispatch messages cross once per node (docs/scale-out.md): share_block puts this
-  // rank's into the image of the ranks of share_peers only, one per other node (the one whose local index
-  // is this rank's, modulo its node's size). [world]: where this rank reads rank r's messages (its region,
-  // or the image of r on this node's rank that holds it: this rank's own or a node-mate's, mapped), and
-  // for a node-mate's, that rank's arrival word for r (mapped; null elsewhere), whose count tells that the
-  // image is complete.
+  // With SHMEM peers, the dispatch messages cross once per node that needs them (docs/scale-out.md):
+  // share_tokens_block puts this rank's into the image of the ranks of share_peers only, one per other node
+  // (the one whose local index is this rank's, modulo its node's size). [world]: where this rank reads rank
+  // r's messages (its region, or the image of r on this node's rank that holds it: this rank's own or a
+  // node-mate's, mapped), and for a node-mate's, that rank's arrival word for r (mapped; null elsewhere),
+  // whose count tells that the image is complete.
   uint64_t share_peers;
   const uint8_t* const* dispatch_sources;
   const uint64_t* const* held_arrivals;
+  // [world]: bit q of entry r, rank q is on rank r's node.
+  const uint64_t* node_ranks;
 
   // The arrival count of `peer` once it made `calls` calls.
   ROCEP_DEVICE uint64_t arrivals(int peer, uint64_t calls) const { return calls * arrival_adds[peer]; }
@@ -149,25 +152,46 @@ struct PeerTransport {
     (void)peer, (void)row_offset, (void)offset, (void)bytes;
 #endif
   }
-  // Called by every thread of the block after its own stores of the block's [offset, offset + bytes) of
-  // this rank's own dispatch region (or none, where the caller wrote them): bytes the peers will read
-  // through their read_window. IPC: they read them in place; SHMEM: the block puts them into the image of
-  // this rank's region on each rank of share_peers, one per other node.
-  __device__ void share_block(PeerRegion region, std::size_t offset, std::size_t bytes) const {
-    (void)region;  // only the dispatch region is shared
+  // Called by every thread of the block after its own stores of the messages of `count` consecutive tokens
+  // (at most 32) of this rank's own dispatch region from `offset` on, each `message_bytes` long (or none,
+  // where the caller wrote them): messages the peers will read through their read_window. IPC: they read
+  // them in place. SHMEM: each goes only to the holders (share_peers) of the nodes its experts are on:
+  // thread t < count gives `ranks`, its token's destination ranks (bit r: rank r owns one of its
+  // experts), and each holder gets the runs of consecutive tokens bound for its node, a block put each.
+  __device__ void share_tokens_block(std::size_t offset, std::size_t message_bytes, int count,
+                                     uint64_t ranks) const {
 #if defined(ROCEP_HAVE_SHMEM)
-    if (shmem_peers == 0) {
+    if (share_peers == 0) {
       return;
     }
-    __syncthreads();
+    __shared__ uint32_t bound;  // bit t: token t goes to the holder's node
     uint8_t* image = dispatch_images + static_cast<std::size_t>(rank) * dispatch_region_bytes + offset;
     for (int peer = 0; peer < kMaxWorld && (share_peers >> peer) != 0; ++peer) {
-      if (((share_peers >> peer) & 1u) != 0) {
-        shmem::put_nbi_block(image, own_dispatch_region + offset, bytes, peer);
+      if (((share_peers >> peer) & 1u) == 0) {
+        continue;  // the same in every thread
+      }
+      __syncthreads();  // the stores of the messages, and every thread's reads of `bound` for the holder
+                        // before
+      if (threadIdx.x == 0) {
+        bound = 0;
+      }
+      __syncthreads();
+      if (static_cast<int>(threadIdx.x) < count && (ranks & node_ranks[peer]) != 0) {
+        atomicOr(&bound, 1u << threadIdx.x);
+      }
+      __syncthreads();
+      for (uint32_t left = bound; left != 0;) {  // the same in every thread
+        const int start = __ffs(static_cast<int>(left)) - 1;
+        const uint32_t above = left >> start;
+        const int length = ~above == 0 ? 32 - start : __ffs(static_cast<int>(~above)) - 1;
+        const std::size_t at = static_cast<std::size_t>(start) * message_bytes;
+        shmem::put_nbi_block(image + at, own_dispatch_region + offset + at,
+                             static_cast<std::size_t>(length) * message_bytes, peer);
+        left &= length == 32 ? 0u : ~(((1u << length) - 1u) << start);
       }
     }
 #else
-    (void)offset, (void)bytes;
+    (void)offset, (void)message_bytes, (void)count, (void)ranks;
 #endif
   }
   // Called by thread 0 of a block after a barrier of the block, once its stores and puts for the peers are

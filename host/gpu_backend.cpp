@@ -225,6 +225,15 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   for (int peer = 0; peer < world.size(); ++peer) {
     arrival_adds.push_back(layout.on_this_node(peer) ? 1u : static_cast<uint32_t>(grids[peer]));
   }
+  // PeerTransport::node_ranks: bit q of entry r, rank q shares rank r's node.
+  std::vector<uint64_t> node_ranks(static_cast<std::size_t>(world.size()), 0);
+  for (int peer = 0; peer < world.size(); ++peer) {
+    for (int other = 0; other < world.size(); ++other) {
+      if (layout.node_of_rank[other] == layout.node_of_rank[peer]) {
+        node_ranks[static_cast<std::size_t>(peer)] |= uint64_t{1} << other;
+      }
+    }
+  }
   run_agreed(world, "copying the peer tables to the GPU", [&] {
     peer_tables_ = DeviceBuffer(tables.size() * sizeof(void*));
     ROCEP_GPU_CHECK(
@@ -232,8 +241,12 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
     arrival_adds_ = DeviceBuffer(arrival_adds.size() * sizeof(uint32_t));
     ROCEP_GPU_CHECK(
         hipMemcpy(arrival_adds_.get(), arrival_adds.data(), arrival_adds_.bytes(), hipMemcpyHostToDevice));
+    node_ranks_ = DeviceBuffer(node_ranks.size() * sizeof(uint64_t));
+    ROCEP_GPU_CHECK(
+        hipMemcpy(node_ranks_.get(), node_ranks.data(), node_ranks_.bytes(), hipMemcpyHostToDevice));
   });
   view_.peers.arrival_adds = arrival_adds_.as<uint32_t>();
+  view_.peers.node_ranks = node_ranks_.as<uint64_t>();
 
   auto* table = peer_tables_.as<void*>();
   view_.peers.dispatch_regions = reinterpret_cast<uint8_t* const*>(table);
@@ -256,9 +269,10 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   view_.timeout_ticks =
       static_cast<uint64_t>(config.timeout_seconds * static_cast<double>(wall_clock_rate_hz(device)));
 
-  for (const DeviceBuffer* buffer : {&dispatch_region_, &combine_region_, &signals_, &state_, &block_calls_,
-                                     &status_, &token_rows_, &expert_rows_, &chunk_rows_, &sent_ids_,
-                                     &sent_masks_, &received_scales_, &peer_tables_, &arrival_adds_}) {
+  for (const DeviceBuffer* buffer :
+       {&dispatch_region_, &combine_region_, &signals_, &state_, &block_calls_, &status_, &token_rows_,
+        &expert_rows_, &chunk_rows_, &sent_ids_, &sent_masks_, &received_scales_, &peer_tables_,
+        &arrival_adds_, &node_ranks_}) {
     memory_bytes_ += buffer->bytes();
   }
   world.barrier();  // every peer has mapped everything before anyone may signal

@@ -96,6 +96,7 @@ class GpuEp final : public EpBackend {
   // PeerTransport::dispatch_sources and held_arrivals
   DeviceBuffer peer_tables_;
   DeviceBuffer arrival_adds_;          // [world] uint32: PeerTransport::arrival_adds
+  DeviceBuffer node_ranks_;            // [world] uint64: PeerTransport::node_ranks
   DeviceBuffer combine_input_buffer_;  // within one node, once asked for (combine_input_buffer)
   PinnedHostBuffer status_mirror_;
   Stream poll_stream_;
