@@ -252,8 +252,9 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(
   view_.peers.dispatch_regions = reinterpret_cast<uint8_t* const*>(table);
   view_.peers.combine_regions = reinterpret_cast<uint8_t* const*>(table + shape.world);
   view_.peers.signals = reinterpret_cast<device::Signals* const*>(table + 2 * shape.world);
-  if (shmem_) {  // [5][world]: then where the dispatch messages are read, and the arrival words of their
-                 // holders
+  // Across nodes the tables are [5][world]: then where the dispatch messages are read, and the arrival
+  // words of their holders.
+  if (shmem_) {
     view_.peers.dispatch_sources = reinterpret_cast<const uint8_t* const*>(table + 3 * shape.world);
     view_.peers.held_arrivals = reinterpret_cast<const uint64_t* const*>(table + 4 * shape.world);
   }
