@@ -555,13 +555,26 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
       return;  // stored in the peer's memory
     }
     for (uint32_t left = listed; left != 0;) {  // the same in every thread
-      const int start = __ffs(static_cast<int>(left)) - 1;
-      const uint32_t above = left >> start;
-      const int length = kFp8 ? 1 : (~above == 0 ? 32 - start : __ffs(static_cast<int>(~above)) - 1);
-      group.peers.publish_staged(source, row_offsets[start], offset_of(first + start),
-                                 static_cast<std::size_t>(length - 1) * row_bytes + sent_bytes);
-      left &= length == 32 ? 0u : ~(((1u << length) - 1u) << start);
+      const BitRun run = take_lowest_run(&left, kFp8 ? 1 : 32);
+      group.peers.publish_staged(source, row_offsets[run.start], offset_of(first + run.start),
+                                 static_cast<std::size_t>(run.length - 1) * row_bytes + sent_bytes);
     }
+  };
+  // Tokens [first, first + n) of `source` (those below its count), listed, copied and handed over by the
+  // block; the same arguments in every thread.
+  const auto send_tokens_of = [&](int source, int first, int n, int tokens) {
+    __syncthreads();  // the tokens before are copied
+    if (threadIdx.x == 0) {
+      count = 0;
+      listed = 0;
+    }
+    __syncthreads();
+    const int token = first + static_cast<int>(threadIdx.x);
+    if (static_cast<int>(threadIdx.x) < n && token < tokens) {
+      list_row(source, token, static_cast<int>(threadIdx.x));
+    }
+    __syncthreads();
+    copy_listed(source, first);
   };
   bool any_chunked = false;
   bool any_whole = false;
@@ -582,18 +595,7 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
     if (chunked_combine(shape, tokens) || first >= tokens) {
       continue;  // the same in every thread
     }
-    __syncthreads();  // the batch before is copied
-    if (threadIdx.x == 0) {
-      count = 0;
-      listed = 0;
-    }
-    __syncthreads();
-    const int token = first + static_cast<int>(threadIdx.x);
-    if (static_cast<int>(threadIdx.x) < run && token < tokens) {
-      list_row(source, token, static_cast<int>(threadIdx.x));
-    }
-    __syncthreads();
-    copy_listed(source, first);
+    send_tokens_of(source, first, run, tokens);
   }
   const int units = any_chunked ? others * max_combine_chunks(shape) : 0;
   for (int unit = sender; unit < units; unit += senders) {
@@ -605,18 +607,7 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
     if (!chunked_combine(shape, tokens) || first >= tokens) {
       continue;  // the same in every thread
     }
-    __syncthreads();  // the unit before is copied
-    if (threadIdx.x == 0) {
-      count = 0;
-      listed = 0;
-    }
-    __syncthreads();
-    const int token = first + static_cast<int>(threadIdx.x);
-    if (static_cast<int>(threadIdx.x) < chunk_tokens && token < tokens) {
-      list_row(source, token, static_cast<int>(threadIdx.x));
-    }
-    __syncthreads();
-    copy_listed(source, first);
+    send_tokens_of(source, first, chunk_tokens, tokens);
     __syncthreads();  // every thread's rows before the flag
     if (threadIdx.x == 0) {
       group.peers.flag_store(PeerRegion::kCombine, source,

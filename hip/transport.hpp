@@ -42,6 +42,25 @@ using SignalWords = int32_t (Signals::*)[kMaxWorld];
 // The regions a rank exposes to its peers (hip/ep_params.hpp has their layouts).
 enum class PeerRegion { kDispatch, kCombine };
 
+#if defined(__HIPCC__) || defined(__CUDACC__)
+// A run of consecutive set bits of a 32-bit mask: its lowest bit and its length.
+struct BitRun {
+  int start;
+  int length;
+};
+
+// The lowest run of set bits of *bits (not 0), at most `longest` bits long, cleared from *bits: how a
+// block hands over a batch's listed tokens, a put per run of consecutive ones.
+__device__ inline BitRun take_lowest_run(uint32_t* bits, int longest) {
+  const int start = __ffs(static_cast<int>(*bits)) - 1;
+  const uint32_t above = *bits >> start;
+  const int ones = ~above == 0 ? 32 - start : __ffs(static_cast<int>(~above)) - 1;
+  const int length = ones < longest ? ones : longest;
+  *bits &= length == 32 ? 0u : ~(((1u << length) - 1u) << start);
+  return {start, length};
+}
+#endif
+
 // The peers' regions (entry r is rank r's; this rank's own entry is its own memory). Built by the host
 // (host/gpu_backend.cpp). The layout is the same in every build: a caller's build without an engine reads
 // the same GroupView.
@@ -170,8 +189,7 @@ struct PeerTransport {
       if (((share_peers >> peer) & 1u) == 0) {
         continue;  // the same in every thread
       }
-      __syncthreads();  // the stores of the messages, and every thread's reads of `bound` for the holder
-                        // before
+      __syncthreads();  // the messages stored, and `bound` of the holder before read by every thread
       if (threadIdx.x == 0) {
         bound = 0;
       }
@@ -181,13 +199,10 @@ struct PeerTransport {
       }
       __syncthreads();
       for (uint32_t left = bound; left != 0;) {  // the same in every thread
-        const int start = __ffs(static_cast<int>(left)) - 1;
-        const uint32_t above = left >> start;
-        const int length = ~above == 0 ? 32 - start : __ffs(static_cast<int>(~above)) - 1;
-        const std::size_t at = static_cast<std::size_t>(start) * message_bytes;
+        const BitRun run = take_lowest_run(&left, 32);
+        const std::size_t at = static_cast<std::size_t>(run.start) * message_bytes;
         shmem::put_nbi_block(image + at, own_dispatch_region + offset + at,
-                             static_cast<std::size_t>(length) * message_bytes, peer);
-        left &= length == 32 ? 0u : ~(((1u << length) - 1u) << start);
+                             static_cast<std::size_t>(run.length) * message_bytes, peer);
       }
     }
 #else
