@@ -38,7 +38,11 @@ hipError_t GpuEp::on_kernels(Call&& call) const {
   return call(device::EpKernels<device::Transport::kIpc>{});
 }
 
-GpuEp::GpuEp(Bootstrap& world, const EpConfig& config) : config_(config), rank_(world.rank()), world_(world) {
+GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
+    : config_(config),
+      has_combine_input_buffer_(contract::combine_input_buffer_error(config).empty()),
+      rank_(world.rank()),
+      world_(world) {
   // Every check before the first agreement sees the same values on every rank (the config is agreed, the
   // node layout is gathered), so every rank throws alike.
   const NodeLayout layout = node_layout(world, config.gpus_per_node);
@@ -327,11 +331,10 @@ void* GpuEp::combine_input_buffer() {
 contract::OwnMemory GpuEp::combine_memory() const {
   const void* first =
       view_.peers.combine_staging != nullptr ? view_.peers.combine_staging : combine_input_buffer_.get();
-  const bool has_buffer = contract::combine_input_buffer_error(config_).empty();
   return {first,
           static_cast<std::size_t>(view_.shape.world) * view_.shape.max_tokens *
               device::CombineRegion::row_bytes(view_.shape),
-          has_buffer ? first : nullptr};
+          has_combine_input_buffer_ ? first : nullptr};
 }
 
 contract::OwnMemory GpuEp::dispatch_memory() const {

@@ -74,6 +74,9 @@ class GpuEp final : public EpBackend {
   hipError_t on_kernels(Call&& call) const;
 
   EpConfig config_;
+  // Whether the group has a combine input buffer (contract::combine_input_buffer_error), for the check of
+  // every combine's expert outputs.
+  bool has_combine_input_buffer_;
   int rank_;
   Bootstrap& world_;
   DeviceBuffer dispatch_region_;

@@ -8,14 +8,6 @@
 
 namespace rocep {
 
-namespace {
-
-// Room for a host name (at most 255 bytes on Linux) and a boot id; longer identities are cut, which only
-// merges nodes whose names differ past that point.
-constexpr std::size_t kIdentityBytes = 320;
-
-}  // namespace
-
 int message_holder(const NodeLayout& layout, int rank, int node) {
   std::vector<int> there;
   int index = 0;
@@ -79,13 +71,13 @@ NodeLayout node_layout(Bootstrap& bootstrap, int ranks_per_node) {
       identities[peer] = "node " + std::to_string(peer / ranks_per_node);
     }
   } else {
-    std::array<char, kIdentityBytes> mine{};
+    std::array<char, kHostIdentityBytes> mine{};
     const std::string identity = host_identity();
     std::copy_n(identity.begin(), std::min(identity.size(), mine.size() - 1), mine.begin());
-    std::vector<char> all(kIdentityBytes * world);
-    bootstrap.all_gather(mine.data(), all.data(), kIdentityBytes);
+    std::vector<char> all(kHostIdentityBytes * world);
+    bootstrap.all_gather(mine.data(), all.data(), kHostIdentityBytes);
     for (int peer = 0; peer < world; ++peer) {
-      identities[peer] = std::string(all.data() + kIdentityBytes * peer);
+      identities[peer] = std::string(all.data() + kHostIdentityBytes * peer);
     }
   }
   return node_layout_of(identities, bootstrap.rank());

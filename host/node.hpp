@@ -2,6 +2,7 @@
 // rank contributes at group creation, or from EpConfig::gpus_per_node when the caller sets it.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,11 @@ struct NodeLayout {
 // The rank of node `node` that holds rank `rank`'s dispatch messages there when they cross nodes: the
 // one whose index among its node's ranks is rank's index among its own node's, modulo the size of `node`.
 int message_holder(const NodeLayout& layout, int rank, int node);
+
+// Bytes a rank contributes for host_identity() when the ranks gather them: room for a host name (at most
+// 255 bytes on Linux) and a boot id; longer identities are cut, which only merges machines whose names
+// differ past that point.
+inline constexpr std::size_t kHostIdentityBytes = 320;
 
 // This machine's identity: its host name and its boot id (/proc/sys/kernel/random/boot_id, where it
 // exists), so that two containers with the same host name on different machines differ.

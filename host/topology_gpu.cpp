@@ -322,7 +322,7 @@ NodeGroupTopology gather_node_topology(Bootstrap& group, const std::vector<bool>
   struct RankGpu {
     std::array<char, 32> pci_bus_id;
     std::array<char, 96> name;
-    std::array<char, 320> machine;
+    std::array<char, kHostIdentityBytes> machine;
   };
   RankGpu contribution{};
   mine.pci_bus_id.copy(contribution.pci_bus_id.data(), contribution.pci_bus_id.size() - 1);
