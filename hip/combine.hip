@@ -493,15 +493,28 @@ __device__ inline int combine_senders(const GroupView& group, int blocks) {
          100;
 }
 
+// Whether this rank's per-token combine leaves its rows where its peers load them: where the group's
+// combines pull (Shape::pulled_combine) and the caller wrote the expert outputs into the combine input
+// buffer (this rank's CombineRegion input rows, which the peers have mapped).
+__device__ inline bool rows_pulled(const GroupView& group, const rocep::device::CombineArgs& args) {
+  return group.shape.pulled_combine != 0 &&
+         reinterpret_cast<const uint8_t*>(args.expert_outputs) ==
+             group.combine_region + CombineRegion::input_rows_offset(group.shape);
+}
+
 // The per-token send, by sender `sender` of `senders`: the row of every token this rank received from
 // another rank, into that rank's combine region at [rank][token] (where the weighted combine puts a
 // partial), with PerTokenTuning::kCombineVectorsInFlight loads in flight per thread. Its own tokens' rows
 // stay in expert_outputs, where its receive reads them. Rows for a SHMEM peer are staged at their own rows
 // of combine_staging first (hip/transport.hpp), and not copied at all where the caller wrote its expert
-// outputs there (bf16). A rank whose call is chunked (chunked_combine of the count it dispatched) gets units
-// (chunk, rank), the ranks interleaved so that every link is busy, each unit flagged as the unit of call
-// `sequence` once its rows are stored; the others get runs of consecutive tokens of one rank
-// (tokens_per_run), the ranks interleaved, released by the grid's signal alone.
+// outputs there (bf16). Where the rows are pulled (rows_pulled) nothing is copied: block 0 tells the peers
+// (Signals::combine_pulled = 1) and flags every chunk at once, and the peers load the rows themselves;
+// otherwise, in groups whose combines may pull, each block that flags stores 0 there first (block 0
+// does where none does, for the grid's signal to release). A rank whose call is chunked (chunked_combine
+// of the count it dispatched) gets units (chunk, rank), the ranks interleaved so that every link is busy,
+// each unit flagged as the unit of call `sequence` once its rows are stored; the others get runs of
+// consecutive tokens of one rank (tokens_per_run), the ranks interleaved, released by the grid's signal
+// alone.
 template <bool kFp8>
 __device__ void send_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                     uint64_t sequence, int sender, int senders) {
@@ -576,12 +589,25 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
     __syncthreads();
     copy_listed(source, first);
   };
+  const bool pulled = !kFp8 && rows_pulled(group, args);  // Shape::pulled_combine: bf16 rows only
+  if (pulled && sender != 0) {
+    return;  // nothing to copy: block 0 tells the peers and flags every chunk for the whole grid
+  }
   bool any_chunked = false;
   bool any_whole = false;
   for (int source = 0; source < shape.world; ++source) {
     if (source != shape.rank && shape.local_only == 0) {  // local-only: no rank got another's tokens
       (chunked_combine(shape, group.signals->tokens_from[source]) ? any_chunked : any_whole) = true;
     }
+  }
+  any_whole = any_whole && !pulled;
+  // The word before anything of this call that releases it: every block's flags, or the grid's signal.
+  if (!kFp8 && shape.pulled_combine != 0 && (any_chunked || sender == 0)) {
+    const int peer = static_cast<int>(threadIdx.x);
+    if (peer < shape.world && peer != shape.rank) {
+      group.peers.signal_store(peer, &Signals::combine_pulled, shape.rank, pulled ? 1 : 0);
+    }
+    __syncthreads();
   }
   // (other rank, run of `run` consecutive tokens), up to the most tokens any rank sent.
   const int most = any_whole ? most_tokens_sent(group.signals, shape.world) : 0;
@@ -597,21 +623,42 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
     }
     send_tokens_of(source, first, run, tokens);
   }
-  const int units = any_chunked ? others * max_combine_chunks(shape) : 0;
-  for (int unit = sender; unit < units; unit += senders) {
+  // Unit (chunk, other rank) of a chunked call: its rank, the rank's token count and the chunk's first
+  // token, which is past the count where the rank's call is not chunked or has no such chunk.
+  struct Unit {
+    int source;
+    int tokens;
+    int first;
+  };
+  const auto unit_of = [&](int unit) {
     const int other = unit % others;
     const int source = other + (other >= shape.rank ? 1 : 0);
     const int tokens = group.signals->tokens_from[source];
-    const int chunk_tokens = combine_chunk_tokens(tokens);
-    const int first = unit / others * chunk_tokens;
-    if (!chunked_combine(shape, tokens) || first >= tokens) {
+    return Unit{source, tokens,
+                chunked_combine(shape, tokens) ? unit / others * combine_chunk_tokens(tokens) : tokens};
+  };
+  const auto flag = [&](int unit, int source) {
+    group.peers.flag_store(PeerRegion::kCombine, source,
+                           CombineRegion::chunk_flag_offset(shape, unit / others, shape.rank), sequence);
+  };
+  const int units = any_chunked ? others * max_combine_chunks(shape) : 0;
+  if (pulled) {
+    for (int unit = static_cast<int>(threadIdx.x); unit < units; unit += static_cast<int>(blockDim.x)) {
+      const Unit at = unit_of(unit);
+      if (at.first < at.tokens) {
+        flag(unit, at.source);  // after this block's word, which the release orders first
+      }
+    }
+  }
+  for (int unit = pulled ? units : sender; unit < units; unit += senders) {
+    const Unit at = unit_of(unit);
+    if (at.first >= at.tokens) {
       continue;  // the same in every thread
     }
-    send_tokens_of(source, first, chunk_tokens, tokens);
+    send_tokens_of(at.source, at.first, combine_chunk_tokens(at.tokens), at.tokens);
     __syncthreads();  // every thread's rows before the flag
     if (threadIdx.x == 0) {
-      group.peers.flag_store(PeerRegion::kCombine, source,
-                             CombineRegion::chunk_flag_offset(shape, unit / others, shape.rank), sequence);
+      flag(unit, at.source);
     }
   }
   // Partials, as a weighted combine's: released to the receivers with the grid's signal.
@@ -631,14 +678,16 @@ __device__ void send_kernel_per_token(const GroupView& group, const rocep::devic
 }
 
 // The fused call: every block sends, then receives; or, for a chunked call, combine_senders(grid) blocks
-// send and the others receive chunk by chunk as the peers' sends flag them.
+// send and the others receive chunk by chunk as the peers' sends flag them. Where this rank's rows are
+// pulled, its sends only flag and signal, and every block then receives, chunk by chunk for a chunked call.
 template <bool kFp8, typename Epilogues>
 __device__ void combine_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                          const Epilogues& epilogues) {
   const int block = static_cast<int>(blockIdx.x);
   const int blocks = static_cast<int>(gridDim.x);
   const uint64_t sequence = group.block_calls[block].combines + 1;
-  const bool split_roles = chunked_combine(group.shape, group.state->sent_tokens);
+  const bool chunked = chunked_combine(group.shape, group.state->sent_tokens);
+  const bool split_roles = chunked && (kFp8 || !rows_pulled(group, args));
   const int senders = split_roles ? combine_senders(group, blocks) : blocks;
   if (block < senders) {
     send_rows_per_token<kFp8>(group, args, sequence, block, senders);
@@ -653,7 +702,7 @@ __device__ void combine_kernel_per_token(const GroupView& group, const rocep::de
   }
   const int receiver = split_roles ? block - senders : block;
   receive_rows_per_token<kFp8>(group, args, epilogues, sequence, receiver,
-                               blocks - (split_roles ? senders : 0), split_roles);
+                               blocks - (split_roles ? senders : 0), chunked);
 }
 
 }  // namespace

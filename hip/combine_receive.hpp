@@ -214,7 +214,9 @@ __device__ inline bool wait_for_rows(const GroupView& group, uint64_t sequence, 
 
 // The per-token receive, by receiver `receiver` of `receivers`: out[t] = the rows of t from every rank that
 // received it, in ascending rank order (this rank's own from expert_outputs, the others' from the combine
-// region), plus the shared expert, summed in float32 and rounded once. `chunked`: chunk by chunk of this
+// region, or loaded from the peer's combine input buffer where its send left them there:
+// Signals::combine_pulled, read once its flag or signal is acquired), plus the shared expert, summed in
+// float32 and rounded once. `chunked`: chunk by chunk of this
 // rank's tokens (combine_chunk_tokens), each once every other rank flagged it for call `sequence`; else,
 // once every rank's grid signalled, PerTokenTuning::kBatchTokens tokens at a time, `receivers` apart. A
 // piece's input lists are found first, then each token's row is summed by PerTokenTuning::kTokenThreads
@@ -279,14 +281,23 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
         if (((mask >> peer) & 1) == 0) {
           continue;
         }
-        const uint16_t* row =
-            peer == shape.rank
-                ? args.expert_outputs +
-                      static_cast<std::size_t>(
-                          group.token_rows[(static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) *
-                                           shape.top_k]) *
-                          shape.hidden
-                : region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden;
+        const uint16_t* row = nullptr;
+        if (peer == shape.rank) {
+          row = args.expert_outputs +
+                static_cast<std::size_t>(
+                    group.token_rows[(static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) *
+                                     shape.top_k]) *
+                    shape.hidden;
+        } else if (!kFp8 && shape.pulled_combine != 0 && group.signals->combine_pulled[peer] != 0) {
+          // The peer's row of the token, in its combine input buffer.
+          const int32_t pulled_row = *reinterpret_cast<const int32_t*>(
+              group.combine_region + CombineRegion::pulled_row_offset(shape, peer, token));
+          row = reinterpret_cast<const uint16_t*>(group.peers.read_window(PeerRegion::kCombine, peer) +
+                                                  CombineRegion::input_rows_offset(shape)) +
+                static_cast<std::size_t>(pulled_row) * shape.hidden;
+        } else {
+          row = region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden;
+        }
         const uintptr_t fp8 = kFp8 && peer != shape.rank ? kFp8Input : 0;
         inputs[threadIdx.x][listed++] =
             reinterpret_cast<const Vector16*>(reinterpret_cast<uintptr_t>(row) + fp8);

@@ -1152,6 +1152,12 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
           args.src_info[3 * static_cast<std::size_t>(row) + 0] = source;
           args.src_info[3 * static_cast<std::size_t>(row) + 1] = token;
           args.src_info[3 * static_cast<std::size_t>(row) + 2] = -1;
+          if (shape.pulled_combine != 0 && source != shape.rank) {
+            // Where the source's combine finds the row of its token here, should this rank's combine
+            // leave its rows to be pulled.
+            *reinterpret_cast<int32_t*>(group.peers.write_window(PeerRegion::kCombine, source) +
+                                        CombineRegion::pulled_row_offset(shape, shape.rank, token)) = row;
+          }
         }
       }
       // For combine: the token's row in slot 0, -1 in the others.

@@ -69,6 +69,10 @@ struct Shape {
   // and EpConfig::allreduce_world_size (1 unless local_only)
   int32_t local_only;
   int32_t allreduce_world_size;
+  // 1: the group's per-token bf16 combine may pull (one node, more than one rank, not local-only): a rank
+  // whose expert outputs are in its combine input buffer (CombineRegion::input_rows_offset) sends nothing,
+  // and its peers load its rows of their tokens from there (Signals::combine_pulled)
+  int32_t pulled_combine;
 };
 
 // Whether a combine adds the shared expert to `token` of this rank's call of `tokens`: every token, or in
@@ -179,7 +183,12 @@ ROCEP_HOST_DEVICE inline int max_combine_chunks(const Shape& shape) {
 //               token t at row r * T + t
 //   unweighted (expanded):    [T][top_k] rows: expert output of (t, k) at row t * top_k + k
 // then, for the per-token layout, chunk flags [max_combine_chunks][world] uint64: [c][r] = the last combine
-// call whose rows of chunk c rank r has stored here (zero at creation; calls count from 1).
+// call whose rows of chunk c rank r has stored here (zero at creation; calls count from 1). Where combines
+// pull (Shape::pulled_combine), then:
+//   pulled rows [world][T] int32: [r][t] = the row of this rank's token t among rank r's received rows,
+//               stored by rank r's dispatch receive for every token it received from this rank
+//   input rows [world][T] rows: this rank's combine input buffer (EpGroup::combine_input_buffer), from
+//               which its peers load the rows of their tokens when its expert outputs are there
 struct CombineRegion {
   ROCEP_HOST_DEVICE static std::size_t row_bytes(const Shape& shape) {
     return static_cast<std::size_t>(shape.hidden) * sizeof(uint16_t);
@@ -194,8 +203,21 @@ struct CombineRegion {
     return rows(shape) * row_bytes(shape) +
            (static_cast<std::size_t>(chunk) * shape.world + rank) * sizeof(uint64_t);
   }
-  ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) {
+  ROCEP_HOST_DEVICE static std::size_t pulled_rows_offset(const Shape& shape) {
     return chunk_flag_offset(shape, shape.per_token != 0 ? max_combine_chunks(shape) : 0, 0);
+  }
+  ROCEP_HOST_DEVICE static std::size_t pulled_row_offset(const Shape& shape, int rank, int token) {
+    return pulled_rows_offset(shape) +
+           (static_cast<std::size_t>(rank) * shape.max_tokens + token) * sizeof(int32_t);
+  }
+  // 16-byte aligned, as the rows are.
+  ROCEP_HOST_DEVICE static std::size_t input_rows_offset(const Shape& shape) {
+    return (pulled_row_offset(shape, shape.world, 0) + 15) / 16 * 16;
+  }
+  ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) {
+    return shape.pulled_combine != 0 ? input_rows_offset(shape) + static_cast<std::size_t>(shape.world) *
+                                                                      shape.max_tokens * row_bytes(shape)
+                                     : pulled_rows_offset(shape);
   }
 };
 
@@ -207,6 +229,9 @@ struct Signals {
   uint64_t combine_arrived[kMaxWorld];   // [r]: combine sends of rank r so far
   int32_t tokens_from[kMaxWorld];        // [s]: tokens source s sent in its last dispatch
   int32_t combine_weighted[kMaxWorld];   // [r]: 1 if rank r's last combine send was weighted, else 0
+  // [r]: 1 if rank r's last combine send left its rows in its combine input buffer for this rank to load
+  // (Shape::pulled_combine), else 0: stored before anything that releases the send's rows or chunks
+  int32_t combine_pulled[kMaxWorld];
 };
 
 // A barrier across the blocks of one kernel: blocks count in, the last one resets the count and bumps the

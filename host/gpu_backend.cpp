@@ -129,6 +129,9 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
   shape.combine_fp8 = config.combine_dtype == CombineDtype::kFp8Block128 ? 1 : 0;
   shape.local_only = config.local_only ? 1 : 0;
   shape.allreduce_world_size = config.allreduce_world_size;
+  // Within one node the combine input buffer is part of the combine region, where the peers load from it.
+  shape.pulled_combine =
+      has_combine_input_buffer_ && layout.num_nodes == 1 && world.size() > 1 && !config.local_only ? 1 : 0;
   // Senders flag a combine's chunks only where every receive can use them (hip/combine.hip).
   const int32_t blocks = grid_.blocks;
   std::vector<int32_t> grids(static_cast<std::size_t>(world.size()));
@@ -318,6 +321,9 @@ void* GpuEp::dispatch_input_buffer() {
 }
 
 void* GpuEp::combine_input_buffer() {
+  if (view_.shape.pulled_combine != 0) {
+    return pulled_combine_inputs();
+  }
   if (view_.peers.combine_staging != nullptr) {
     return view_.peers.combine_staging;
   }
@@ -328,9 +334,14 @@ void* GpuEp::combine_input_buffer() {
   return combine_input_buffer_.get();
 }
 
+uint8_t* GpuEp::pulled_combine_inputs() const {
+  return view_.combine_region + device::CombineRegion::input_rows_offset(view_.shape);
+}
+
 contract::OwnMemory GpuEp::combine_memory() const {
-  const void* first =
-      view_.peers.combine_staging != nullptr ? view_.peers.combine_staging : combine_input_buffer_.get();
+  const void* first = view_.shape.pulled_combine != 0          ? pulled_combine_inputs()
+                      : view_.peers.combine_staging != nullptr ? view_.peers.combine_staging
+                                                               : combine_input_buffer_.get();
   return {first,
           static_cast<std::size_t>(view_.shape.world) * view_.shape.max_tokens *
               device::CombineRegion::row_bytes(view_.shape),

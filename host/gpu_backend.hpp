@@ -59,6 +59,9 @@ class GpuEp final : public EpBackend {
  private:
   // The message area of this rank's dispatch region: [T][message_bytes], the input buffer in bf16 groups.
   uint8_t* messages() const;
+  // Where combines pull (Shape::pulled_combine): the input rows of this rank's combine region, its combine
+  // input buffer.
+  uint8_t* pulled_combine_inputs() const;
   // The kernels' arguments (checked by the contract before they get here).
   device::DispatchSendArgs dispatch_send_args(const DispatchInputs& inputs) const;
   device::DispatchRecvArgs dispatch_recv_args(const DispatchOutputs& outputs) const;
@@ -100,7 +103,7 @@ class GpuEp final : public EpBackend {
   DeviceBuffer peer_tables_;
   DeviceBuffer arrival_adds_;          // [world] uint32: PeerTransport::arrival_adds
   DeviceBuffer node_ranks_;            // [world] uint64: PeerTransport::node_ranks
-  DeviceBuffer combine_input_buffer_;  // within one node, once asked for (combine_input_buffer)
+  DeviceBuffer combine_input_buffer_;  // one rank or local-only, once asked for (combine_input_buffer)
   PinnedHostBuffer status_mirror_;
   Stream poll_stream_;
   device::GroupView view_{};

@@ -110,13 +110,15 @@ class EpGroup {
   // Per-token layout, bf16 combine only: this rank's combine input buffer, [world_size x
   // max_tokens_per_rank, hidden] bf16 in the group's own memory (the CPU reference: host memory), for the
   // expert outputs, a row per received token at its row of DispatchOutputs. Expert outputs written here and
-  // passed as CombineArgs::expert_outputs (this very pointer) are not copied by combine_send where the rows
-  // go to peers on other nodes: this is the memory they are put from (docs/scale-out.md). Within one node
-  // the combine reads them as it reads any expert outputs. Write it only between this rank's dispatch_recv
-  // and its combine_send, in stream order: until the next dispatch_recv ends, puts of the last combine may
-  // still read it. Not collective; the same pointer for the group's lifetime. Allocates: no across nodes
-  // (the staging rows), device memory on the first call within one node, host memory on the CPU
-  // reference's first call. Throws ConfigError for the expanded layout and for combine_dtype fp8.
+  // passed as CombineArgs::expert_outputs (this very pointer) are not copied by combine_send: within one
+  // node the peers load their tokens' rows from here in their combine receive, and to peers on other nodes
+  // the rows are put from here (docs/scale-out.md). Write it only between this rank's dispatch_recv and its
+  // combine_send, in stream order: until the next dispatch_recv ends, peers may still read the last
+  // combine's rows. Not collective; the same pointer for the group's lifetime. Allocates: no (within one
+  // node, world_size x max_tokens_per_rank rows of the group's memory, allocated with the group when it has
+  // more than one rank, counted by memory_bytes(); across nodes the staging rows), except device memory on
+  // the first call of a one-rank or local-only group, and host memory on the CPU reference's first call.
+  // Throws ConfigError for the expanded layout and for combine_dtype fp8.
   void* combine_input_buffer();
 
   // dispatch = dispatch_send + dispatch_recv.

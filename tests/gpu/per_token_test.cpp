@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <utility>
@@ -299,14 +300,21 @@ struct FactorsAndResidual {
   }
 };
 
+// Where a call's expert rows are combined from.
+enum class ExpertRows {
+  kOwnMemory,       // the test's own device memory
+  kInBuffer,        // the group's combine input buffer, written once the dispatch is done
+  kBesideTheBuffer  // the test's own memory, while the combine input buffer holds poison (NaN)
+};
+
 // `call` dispatched and combined on `groups`, split or fused, through `epilogue` when given (rows its
 // stride apart, else hidden), against the reference's outputs; every output poisoned first. `by_caller`:
 // the combine is combine_send, then the receive through FactorsAndResidual with `epilogue`'s values,
-// after the same receive with CombineArgs' own epilogue beside it was refused. `rows_in_buffer`: the expert
-// rows are written into the group's combine input buffer once the dispatch is done, and combined from there.
+// after the same receive with CombineArgs' own epilogue beside it was refused. `rows`: where the expert
+// rows are combined from.
 void check_call_on(Groups& groups, const EpConfig& config, const Call& call, bool split,
                    const rocep::testing::EpilogueData* epilogue, bool by_caller = false,
-                   bool rows_in_buffer = false) {
+                   ExpertRows rows = ExpertRows::kOwnMemory) {
   const std::size_t stride = epilogue != nullptr ? epilogue->stride : static_cast<std::size_t>(config.hidden);
   const int tokens = call.inputs.num_tokens;
   HostOutputs expected(config);
@@ -322,11 +330,19 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
   args.out = out.get();
   rocep::testing::dispatch_on(groups.group, groups.device.inputs(false), groups.outputs.view(groups.sizes),
                               split, groups.stream.get());
-  if (rows_in_buffer) {
+  if (rows != ExpertRows::kOwnMemory) {
+    // The buffer may be written once this rank's dispatch is done: no peer reads it any more.
     ROCEP_GPU_CHECK(hipStreamSynchronize(static_cast<hipStream_t>(groups.stream.get())));
-    args.expert_outputs = groups.group.combine_input_buffer();
-    ROCEP_GPU_CHECK(hipMemcpy(groups.group.combine_input_buffer(), call.rows.data(),
-                              call.rows.size() * sizeof(bf16_bits), hipMemcpyHostToDevice));
+    void* buffer = groups.group.combine_input_buffer();
+    if (rows == ExpertRows::kInBuffer) {
+      args.expert_outputs = buffer;
+      ROCEP_GPU_CHECK(
+          hipMemcpy(buffer, call.rows.data(), call.rows.size() * sizeof(bf16_bits), hipMemcpyHostToDevice));
+    } else {
+      ROCEP_GPU_CHECK(hipMemset(buffer, 0xff,
+                                static_cast<std::size_t>(world_size()) * config.max_tokens_per_rank *
+                                    config.hidden * sizeof(bf16_bits)));
+    }
   }
   if (by_caller) {
     groups.group.combine_send(args, groups.stream.get());
@@ -347,14 +363,17 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
 }
 
 // Calls of counts[i] tokens of fresh inputs (seed + i) on one group, uniformly routed, every second one
-// split, checked as check_call_on does.
-void check_calls_on(Groups& groups, const EpConfig& config, uint64_t seed, const std::vector<int>& counts,
-                    bool rows_in_buffer = false) {
+// split, checked as check_call_on does. `rows_of(call)`: where this rank's expert rows are for each.
+void check_calls_on(
+    Groups& groups, const EpConfig& config, uint64_t seed, const std::vector<int>& counts,
+    const std::function<ExpertRows(int)>& rows_of = [](int) { return ExpertRows::kOwnMemory; }) {
   for (std::size_t i = 0; i < counts.size(); ++i) {
     const bool split = i % 2 == 1;
-    SCOPED_TRACE("call " + std::to_string(i) + (split ? ", split" : ", fused"));
+    const ExpertRows rows = rows_of(static_cast<int>(i));
+    SCOPED_TRACE("call " + std::to_string(i) + (split ? ", split" : ", fused") +
+                 (rows == ExpertRows::kInBuffer ? ", rows in the combine input buffer" : ""));
     check_call_on(groups, config, make_call(config, Routing::kUniform, seed + i, counts[i]), split, nullptr,
-                  false, rows_in_buffer);
+                  false, rows);
   }
 }
 
@@ -494,17 +513,23 @@ TEST_F(GpuPerToken, ChunkedCombinesMatchTheReference) {
   }
 }
 
-// Expert rows written into the combine input buffer (across nodes: the staging rows, put from without a
-// copy) give the reference's outputs, over calls of one group whose counts and data change (chunked and
-// not, fused and split); a pointer into the buffer anywhere but at its start is refused on every rank, and
-// the group goes on.
+// Expert rows written into the combine input buffer (within one node: loaded by the peers from there;
+// across nodes: the staging rows, put from without a copy) give the reference's outputs, over calls of one
+// group whose counts and data change (chunked and not, fused and split), with every rank's rows in the
+// buffer in some calls and only some ranks' in others (the others' buffers poisoned, so that a stale
+// load shows); a pointer into the buffer anywhere but at its start is refused on every rank, and the
+// group goes on.
 TEST_F(GpuPerToken, RowsInTheCombineInputBufferMatchTheReference) {
   const EpConfig config = per_token(make_config(2048, 8, 64 / world_size(), 1536, 16));
   Groups groups(config);
   const uint64_t seed = shared_seed();
   SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
-  check_calls_on(groups, config, seed, {1536, world_rank() % 2 == 0 ? 1100 : 700, 3, 1300},
-                 /*rows_in_buffer=*/true);
+  const int rank = world_rank();
+  check_calls_on(groups, config, seed, {1536, rank % 2 == 0 ? 1100 : 700, 3, 1300, 1200, 5, 1536},
+                 [rank](int call) {
+                   return call == 0 || call == 3 || (call + rank) % 2 == 0 ? ExpertRows::kInBuffer
+                                                                           : ExpertRows::kBesideTheBuffer;
+                 });
   rocep::testing::dispatch_on(groups.group, groups.device.inputs(false), groups.outputs.view(groups.sizes),
                               false, groups.stream.get());
   rocep::CombineArgs args = groups.device.combine();
