@@ -17,7 +17,8 @@
 // --local_only=1: EpConfig::local_only of every case, allreduce_world_size the world's: each rank dispatches
 // its tokens to its own experts only, so nothing crosses (remote bytes 0; logical bytes its own rows).
 // --inputs=input_buffer also times bf16 dispatch from tokens written into EpGroup::dispatch_input_buffer(),
-// and the per-token bf16 combine from expert outputs in EpGroup::combine_input_buffer().
+// and the per-token bf16 combine from expert outputs in EpGroup::combine_input_buffer(), in the fused,
+// split and graph cases.
 // --sms: the SM budgets (EpConfig::num_sms) every case runs at: default (the library's share), all, or N
 // multiprocessors; each row names its budget and the multiprocessors it resolved to.
 // The concurrent case (GPU only, at each budget that leaves multiprocessors over): dispatch + combine of
@@ -660,13 +661,13 @@ inline constexpr int kGraphPairs = 20;
 // The graph case: one graph of kGraphPairs fused dispatch + combine pairs, launched behind a gate between two
 // events; a pair's time is the graph's over kGraphPairs, the slowest rank's. Without the per-call events of
 // run_case, it is what a server replaying graphs sees of each pair.
-void run_graph_case(benchmark::State& state, const std::string& name, rocep::EpConfig config,
-                    int num_tokens) {
+void run_graph_case(benchmark::State& state, const std::string& name, rocep::EpConfig config, int num_tokens,
+                    bool in_input_buffer) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   config.max_tokens_per_rank = num_tokens;
   rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
-  const CaseCalls calls(group, num_tokens, /*in_input_buffer=*/false);
+  const CaseCalls calls(group, num_tokens, in_input_buffer);
   const rocep::Stream stream;
   for (int warm_up = 0; warm_up < 3; ++warm_up) {
     group.dispatch(calls.inputs, calls.outputs, stream.get());
@@ -932,20 +933,21 @@ int main(int argc, char** argv) {
                     ->UseManualTime()
                     ->Unit(benchmark::kMicrosecond);
               }
+#if defined(ROCEP_GPU_BUILD)
+              if (options.graph) {
+                const std::string name = std::string("/") + rocep::to_string(format) +
+                                         (input_buffer ? "/input_buffer" : "") +
+                                         "/tokens:" + std::to_string(tokens) + sms;
+                benchmark::RegisterBenchmark(("graph" + name).c_str(), run_graph_case, name, format_config,
+                                             tokens, input_buffer)
+                    ->Iterations(options.iterations)
+                    ->UseManualTime()
+                    ->Unit(benchmark::kMicrosecond);
+              }
+#endif
             }
           }
 #if defined(ROCEP_GPU_BUILD)
-          if (options.graph) {
-            for (const int tokens : options.tokens) {
-              const std::string name =
-                  std::string("/") + rocep::to_string(format) + "/tokens:" + std::to_string(tokens) + sms;
-              benchmark::RegisterBenchmark(("graph" + name).c_str(), run_graph_case, name, format_config,
-                                           tokens)
-                  ->Iterations(options.iterations)
-                  ->UseManualTime()
-                  ->Unit(benchmark::kMicrosecond);
-            }
-          }
           // Beside a compute kernel: only where the budget leaves multiprocessors over.
           if (options.concurrent && compute_sms[budget] > 0) {
             const std::string name = std::string("concurrent/") + rocep::to_string(format) +
