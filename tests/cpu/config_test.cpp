@@ -1,5 +1,5 @@
-// EpConfig validation, the per-format byte counts and the derived sizes (local experts, receive rows).
-// No MPI: every rank runs the same checks on its own.
+// EpConfig validation, the per-format byte counts, the derived sizes (local experts, receive rows) and the
+// combine region's layout. No MPI: every rank runs the same checks on its own.
 #include "rocep/config.hpp"
 
 #include <gtest/gtest.h>
@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "hip/ep_params.hpp"
 #include "hip/scale_layout.hpp"
 #include "host/comm_policy.hpp"
 #include "rocep/errors.hpp"
@@ -271,6 +272,39 @@ TEST(EpConfigTest, MaxRecvRowsCapsTopKAtLocalExperts) {
   EXPECT_EQ(config.max_recv_rows(8), std::size_t{8 * 128 * 2});
   config.expert_alignment = 8;
   EXPECT_EQ(config.max_recv_rows(8), std::size_t{8 * 128 * 2 + 2 * 7});
+}
+
+// The combine region of a group whose combines pull (Shape::pulled_combine): after the rows and the chunk
+// flags of every per-token group, the pulled rows ([world][T] int32) and then the combine input buffer
+// ([world][T] rows, 16-byte aligned like every row), each past the part before it; without pulls the region
+// ends at the chunk flags, as it did before.
+TEST(CombineRegionTest, PulledRowsAndInputRowsFollowTheChunkFlagsAligned) {
+  using rocep::device::CombineRegion;
+  for (const int world : {2, 3, 8, 64}) {
+    for (const int tokens : {1, 5, 1024, 4096}) {
+      for (const int hidden : {128, 2048, 7168}) {
+        SCOPED_TRACE("world " + std::to_string(world) + ", T " + std::to_string(tokens) + ", hidden " +
+                     std::to_string(hidden));
+        rocep::device::Shape shape{};
+        shape.world = world;
+        shape.max_tokens = tokens;
+        shape.hidden = hidden;
+        shape.top_k = 8;
+        shape.per_token = 1;
+        const std::size_t flags_end =
+            CombineRegion::chunk_flag_offset(shape, rocep::device::max_combine_chunks(shape), 0);
+        EXPECT_EQ(CombineRegion::bytes(shape), flags_end);
+        shape.pulled_combine = 1;
+        EXPECT_EQ(CombineRegion::pulled_rows_offset(shape), flags_end);
+        const std::size_t rows_end = CombineRegion::pulled_row_offset(shape, world - 1, tokens - 1) + 4;
+        EXPECT_LE(rows_end, CombineRegion::input_rows_offset(shape));
+        EXPECT_EQ(CombineRegion::input_rows_offset(shape) % 16, 0u);
+        EXPECT_EQ(CombineRegion::bytes(shape),
+                  CombineRegion::input_rows_offset(shape) +
+                      static_cast<std::size_t>(world) * tokens * CombineRegion::row_bytes(shape));
+      }
+    }
+  }
 }
 
 }  // namespace
