@@ -245,6 +245,9 @@ std::string EpConfig::describe() const {
   if (local_only) {
     text += " local_only allreduce_world_size=" + std::to_string(allreduce_world_size);
   }
+  if (!combine_input_buffer) {
+    text += " no_combine_input_buffer";
+  }
   text += " sms=";
   if (num_sms == kDefaultSms) {
     text += "default";

@@ -240,6 +240,11 @@ std::string combine_input_buffer_error(const EpConfig& config) {
     return std::string("EpGroup::combine_input_buffer: combine_dtype is ") + to_string(config.combine_dtype) +
            ", which quantises the rows into the buffer's memory; the input buffer serves bf16 combines only";
   }
+  if (!config.combine_input_buffer) {
+    return "EpGroup::combine_input_buffer: the group was created with EpConfig::combine_input_buffer = "
+           "false, "
+           "which leaves it out (allowed: true, the default, to have one)";
+  }
   return {};
 }
 

@@ -32,7 +32,7 @@ namespace {
 using contract::Call;
 
 // Every field of the config, in a form whose equality is field equality (no padding bytes).
-std::array<double, 15> config_fields(const EpConfig& config) {
+std::array<double, 16> config_fields(const EpConfig& config) {
   return {static_cast<double>(config.hidden),
           static_cast<double>(config.top_k),
           static_cast<double>(config.num_experts),
@@ -47,6 +47,7 @@ std::array<double, 15> config_fields(const EpConfig& config) {
           static_cast<double>(config.layout),
           config.local_only ? 1.0 : 0.0,
           static_cast<double>(config.allreduce_world_size),
+          config.combine_input_buffer ? 1.0 : 0.0,
           0.0};
 }
 
@@ -54,7 +55,7 @@ std::array<double, 15> config_fields(const EpConfig& config) {
 void require_same_config(Bootstrap& bootstrap, const EpConfig& config, Backend backend) {
   auto mine = config_fields(config);
   mine.back() = static_cast<double>(backend);
-  std::vector<std::array<double, 15>> all(bootstrap.size());
+  std::vector<std::array<double, 16>> all(bootstrap.size());
   bootstrap.all_gather(&mine, all.data(), sizeof mine);
   for (int peer = 0; peer < bootstrap.size(); ++peer) {
     if (all[peer] != all[0]) {

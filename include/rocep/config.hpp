@@ -79,6 +79,13 @@ struct EpConfig {
   // arrival signals (a few words each), so every rank of the group makes every call, as in the other modes.
   bool local_only = false;
   int allreduce_world_size = 1;
+  // Per-token layout with a bf16 combine: whether the group keeps a combine input buffer
+  // (EpGroup::combine_input_buffer). Within one node that is world_size x max_tokens_per_rank rows of
+  // `hidden` bf16 of the group's memory, allocated with the group (117 MB at 2 ranks x 4096 tokens x hidden
+  // 7168), from which the peers load the rows; false saves that memory, and every combine then copies its
+  // rows to the peers. Across nodes the buffer is memory the combine stages into anyway. No effect in the
+  // other layouts and combine types, which have no buffer.
+  bool combine_input_buffer = true;
 
   // Throws ConfigError naming the first offending field, its value and the allowed range. `world_size` is
   // the number of ranks of the group: num_experts must divide evenly among them.

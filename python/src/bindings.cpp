@@ -424,6 +424,7 @@ NB_MODULE(_rocep, m) {
       .def_rw("timeout_seconds", &rocep::EpConfig::timeout_seconds)
       .def_rw("local_only", &rocep::EpConfig::local_only)
       .def_rw("allreduce_world_size", &rocep::EpConfig::allreduce_world_size)
+      .def_rw("combine_input_buffer", &rocep::EpConfig::combine_input_buffer)
       .def("validate", &rocep::EpConfig::validate, nb::arg("world_size"))
       .def("num_local_experts", &rocep::EpConfig::num_local_experts, nb::arg("world_size"))
       .def("max_recv_rows", &rocep::EpConfig::max_recv_rows, nb::arg("world_size"))

@@ -609,3 +609,8 @@ def test_tokens_and_expert_outputs_in_the_groups_buffers_give_the_bits_of_copies
                            rocep.Layout.EXPANDED)
     with pytest.raises(rocep.ConfigError, match="per-token"):
         expanded.combine_input_buffer()
+    without = make_config()
+    without.combine_input_buffer = False
+    without_group = rocep.Group(bootstrap.from_mpi4py(COMM), without, rocep.Backend.CPU_REFERENCE)
+    with pytest.raises(rocep.ConfigError, match="combine_input_buffer = false"):
+        without_group.combine_input_buffer()

@@ -836,7 +836,8 @@ TEST(ReferenceEpPerTokenContract, ExpertInputScalesAreRefused) {
 
 // Expert outputs written into the combine input buffer combine exactly like a copy of them elsewhere, on
 // two calls of the group; a pointer into the buffer anywhere but at its start is refused on its rank only;
-// the expanded layout and an fp8 combine have no buffer.
+// the expanded layout, an fp8 combine and a group created with EpConfig::combine_input_buffer = false have
+// no buffer, and the last combines its rows as the others do.
 TEST(ReferenceEpPerTokenContract, RowsInTheCombineInputBufferCombineLikeAnyOther) {
   Problem problem = per_token(Problem(kShapes[1], Routing::kMasked));
   rocep::EpGroup group(MPI_COMM_WORLD, problem.config, rocep::Backend::kCpuReference);
@@ -876,19 +877,37 @@ TEST(ReferenceEpPerTokenContract, RowsInTheCombineInputBufferCombineLikeAnyOther
     group.combine({buffer, nullptr, nullptr, out.data()});  // the group goes on
   }
 
+  // A group without the buffer refuses to give one, with `why` in the message.
+  const auto expect_no_buffer = [](rocep::EpGroup& without, const char* why) {
+    try {
+      without.combine_input_buffer();
+      ADD_FAILURE() << "a group without a combine input buffer (" << why << ") gave one";
+    } catch (const rocep::ConfigError& error) {
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring, why, error.what());
+    }
+  };
   rocep::EpConfig fp8 = problem.config;
   fp8.combine_dtype = rocep::CombineDtype::kFp8Block128;
   rocep::EpGroup fp8_group(MPI_COMM_WORLD, fp8, rocep::Backend::kCpuReference);
-  EXPECT_THROW(fp8_group.combine_input_buffer(), rocep::ConfigError);
+  expect_no_buffer(fp8_group, "combine_dtype");
   rocep::EpConfig expanded = problem.config;
   expanded.layout = rocep::Layout::kExpanded;
   rocep::EpGroup expanded_group(MPI_COMM_WORLD, expanded, rocep::Backend::kCpuReference);
-  try {
-    expanded_group.combine_input_buffer();
-    ADD_FAILURE() << "the expanded layout gave a combine input buffer";
-  } catch (const rocep::ConfigError& error) {
-    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "per-token", error.what());
-  }
+  expect_no_buffer(expanded_group, "per-token");
+  // Left out at creation: no buffer, named by its field; the combine goes on from the caller's memory.
+  rocep::EpConfig without = problem.config;
+  without.combine_input_buffer = false;
+  rocep::EpGroup group_without(MPI_COMM_WORLD, without, rocep::Backend::kCpuReference);
+  expect_no_buffer(group_without, "EpConfig::combine_input_buffer = false");
+  PerTokenBuffers dispatched_without(problem);
+  group_without.dispatch(problem.mine().view(), dispatched_without.view());
+  const std::vector<bf16_bits> rows = per_token_rows(problem, dispatched_without);
+  std::vector<bf16_bits> out_without = poisoned<bf16_bits>(out_elements);
+  group_without.combine({rows.data(), nullptr, nullptr, out_without.data()});
+  std::vector<bf16_bits> out_with = poisoned<bf16_bits>(out_elements);
+  group.dispatch(problem.mine().view(), dispatched.view());
+  group.combine({rows.data(), nullptr, nullptr, out_with.data()});
+  EXPECT_TRUE(same_bytes(out_without, out_with));
 }
 
 // --- calls, repeats and the EpGroup wrapper ------------------------------------------------------------
@@ -1397,6 +1416,24 @@ TEST_F(EpGroupInvalidInputTest, WeightedOnSomeRanksOnlyIsRecordedOnEveryRank) {
   EXPECT_PRED_FORMAT2(::testing::IsSubstring, "row_weights", recorded.message);
   EXPECT_THROW(group_.synchronize(), rocep::InvalidInputError);
   expect_usable();
+}
+
+// A field that validates on every rank but differs on one (here whether the group keeps a combine input
+// buffer) is refused on every rank.
+TEST(EpGroupConstruction, ConfigThatDiffersOnOneRankThrowsOnEveryRank) {
+  if (world_size() == 1) {
+    GTEST_SKIP() << "one rank agrees with itself";
+  }
+  EpConfig config;
+  config.num_experts = 8 * world_size();
+  config.layout = rocep::Layout::kPerToken;
+  config.combine_input_buffer = world_rank() != world_size() - 1;
+  try {
+    rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
+    ADD_FAILURE() << "no ConfigError on this rank";
+  } catch (const rocep::ConfigError& error) {
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "different EpConfig", error.what());
+  }
 }
 
 TEST(EpGroupConstruction, ConfigInvalidOnOneRankThrowsOnEveryRank) {

@@ -518,7 +518,7 @@ TEST_F(GpuPerToken, ChunkedCombinesMatchTheReference) {
 // group whose counts and data change (chunked and not, fused and split), with every rank's rows in the
 // buffer in some calls and only some ranks' in others (the others' buffers poisoned, so that a stale
 // load shows); a pointer into the buffer anywhere but at its start is refused on every rank, and the
-// group goes on.
+// group goes on; a group created with EpConfig::combine_input_buffer = false has no buffer.
 TEST_F(GpuPerToken, RowsInTheCombineInputBufferMatchTheReference) {
   const EpConfig config = per_token(make_config(2048, 8, 64 / world_size(), 1536, 16));
   Groups groups(config);
@@ -538,6 +538,13 @@ TEST_F(GpuPerToken, RowsInTheCombineInputBufferMatchTheReference) {
   args.expert_outputs = groups.group.combine_input_buffer();
   groups.group.combine(args, groups.stream.get());
   EXPECT_NO_THROW(groups.group.synchronize(groups.stream.get()));
+
+  // A group created without the buffer has none, and combines as the others do.
+  EpConfig without = config;
+  without.combine_input_buffer = false;
+  Groups groups_without(without);
+  EXPECT_THROW(groups_without.group.combine_input_buffer(), rocep::ConfigError);
+  check_calls_on(groups_without, without, seed + 100, {1536, 3});
 }
 
 // Local-only mode (EpConfig::local_only): each rank lays out only its own experts' pairs of its own tokens,
