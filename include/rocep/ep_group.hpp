@@ -118,7 +118,8 @@ class EpGroup {
   // node, world_size x max_tokens_per_rank rows of the group's memory, allocated with the group when it has
   // more than one rank, counted by memory_bytes(); across nodes the staging rows), except device memory on
   // the first call of a one-rank or local-only group, and host memory on the CPU reference's first call.
-  // Throws ConfigError for the expanded layout and for combine_dtype fp8.
+  // Throws ConfigError for the expanded layout, for combine_dtype fp8, and where
+  // EpConfig::combine_input_buffer is false.
   void* combine_input_buffer();
 
   // dispatch = dispatch_send + dispatch_recv.
