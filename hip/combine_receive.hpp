@@ -216,8 +216,8 @@ __device__ inline bool wait_for_rows(const GroupView& group, uint64_t sequence, 
 // received it, in ascending rank order (this rank's own from expert_outputs, the others' from the combine
 // region, or loaded from the peer's combine input buffer where its send left them there:
 // Signals::combine_pulled, read once its flag or signal is acquired), plus the shared expert, summed in
-// float32 and rounded once. `chunked`: chunk by chunk of this
-// rank's tokens (combine_chunk_tokens), each once every other rank flagged it for call `sequence`; else,
+// float32 and rounded once. `chunked`: chunk by chunk of this rank's tokens (combine_chunk_tokens), each
+// once every other rank flagged it for call `sequence`; else,
 // once every rank's grid signalled, PerTokenTuning::kBatchTokens tokens at a time, `receivers` apart. A
 // piece's input lists are found first, then each token's row is summed by PerTokenTuning::kTokenThreads
 // threads (whole waves, so that a wave's threads walk the same list), or a part of it by as many when the

@@ -241,9 +241,8 @@ std::string combine_input_buffer_error(const EpConfig& config) {
            ", which quantises the rows into the buffer's memory; the input buffer serves bf16 combines only";
   }
   if (!config.combine_input_buffer) {
-    return "EpGroup::combine_input_buffer: the group was created with EpConfig::combine_input_buffer = "
-           "false, "
-           "which leaves it out (allowed: true, the default, to have one)";
+    return "EpGroup::combine_input_buffer: EpConfig::combine_input_buffer = false left it out of the group "
+           "(allowed: true, the default, to have one)";
   }
   return {};
 }
