@@ -217,17 +217,16 @@ __device__ inline bool wait_for_rows(const GroupView& group, uint64_t sequence, 
 // region, or loaded from the peer's combine input buffer where its send left them there:
 // Signals::combine_pulled, read once its flag or signal is acquired), plus the shared expert, summed in
 // float32 and rounded once. `chunked`: chunk by chunk of this rank's tokens (combine_chunk_tokens), each
-// once every other rank flagged it for call `sequence`; else,
-// once every rank's grid signalled, PerTokenTuning::kBatchTokens tokens at a time, `receivers` apart. A
-// piece's input lists are found first, then each token's row is summed by PerTokenTuning::kTokenThreads
-// threads (whole waves, so that a wave's threads walk the same list), or a part of it by as many when the
-// piece has fewer tokens than keep the block busy; each thread sums kSummedVectors vectors at once, one
-// input after another (kSummedVectors loads in flight). With Shape::combine_fp8 the other ranks' rows are
-// fp8 block-128 messages, dequantised as they are summed (add_fp8_row): kFp8, kernels of their own, whose
-// registers do not tax the bf16 receive. `epilogues.row(token,
-// vectors)` (vectors of a row) applies to each of the token's summed vectors before its store (Epilogues:
-// NoEpilogue, RowEpilogues or CallerEpilogues; each a kernel of its own, so that an epilogue's registers do
-// not tax the plain receive).
+// once every other rank flagged it for call `sequence`; else, once every rank's grid signalled,
+// PerTokenTuning::kBatchTokens tokens at a time, `receivers` apart. A piece's input lists are found first,
+// then each token's row is summed by PerTokenTuning::kTokenThreads threads (whole waves, so that a wave's
+// threads walk the same list), or a part of it by as many when the piece has fewer tokens than keep the
+// block busy; each thread sums kSummedVectors vectors at once, one input after another (kSummedVectors
+// loads in flight). With Shape::combine_fp8 the other ranks' rows are fp8 block-128 messages, dequantised
+// as they are summed (add_fp8_row): kFp8, kernels of their own, whose registers do not tax the bf16
+// receive. `epilogues.row(token, vectors)` (vectors of a row) applies to each of the token's summed vectors
+// before its store (Epilogues: NoEpilogue, RowEpilogues or CallerEpilogues; each a kernel of its own, so
+// that an epilogue's registers do not tax the plain receive).
 template <bool kFp8, typename Epilogues>
 __device__ void receive_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                        const Epilogues& epilogues, uint64_t sequence, int receiver,

@@ -321,27 +321,23 @@ void* GpuEp::dispatch_input_buffer() {
 }
 
 void* GpuEp::combine_input_buffer() {
-  if (view_.shape.pulled_combine != 0) {
-    return pulled_combine_inputs();
-  }
-  if (view_.peers.combine_staging != nullptr) {
-    return view_.peers.combine_staging;
-  }
-  if (combine_input_buffer_.get() == nullptr) {
+  if (combine_rows() == nullptr) {
     combine_input_buffer_ = DeviceBuffer(combine_memory().bytes);
     memory_bytes_ += combine_input_buffer_.bytes();
   }
-  return combine_input_buffer_.get();
+  return combine_rows();
 }
 
-uint8_t* GpuEp::pulled_combine_inputs() const {
-  return view_.combine_region + device::CombineRegion::input_rows_offset(view_.shape);
+uint8_t* GpuEp::combine_rows() const {
+  if (view_.shape.pulled_combine != 0) {
+    return view_.combine_region + device::CombineRegion::input_rows_offset(view_.shape);
+  }
+  return view_.peers.combine_staging != nullptr ? view_.peers.combine_staging
+                                                : combine_input_buffer_.as<uint8_t>();
 }
 
 contract::OwnMemory GpuEp::combine_memory() const {
-  const void* first = view_.shape.pulled_combine != 0          ? pulled_combine_inputs()
-                      : view_.peers.combine_staging != nullptr ? view_.peers.combine_staging
-                                                               : combine_input_buffer_.get();
+  const void* first = combine_rows();
   return {first,
           static_cast<std::size_t>(view_.shape.world) * view_.shape.max_tokens *
               device::CombineRegion::row_bytes(view_.shape),

@@ -37,8 +37,8 @@ class GpuEp final : public EpBackend {
   // bf16 dispatch: the message area of this rank's dispatch region, [T][hidden] bf16 (see EpGroup).
   void* dispatch_input_buffer() override;
   contract::OwnMemory dispatch_memory() const override;
-  // bf16 per-token combine: the staging rows of a group with peers on other nodes, else memory of its own
-  // allocated on the first call, [world x T][hidden] bf16 (see EpGroup).
+  // bf16 per-token combine: combine_rows(), allocated on the first call where there are none yet (see
+  // EpGroup).
   void* combine_input_buffer() override;
   contract::OwnMemory combine_memory() const override;
 
@@ -59,9 +59,10 @@ class GpuEp final : public EpBackend {
  private:
   // The message area of this rank's dispatch region: [T][message_bytes], the input buffer in bf16 groups.
   uint8_t* messages() const;
-  // Where combines pull (Shape::pulled_combine): the input rows of this rank's combine region, its combine
-  // input buffer.
-  uint8_t* pulled_combine_inputs() const;
+  // The combine input buffer, [world x T][hidden] bf16: where combines pull (Shape::pulled_combine), the
+  // input rows of this rank's combine region; across nodes, the staging rows; else memory of its own, null
+  // until combine_input_buffer first allocates it.
+  uint8_t* combine_rows() const;
   // The kernels' arguments (checked by the contract before they get here).
   device::DispatchSendArgs dispatch_send_args(const DispatchInputs& inputs) const;
   device::DispatchRecvArgs dispatch_recv_args(const DispatchOutputs& outputs) const;

@@ -175,9 +175,10 @@ class Group:
     def combine_input_buffer(self):
         """Per-token layout with a bf16 combine only: [max_recv_tokens, hidden] bf16 in the group's own memory,
         for the expert outputs (a row per received token, at its row). Passed to combine as expert_outputs
-        (the whole buffer), its rows cross to other nodes without a copy (docs/scale-out.md). Write it only
-        between this rank's dispatch and its combine, in stream order. Raises rocep.ConfigError for the
-        expanded layout and an fp8 combine."""
+        (the whole buffer), its rows are not copied: the peers of the node load them from there, and peers on
+        other nodes get them put from there (docs/scale-out.md). Write it only between this rank's dispatch
+        and its combine, in stream order. Raises rocep.ConfigError for the expanded layout, an fp8 combine
+        and a group whose EpConfig.combine_input_buffer is False."""
         return self._own_memory(self._group.combine_input_buffer_address(),
                                 self.config.max_recv_tokens(self.world_size))
 
