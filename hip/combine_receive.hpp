@@ -218,15 +218,15 @@ __device__ inline bool wait_for_rows(const GroupView& group, uint64_t sequence, 
 // Signals::combine_pulled, read once its flag or signal is acquired), plus the shared expert, summed in
 // float32 and rounded once. `chunked`: chunk by chunk of this rank's tokens (combine_chunk_tokens), each
 // once every other rank flagged it for call `sequence`; else, once every rank's grid signalled,
-// PerTokenTuning::kBatchTokens tokens at a time, `receivers` apart. A piece's input lists are found first,
-// then each token's row is summed by PerTokenTuning::kTokenThreads threads (whole waves, so that a wave's
-// threads walk the same list), or a part of it by as many when the piece has fewer tokens than keep the
-// block busy; each thread sums kSummedVectors vectors at once, one input after another (kSummedVectors
-// loads in flight). With Shape::combine_fp8 the other ranks' rows are fp8 block-128 messages, dequantised
-// as they are summed (add_fp8_row): kFp8, kernels of their own, whose registers do not tax the bf16
-// receive. `epilogues.row(token, vectors)` (vectors of a row) applies to each of the token's summed vectors
-// before its store (Epilogues: NoEpilogue, RowEpilogues or CallerEpilogues; each a kernel of its own, so
-// that an epilogue's registers do not tax the plain receive).
+// PerTokenTuning::kBatchTokens tokens at a time, `receivers` apart. A piece's input lists are found first (a
+// thread per token and rank), then each token's row is summed by PerTokenTuning::kTokenThreads threads (whole
+// waves, so that a wave's threads walk the same list), or a part of it by as many when the piece has fewer
+// tokens than keep the block busy; each thread sums kSummedVectors vectors at once, one input after another
+// (kSummedVectors loads in flight). With Shape::combine_fp8 the other ranks' rows are fp8 block-128 messages,
+// dequantised as they are summed (add_fp8_row): kFp8, kernels of their own, whose registers do not tax the
+// bf16 receive. `epilogues.row(token, vectors)` (vectors of a row) applies to each of the token's summed
+// vectors before its store (Epilogues: NoEpilogue, RowEpilogues or CallerEpilogues; each a kernel of its own,
+// so that an epilogue's registers do not tax the plain receive).
 template <bool kFp8, typename Epilogues>
 __device__ void receive_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                        const Epilogues& epilogues, uint64_t sequence, int receiver,
@@ -272,40 +272,50 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
       step = receivers;
       count = min(kBatch, (tokens - first + step - 1) / step);
     }
-    if (static_cast<int>(threadIdx.x) < count) {
-      const int token = first + static_cast<int>(threadIdx.x) * step;
-      int listed = 0;
+    // The piece's input lists, a thread per (token, rank), every load of a thread issued before any is
+    // used: the token's destination ranks (its mask), and this rank's row of the token, or the peer's
+    // pulled row with its word (read whether or not the peer pulls, from this rank's own combine region).
+    // Each input goes to its place in rank order among the ranks the token went to.
+    for (int slot = static_cast<int>(threadIdx.x); slot < count * shape.world;
+         slot += static_cast<int>(blockDim.x)) {
+      const int in_piece = slot / shape.world;
+      const int peer = slot - in_piece * shape.world;
+      const int token = first + in_piece * step;
       const uint64_t mask = group.sent_masks[token];
-      for (int peer = 0; peer < shape.world; ++peer) {
-        if (((mask >> peer) & 1) == 0) {
-          continue;
-        }
-        const uint16_t* row = nullptr;
-        if (peer == shape.rank) {
-          row = args.expert_outputs +
-                static_cast<std::size_t>(
-                    group.token_rows[(static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) *
-                                     shape.top_k]) *
-                    shape.hidden;
-        } else if (!kFp8 && shape.pulled_combine != 0 && group.signals->combine_pulled[peer] != 0) {
-          // The peer's row of the token, in its combine input buffer.
+      const uint16_t* row = nullptr;
+      if (peer == shape.rank) {
+        row = args.expert_outputs +
+              static_cast<std::size_t>(
+                  group.token_rows[(static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) *
+                                   shape.top_k]) *
+                  shape.hidden;
+      } else {
+        row = region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden;
+        if (!kFp8 && shape.pulled_combine != 0) {
           const int32_t pulled_row = *reinterpret_cast<const int32_t*>(
               group.combine_region + CombineRegion::pulled_row_offset(shape, peer, token));
-          row = reinterpret_cast<const uint16_t*>(group.peers.read_window(PeerRegion::kCombine, peer) +
-                                                  CombineRegion::input_rows_offset(shape)) +
-                static_cast<std::size_t>(pulled_row) * shape.hidden;
-        } else {
-          row = region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden;
+          if (group.signals->combine_pulled[peer] != 0) {  // the peer's row, in its combine input buffer
+            row = reinterpret_cast<const uint16_t*>(group.peers.read_window(PeerRegion::kCombine, peer) +
+                                                    CombineRegion::input_rows_offset(shape)) +
+                  static_cast<std::size_t>(pulled_row) * shape.hidden;
+          }
         }
+      }
+      const int ranks = __popcll(mask);
+      if (((mask >> peer) & 1) != 0) {
         const uintptr_t fp8 = kFp8 && peer != shape.rank ? kFp8Input : 0;
-        inputs[threadIdx.x][listed++] =
+        inputs[in_piece][__popcll(mask & ((1ull << peer) - 1))] =
             reinterpret_cast<const Vector16*>(reinterpret_cast<uintptr_t>(row) + fp8);
       }
-      if (args.shared_expert_output != nullptr && in_shared_expert_slice(shape, tokens, token)) {
-        inputs[threadIdx.x][listed++] = reinterpret_cast<const Vector16*>(
-            args.shared_expert_output + static_cast<std::size_t>(token) * shape.hidden);
+      if (peer == 0) {
+        const bool shared_expert =
+            args.shared_expert_output != nullptr && in_shared_expert_slice(shape, tokens, token);
+        if (shared_expert) {
+          inputs[in_piece][ranks] = reinterpret_cast<const Vector16*>(
+              args.shared_expert_output + static_cast<std::size_t>(token) * shape.hidden);
+        }
+        input_counts[in_piece] = ranks + (shared_expert ? 1 : 0);
       }
-      input_counts[threadIdx.x] = listed;
     }
     __syncthreads();
     int parts = 1;  // of each row, as many as keep the block's threads busy
