@@ -173,8 +173,9 @@ std::string combine_args_error(const EpConfig& config, int rank, const CombineAr
   if (args.expert_outputs == nullptr || args.out == nullptr) {
     return on_rank("combine", rank) + " passed a null expert_outputs/out pointer";
   }
-  // Anywhere in the combine's staging rows but at their start, the staging copy would overwrite rows it has
-  // yet to read.
+  // Anywhere in the combine input buffer's memory but at its start: across nodes, where that memory is the
+  // send's staging rows, the staging copy would overwrite rows it has yet to read. Refused in every group
+  // alike, so that what a caller may pass does not depend on where the group's ranks are.
   if (misplaced(args.expert_outputs, memory)) {
     return on_rank("combine", rank) +
            " passed expert_outputs inside the group's own combine memory but not at combine_input_buffer()";
