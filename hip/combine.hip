@@ -485,16 +485,12 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
 // share of the grid (of kCombineSplitBlocks or more), the larger one where the group has SHMEM peers, whose
 // puts take their senders' multiprocessors where the link is NVLink (docs/scale-out.md). The links fill
 // from a few multiprocessors; the receive's sums, bound by each multiprocessor's instructions, take the
-// rest. fp8 messages that their ranks pull (Shape::pulled_fp8_combine) are quantised into this rank's own
-// memory, by senders of their own share.
-template <bool kFp8>
+// rest.
 __device__ inline int combine_senders(const GroupView& group, int blocks) {
   const bool puts = kCompiledTransport == Transport::kShmem && group.peers.shmem_peers != 0;
-  const int percent = puts ? PerTokenTuning::kCombineSenderPercentOverShmem
-                      : kFp8 && group.shape.pulled_fp8_combine != 0
-                          ? PerTokenTuning::kCombinePulledFp8SenderPercent
-                          : PerTokenTuning::kCombineSenderPercent;
-  return blocks * percent / 100;
+  return blocks *
+         (puts ? PerTokenTuning::kCombineSenderPercentOverShmem : PerTokenTuning::kCombineSenderPercent) /
+         100;
 }
 
 // Whether this rank's per-token combine leaves its rows where its peers load them: where the group's
@@ -538,9 +534,6 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
   const auto offset_of = [&](int token) {
     return (static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * row_bytes;
   };
-  // fp8 messages that their ranks pull (Shape::pulled_fp8_combine): in this rank's own combine region at
-  // [source][token], where `source` loads them from.
-  const bool messages_pulled = kFp8 && shape.pulled_fp8_combine != 0;
   // Lists row `token` (the batch's first + i) of `source` for the copy, if this rank has one.
   const auto list_row = [&](int source, int token, int i) {
     const int32_t row =
@@ -549,10 +542,7 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
       const int place = atomicAdd(&count, 1);
       const std::size_t row_offset = static_cast<std::size_t>(row) * row_bytes;
       from[place] = expert_outputs + row_offset;
-      to[place] = messages_pulled
-                      ? group.combine_region +
-                            (static_cast<std::size_t>(source) * shape.max_tokens + token) * row_bytes
-                      : group.peers.row_window(source, offset_of(token), row_offset);
+      to[place] = group.peers.row_window(source, offset_of(token), row_offset);
       row_offsets[i] = row_offset;
       atomicOr(&listed, 1u << i);
     }
@@ -698,7 +688,7 @@ __device__ void combine_kernel_per_token(const GroupView& group, const rocep::de
   const uint64_t sequence = group.block_calls[block].combines + 1;
   const bool chunked = chunked_combine(group.shape, group.state->sent_tokens);
   const bool split_roles = chunked && (kFp8 || !rows_pulled(group, args));
-  const int senders = split_roles ? combine_senders<kFp8>(group, blocks) : blocks;
+  const int senders = split_roles ? combine_senders(group, blocks) : blocks;
   if (block < senders) {
     send_rows_per_token<kFp8>(group, args, sequence, block, senders);
   }

@@ -289,9 +289,6 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
                   group.token_rows[(static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) *
                                    shape.top_k]) *
                   shape.hidden;
-      } else if (kFp8 && shape.pulled_fp8_combine != 0) {  // the peer's message, staged in its own region
-        row = reinterpret_cast<const uint16_t*>(group.peers.read_window(PeerRegion::kCombine, peer)) +
-              (static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * shape.hidden;
       } else {
         row = region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden;
         if (!kFp8 && shape.pulled_combine != 0) {

@@ -131,9 +131,6 @@ struct PerTokenTuning {
   static constexpr int kCombineSplitBlocks = 16;
   static constexpr int kCombineSenderPercent = 42;
   static constexpr int kCombineSenderPercentOverShmem = 60;
-  static constexpr int kCombinePulledFp8SenderPercent = 42;
-  static constexpr int kPulledFp8CombineBlocks =
-      64;  // the fewest blocks of a grid whose fp8 messages are pulled
 };
 
 // The consecutive tokens a block takes at a time where `blocks` blocks share `tokens`: up to

@@ -73,10 +73,6 @@ struct Shape {
   // whose expert outputs are in its combine input buffer (CombineRegion::input_rows_offset) sends nothing,
   // and its peers load its rows of their tokens from there (Signals::combine_pulled)
   int32_t pulled_combine;
-  // 1: the per-token combine's fp8 messages (combine_fp8) are pulled (one node, more than one rank, not
-  // local-only): a rank quantises the row of each token it received from rank r into its own combine
-  // region at [r][token], and r loads the message from there
-  int32_t pulled_fp8_combine;
 };
 
 // Whether a combine adds the shared expert to `token` of this rank's call of `tokens`: every token, or in
@@ -184,8 +180,7 @@ ROCEP_HOST_DEVICE inline int max_combine_chunks(const Shape& shape) {
 
 // One rank's combine receive region, bf16 rows of `hidden`:
 //   weighted (and per-token): [world][T] rows: the partial sum (per-token: the row) rank r computed for
-//               token t at row r * T + t; where fp8 messages are pulled (Shape::pulled_fp8_combine), this
-//               rank's own message of rank r's token t there instead, which rank r loads
+//               token t at row r * T + t
 //   unweighted (expanded):    [T][top_k] rows: expert output of (t, k) at row t * top_k + k
 // then, for the per-token layout, chunk flags [max_combine_chunks][world] uint64: [c][r] = the last combine
 // call whose rows of chunk c rank r has stored here (zero at creation; calls count from 1). Where combines

@@ -124,8 +124,7 @@ struct PeerTransport {
   // Where this rank loads bytes of `peer`'s dispatch region from, once it acquired the peer's arrival (and
   // for a SHMEM peer the holder's, held_arrivals). IPC: the peer's region itself; SHMEM: the image of it on
   // this node's rank that holds it (dispatch_sources). The combine region: IPC only, where the group's
-  // combines pull their rows from the peers' combine input buffers (Shape::pulled_combine) or their fp8
-  // messages from the peers' regions (Shape::pulled_fp8_combine).
+  // combines pull their rows from the peers' combine input buffers (Shape::pulled_combine).
   ROCEP_DEVICE const uint8_t* read_window(PeerRegion region, int peer) const {
 #if defined(ROCEP_HAVE_SHMEM)
     if (region == PeerRegion::kDispatch && through_shmem(peer)) {

@@ -136,14 +136,8 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
   const int32_t blocks = grid_.blocks;
   std::vector<int32_t> grids(static_cast<std::size_t>(world.size()));
   world.all_gather(&blocks, grids.data(), sizeof(blocks));
-  const int32_t fewest_blocks = *std::min_element(grids.begin(), grids.end());
-  const bool grids_split = fewest_blocks >= device::PerTokenTuning::kCombineSplitBlocks;
-  // fp8 messages are pulled only by grids large enough to keep the loads over the link in flight.
-  shape.pulled_fp8_combine = shape.per_token != 0 && shape.combine_fp8 != 0 && layout.num_nodes == 1 &&
-                                     world.size() > 1 && !config.local_only &&
-                                     fewest_blocks >= device::PerTokenTuning::kPulledFp8CombineBlocks
-                                 ? 1
-                                 : 0;
+  const bool grids_split =
+      *std::min_element(grids.begin(), grids.end()) >= device::PerTokenTuning::kCombineSplitBlocks;
   // Local-only: no rows cross, so a fused combine's blocks all receive.
   shape.split_combine = grids_split && !config.local_only ? 1 : 0;
 
