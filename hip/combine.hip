@@ -667,14 +667,31 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
   }
 }
 
+// The signal of a per-token combine send, from every block once it has sent. Where this rank's rows are
+// pulled (rows_pulled) only block 0 stored anything for the peers (its words and flags), so it signals
+// alone, without waiting for the grid's count: the rows the peers then load were written before this
+// kernel began. Otherwise the grid signals once every block has sent (signal_grid_done).
+template <bool kFp8>
+__device__ void signal_rows_sent(const GroupView& group, const rocep::device::CombineArgs& args) {
+  const Shape& shape = group.shape;
+  if (kFp8 || !rows_pulled(group, args)) {
+    signal_grid_done(&group.state->combine_blocks_sent, nullptr, group.peers, shape.world, shape.rank,
+                     &Signals::combine_arrived);
+  } else if (blockIdx.x == 0) {
+    __syncthreads();  // the block's words and flags are ordered before thread 0's fence
+    if (threadIdx.x == 0) {
+      signal_ipc_peers(group.peers, shape.world, shape.rank, &Signals::combine_arrived);
+    }
+  }
+}
+
 // The split send: every block sends, then the grid signals the peers.
 template <bool kFp8>
 __device__ void send_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
   const int block = static_cast<int>(blockIdx.x);
   send_rows_per_token<kFp8>(group, args, group.block_calls[block].combines + 1, block,
                             static_cast<int>(gridDim.x));
-  signal_grid_done(&group.state->combine_blocks_sent, nullptr, group.peers, group.shape.world,
-                   group.shape.rank, &Signals::combine_arrived);
+  signal_rows_sent<kFp8>(group, args);
 }
 
 // The fused call: every block sends, then receives; or, for a chunked call, combine_senders(grid) blocks
@@ -692,8 +709,7 @@ __device__ void combine_kernel_per_token(const GroupView& group, const rocep::de
   if (block < senders) {
     send_rows_per_token<kFp8>(group, args, sequence, block, senders);
   }
-  signal_grid_done(&group.state->combine_blocks_sent, nullptr, group.peers, group.shape.world,
-                   group.shape.rank, &Signals::combine_arrived);
+  signal_rows_sent<kFp8>(group, args);
   if (split_roles && block < senders) {
     if (threadIdx.x == 0) {
       group.block_calls[block].combines = sequence;  // a sender's part of the call is done

@@ -40,6 +40,17 @@ __device__ inline bool arrives_last(uint32_t* count) {
   return true;
 }
 
+// By one thread, once every store that the peers' waits release is ordered before its own: one
+// system-scope fence, then 1 added to words[rank] of every peer reached by IPC (this rank included).
+__device__ inline void signal_ipc_peers(const PeerTransport& peers, int world, int rank, ArrivalWords words) {
+  fence_acq_rel_system();
+  for (int peer = 0; peer < world; ++peer) {
+    if (!peers.through_shmem(peer)) {
+      peers.signal_add(peer, words, rank, uint64_t{1});
+    }
+  }
+}
+
 // Called by every thread of every block of a sending grid once the block's stores for the peers are
 // issued. The blocks count in through *blocks_done (arrives_last); the grid's last block then, with one
 // system-scope fence for the whole grid, adds 1 to every peer's words[rank]. With a system fence and adds
@@ -60,12 +71,7 @@ __device__ inline void signal_grid_done(uint32_t* blocks_done, uint32_t* claims,
   if (claims != nullptr) {
     *claims = 0;
   }
-  fence_acq_rel_system();  // every block's stores (acquired by the count) before the adds, for every peer
-  for (int peer = 0; peer < world; ++peer) {
-    if (!peers.through_shmem(peer)) {
-      peers.signal_add(peer, words, rank, uint64_t{1});
-    }
-  }
+  signal_ipc_peers(peers, world, rank, words);  // every block's stores, acquired by the count
 }
 
 // The calling block waits until every rank r but skipped_rank has signalled its `sequence`-th call
