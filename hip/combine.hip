@@ -668,9 +668,10 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
 }
 
 // The signal of a per-token combine send, from every block once it has sent. Where this rank's rows are
-// pulled (rows_pulled) only block 0 stored anything for the peers (its words and flags), so it signals
-// alone, without waiting for the grid's count: the rows the peers then load were written before this
-// kernel began. Otherwise the grid signals once every block has sent (signal_grid_done).
+// pulled (rows_pulled: one node, so every peer by IPC) only block 0 stored anything for the peers (its
+// words and flags), so it signals alone, without waiting for the grid's count: the rows the peers then
+// load were written before this kernel began. Otherwise the grid signals once every block has sent
+// (signal_grid_done).
 template <bool kFp8>
 __device__ void signal_rows_sent(const GroupView& group, const rocep::device::CombineArgs& args) {
   const Shape& shape = group.shape;
