@@ -564,8 +564,8 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
       copy_rows<PerTokenTuning::kCombineVectorsInFlight>(from, to, count,
                                                          static_cast<uint32_t>(row_bytes / kVectorBytes));
     }
-    if (!group.peers.through_shmem(source)) {
-      return;  // stored in the peer's memory
+    if (!group.peers.through_shmem(source) || combine_sums_nodes(shape)) {
+      return;  // stored in the peer's memory, or staged for this node's sum of the source's rows
     }
     for (uint32_t left = listed; left != 0;) {  // the same in every thread
       const BitRun run = take_lowest_run(&left, kFp8 ? 1 : 32);
@@ -667,6 +667,83 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
   }
 }
 
+// The node sums of a per-token combine (Shape::node_sums), by sender `sender` of `senders`, once this rank's
+// rows are staged: every block counts in, and the grid's last one tells this node's ranks
+// (Signals::combine_staged); then every block waits until each rank of this node has staged its rows of
+// combine `sequence`. For each source on another node whose messages this rank held, runs of up to
+// PerTokenTuning::kBatchTokens consecutive tokens go to the senders in turn: each token's rows from this
+// node's ranks that received it (ascending rank, from their staging rows, found through the row index their
+// dispatch receives stored, NodeSums) summed in float32 and rounded once, into its NodeSums row, and the
+// tokens that have one put to the source as this rank's rows (publish_node_sums), a put per run of
+// consecutive ones. The source sums that row in the place of this rank's (summed_ranks).
+__device__ void send_node_sums(const GroupView& group, uint64_t sequence, int sender, int senders) {
+  const Shape& shape = group.shape;
+  constexpr int kBatch = PerTokenTuning::kBatchTokens;
+  static_assert(kBatch <= 32, "a batch's tokens fit the bits of `summed`");
+  __syncthreads();  // the block's staging stores are ordered before thread 0's count
+  if (threadIdx.x == 0 && arrives_last(&group.state->combine_blocks_staged)) {
+    signal_ipc_peers(group.peers, shape.world, shape.rank, &Signals::combine_staged);
+  }
+  const uint64_t mates = group.peers.node_ranks[shape.rank];
+  if (!block_wait_for_peers(group.signals->combine_staged, sequence, shape.world, group.timeout_ticks,
+                            group.status, Operation::kCombineSend, nullptr, -1, nullptr, mates)) {
+    return;
+  }
+  __shared__ const Vector16* inputs[kBatch][kMaxNodeSumRanks];
+  __shared__ int input_counts[kBatch];
+  __shared__ uint32_t summed;  // bit i: the batch's token i has a sum
+  const std::size_t row_bytes = CombineRegion::row_bytes(shape);
+  int batch = 0;  // batches of the held sources so far, in source then token order
+  for (int source = 0; source < shape.world; ++source) {
+    if (group.peers.node_summers[source] != shape.rank) {
+      continue;  // on this node, or held by a node-mate
+    }
+    const int slot = group.peers.node_summers[shape.world + source];
+    const int tokens = group.signals->tokens_from[source];
+    for (int first = 0; first < tokens; first += kBatch, ++batch) {
+      if (batch % senders != sender) {
+        continue;  // the same in every thread
+      }
+      const int count = min(kBatch, tokens - first);
+      if (threadIdx.x == 0) {
+        summed = 0;
+      }
+      __syncthreads();
+      // A thread per token: its rows on this node, in ascending rank.
+      if (static_cast<int>(threadIdx.x) < count) {
+        const int token = first + static_cast<int>(threadIdx.x);
+        int listed = 0;
+        for (uint64_t left = mates; left != 0; left &= left - 1) {
+          const int mate = __ffsll(static_cast<long long>(left)) - 1;
+          const int32_t row = *reinterpret_cast<const int32_t*>(
+              group.peers.node_sums[shape.rank] + NodeSums::row_index_offset(shape, mate, slot, token));
+          if (row >= 0) {
+            inputs[threadIdx.x][listed++] = reinterpret_cast<const Vector16*>(
+                group.peers.staged_rows[mate] + static_cast<std::size_t>(row) * row_bytes);
+          }
+        }
+        input_counts[threadIdx.x] = listed;
+        if (listed > 0) {
+          atomicOr(&summed, 1u << threadIdx.x);
+        }
+      }
+      __syncthreads();
+      sum_piece<false>(
+          inputs, input_counts, count, shape,
+          [&](int in_piece) {
+            return reinterpret_cast<Vector16*>(group.peers.node_sums[shape.rank] +
+                                               NodeSums::row_offset(shape, slot, first + in_piece));
+          },
+          [](int /*in_piece*/) { return NoEpilogue{}; });
+      for (uint32_t left = summed; left != 0;) {  // the same in every thread
+        const BitRun run = take_lowest_run(&left, kBatch);
+        group.peers.publish_node_sums(shape, source, slot, first + run.start, run.length);
+      }
+      __syncthreads();  // `summed` and the lists are read before the next batch's
+    }
+  }
+}
+
 // The signal of a per-token combine send, from every block once it has sent. Where this rank's rows are
 // pulled (rows_pulled: one node, so every peer by IPC) only block 0 stored anything for the peers (its
 // words and flags), so it signals alone, without waiting for the grid's count: the rows the peers then
@@ -690,8 +767,11 @@ __device__ void signal_rows_sent(const GroupView& group, const rocep::device::Co
 template <bool kFp8>
 __device__ void send_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
   const int block = static_cast<int>(blockIdx.x);
-  send_rows_per_token<kFp8>(group, args, group.block_calls[block].combines + 1, block,
-                            static_cast<int>(gridDim.x));
+  const uint64_t sequence = group.block_calls[block].combines + 1;
+  send_rows_per_token<kFp8>(group, args, sequence, block, static_cast<int>(gridDim.x));
+  if (!kFp8 && combine_sums_nodes(group.shape)) {
+    send_node_sums(group, sequence, block, static_cast<int>(gridDim.x));
+  }
   signal_rows_sent<kFp8>(group, args);
 }
 
@@ -709,6 +789,9 @@ __device__ void combine_kernel_per_token(const GroupView& group, const rocep::de
   const int senders = split_roles ? combine_senders(group, blocks) : blocks;
   if (block < senders) {
     send_rows_per_token<kFp8>(group, args, sequence, block, senders);
+  }
+  if (!kFp8 && combine_sums_nodes(group.shape)) {  // not chunked: every block sends (Shape::split_combine)
+    send_node_sums(group, sequence, block, senders);
   }
   signal_rows_sent<kFp8>(group, args);
   if (split_roles && block < senders) {

@@ -195,6 +195,95 @@ __device__ inline void add_fp8_row(Lanes (&sums)[kVectors], const uint8_t* messa
   }
 }
 
+// Sums a piece of `count` tokens, token i from its input_counts[i] inputs inputs[i][0..] in list order
+// (bf16 rows, or with kFp8 also fp8 block-128 messages tagged kFp8Input), in float32, and stores row i at
+// out_row(i) with the epilogue epilogue_row(i) before each vector's store. Each row is summed by
+// PerTokenTuning::kTokenThreads threads (whole waves, so that a wave's threads walk the same list), or a part
+// of it by as many when the piece has fewer tokens than keep the block busy; each thread sums kSummedVectors
+// vectors at once, one input after another (kSummedVectors loads in flight). Call from every thread, once
+// the lists are written and the block has passed a barrier.
+template <bool kFp8, int kInputs, typename OutRow, typename EpilogueRow>
+__device__ inline void sum_piece(const Vector16* const (*inputs)[kInputs], const int* input_counts, int count,
+                                 const Shape& shape, const OutRow& out_row, const EpilogueRow& epilogue_row) {
+  constexpr int kSummedVectors = kFp8 ? PerTokenTuning::kSummedFp8Vectors : PerTokenTuning::kSummedVectors;
+  constexpr int kTokenThreads = PerTokenTuning::kTokenThreads;
+  static_assert(PerTokenTuning::kCombineThreads % kTokenThreads == 0 && kTokenThreads % kWaveSize == 0,
+                "a token's row is summed by whole waves of the block");
+  constexpr int kTokensAtOnce = PerTokenTuning::kCombineThreads / kTokenThreads;
+  const int vectors = shape.hidden / kLanes;
+  int parts = 1;  // of each row, as many as keep the block's threads busy
+  while (parts < kTokensAtOnce && count * parts * 2 <= kTokensAtOnce) {
+    parts *= 2;
+  }
+  for (int unit = static_cast<int>(threadIdx.x) / kTokenThreads; unit < count * parts;
+       unit += kTokensAtOnce) {
+    const int in_piece = unit / parts;
+    const int part = unit - in_piece * parts;
+    const int listed = input_counts[in_piece];
+    const Vector16* const* token_inputs = inputs[in_piece];
+    const int end = (part + 1) * vectors / parts;
+    for (int vector0 = part * vectors / parts + static_cast<int>(threadIdx.x) % kTokenThreads; vector0 < end;
+         vector0 += kSummedVectors * kTokenThreads) {
+      Lanes sums[kSummedVectors] = {};
+      for (int input = 0; input < listed; ++input) {
+        if constexpr (kFp8) {
+          const auto tagged = reinterpret_cast<uintptr_t>(token_inputs[input]);
+          if ((tagged & kFp8Input) != 0) {
+            add_fp8_row<kSummedVectors, kTokenThreads>(
+                sums, reinterpret_cast<const uint8_t*>(tagged - kFp8Input), shape, vector0, end);
+            continue;
+          }
+        }
+        const Vector16* row = token_inputs[input] + vector0;
+        Vector16 loaded[kSummedVectors];
+#pragma unroll
+        for (int i = 0; i < kSummedVectors; ++i) {
+          if (vector0 + i * kTokenThreads < end) {
+            loaded[i] = row[i * kTokenThreads];
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kSummedVectors; ++i) {
+          if (vector0 + i * kTokenThreads < end) {
+            const Lanes y = unpack(loaded[i]);
+            for (int value = 0; value < kLanes; ++value) {
+              sums[i].value[value] = fmaf(1.0f, y.value[value], sums[i].value[value]);
+            }
+          }
+        }
+      }
+      Vector16* out = out_row(in_piece);
+#pragma unroll
+      for (int i = 0; i < kSummedVectors; ++i) {
+        const int vector = vector0 + i * kTokenThreads;
+        if (vector < end) {
+          epilogue_row(in_piece).apply(sums[i], vector);
+          out[vector] = pack(sums[i]);
+        }
+      }
+    }
+  }
+}
+
+// The ranks whose rows of a token this rank's combine sums, from the token's destination ranks `ranks`:
+// those ranks, or where nodes sum first (Shape::node_sums) those of this node and, for each other node
+// among them, the rank there that summed that node's rows (the holder of this rank's messages there,
+// PeerTransport::share_peers), in the place of its rank.
+__device__ inline uint64_t summed_ranks(const GroupView& group, uint64_t ranks) {
+  if (!combine_sums_nodes(group.shape)) {
+    return ranks;
+  }
+  const PeerTransport& peers = group.peers;
+  uint64_t summed = ranks & ~peers.shmem_peers;
+  for (uint64_t holders = peers.share_peers; holders != 0; holders &= holders - 1) {
+    const int holder = __ffsll(static_cast<long long>(holders)) - 1;
+    if ((ranks & peers.node_ranks[holder]) != 0) {
+      summed |= uint64_t{1} << holder;
+    }
+  }
+  return summed;
+}
+
 // Waits for every rank's grid signal of combine `sequence`; with check_weighting, also reports a rank whose
 // send was not per-token partials.
 __device__ inline bool wait_for_rows(const GroupView& group, uint64_t sequence, bool check_weighting) {
@@ -219,10 +308,8 @@ __device__ inline bool wait_for_rows(const GroupView& group, uint64_t sequence, 
 // float32 and rounded once. `chunked`: chunk by chunk of this rank's tokens (combine_chunk_tokens), each
 // once every other rank flagged it for call `sequence`; else, once every rank's grid signalled,
 // PerTokenTuning::kBatchTokens tokens at a time, `receivers` apart. A piece's input lists are found first (a
-// thread per token and rank), then each token's row is summed by PerTokenTuning::kTokenThreads threads (whole
-// waves, so that a wave's threads walk the same list), or a part of it by as many when the piece has fewer
-// tokens than keep the block busy; each thread sums kSummedVectors vectors at once, one input after another
-// (kSummedVectors loads in flight). With Shape::combine_fp8 the other ranks' rows are fp8 block-128 messages,
+// thread per token and rank), then its rows summed (sum_piece). Where nodes sum first (Shape::node_sums),
+// another node's rows of a token are one, its summing rank's (summed_ranks). With Shape::combine_fp8 the other ranks' rows are fp8 block-128 messages,
 // dequantised as they are summed (add_fp8_row): kFp8, kernels of their own, whose registers do not tax the
 // bf16 receive. `epilogues.row(token, vectors)` (vectors of a row) applies to each of the token's summed
 // vectors before its store (Epilogues: NoEpilogue, RowEpilogues or CallerEpilogues; each a kernel of its own,
@@ -233,11 +320,6 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
                                        int receivers, bool chunked) {
   const Shape& shape = group.shape;
   constexpr int kBatch = PerTokenTuning::kBatchTokens;
-  constexpr int kSummedVectors = kFp8 ? PerTokenTuning::kSummedFp8Vectors : PerTokenTuning::kSummedVectors;
-  constexpr int kTokenThreads = PerTokenTuning::kTokenThreads;
-  static_assert(PerTokenTuning::kCombineThreads % kTokenThreads == 0 && kTokenThreads % kWaveSize == 0,
-                "a token's row is summed by whole waves of the block");
-  constexpr int kTokensAtOnce = PerTokenTuning::kCombineThreads / kTokenThreads;
   const int vectors = shape.hidden / kLanes;
   const int tokens = group.state->sent_tokens;
   const int chunk_tokens = combine_chunk_tokens(tokens);
@@ -281,7 +363,7 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
       const int in_piece = slot / shape.world;
       const int peer = slot - in_piece * shape.world;
       const int token = first + in_piece * step;
-      const uint64_t mask = group.sent_masks[token];
+      const uint64_t mask = summed_ranks(group, group.sent_masks[token]);
       const uint16_t* row = nullptr;
       if (peer == shape.rank) {
         row = args.expert_outputs +
@@ -318,60 +400,13 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
       }
     }
     __syncthreads();
-    int parts = 1;  // of each row, as many as keep the block's threads busy
-    while (parts < kTokensAtOnce && count * parts * 2 <= kTokensAtOnce) {
-      parts *= 2;
-    }
-    for (int unit = static_cast<int>(threadIdx.x) / kTokenThreads; unit < count * parts;
-         unit += kTokensAtOnce) {
-      const int in_piece = unit / parts;
-      const int part = unit - in_piece * parts;
-      const int listed = input_counts[in_piece];
-      const Vector16* const* token_inputs = inputs[in_piece];
-      const int token = first + in_piece * step;
-      const int end = (part + 1) * vectors / parts;
-      for (int vector0 = part * vectors / parts + static_cast<int>(threadIdx.x) % kTokenThreads;
-           vector0 < end; vector0 += kSummedVectors * kTokenThreads) {
-        Lanes sums[kSummedVectors] = {};
-        for (int input = 0; input < listed; ++input) {
-          if constexpr (kFp8) {
-            const auto tagged = reinterpret_cast<uintptr_t>(token_inputs[input]);
-            if ((tagged & kFp8Input) != 0) {
-              add_fp8_row<kSummedVectors, kTokenThreads>(
-                  sums, reinterpret_cast<const uint8_t*>(tagged - kFp8Input), shape, vector0, end);
-              continue;
-            }
-          }
-          const Vector16* row = token_inputs[input] + vector0;
-          Vector16 loaded[kSummedVectors];
-#pragma unroll
-          for (int i = 0; i < kSummedVectors; ++i) {
-            if (vector0 + i * kTokenThreads < end) {
-              loaded[i] = row[i * kTokenThreads];
-            }
-          }
-#pragma unroll
-          for (int i = 0; i < kSummedVectors; ++i) {
-            if (vector0 + i * kTokenThreads < end) {
-              const Lanes y = unpack(loaded[i]);
-              for (int value = 0; value < kLanes; ++value) {
-                sums[i].value[value] = fmaf(1.0f, y.value[value], sums[i].value[value]);
-              }
-            }
-          }
-        }
-        Vector16* out =
-            reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(token) * args.out_row_stride);
-#pragma unroll
-        for (int i = 0; i < kSummedVectors; ++i) {
-          const int vector = vector0 + i * kTokenThreads;
-          if (vector < end) {
-            epilogues.row(token, vectors).apply(sums[i], vector);
-            out[vector] = pack(sums[i]);
-          }
-        }
-      }
-    }
+    sum_piece<kFp8>(
+        inputs, input_counts, count, shape,
+        [&](int in_piece) {
+          return reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(first + in_piece * step) *
+                                                            args.out_row_stride);
+        },
+        [&](int in_piece) { return epilogues.row(first + in_piece * step, vectors); });
     __syncthreads();  // the piece's lists are summed before the next piece's are written
   }
   if (arrived && chunked && receiver == 0) {

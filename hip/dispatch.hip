@@ -1160,6 +1160,9 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
           }
         }
       }
+      if (k == 0 && combine_sums_nodes(shape)) {
+        group.peers.store_node_row(shape, source, token, row);
+      }
       // For combine: the token's row in slot 0, -1 in the others.
       group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k + k] =
           k == 0 ? row : -1;

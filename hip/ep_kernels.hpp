@@ -258,4 +258,10 @@ inline constexpr Transport kCompiledTransport = Transport::kIpc;
 #define ROCEP_EP_KERNEL(name) name
 #endif
 
+// Whether the group's per-token combine sums each node's rows of a token on that node first
+// (Shape::node_sums): only groups that span nodes, so the kernels compiled for IPC leave that code out.
+ROCEP_HOST_DEVICE inline bool combine_sums_nodes(const Shape& shape) {
+  return kCompiledTransport == Transport::kShmem && shape.node_sums != 0;
+}
+
 }  // namespace rocep::device

@@ -15,6 +15,9 @@ inline constexpr int kMaxWorld = 64;        // ranks of one node reachable by IP
 inline constexpr int kMaxHidden = 1 << 16;  // the largest hidden size EpConfig accepts
 // 32-bit words of the largest token scales: nvfp4's one byte per 16 elements.
 inline constexpr int kMaxScaleWords = kMaxHidden / 16 / 4;
+// The most ranks of a node whose per-token combine rows are summed on the node before they cross
+// (Shape::node_sums): a node sum lists each rank's row of a token in shared memory.
+inline constexpr int kMaxNodeSumRanks = 8;
 
 enum class StatusCode : uint32_t {
   kOk = 0,
@@ -73,6 +76,10 @@ struct Shape {
   // whose expert outputs are in its combine input buffer (CombineRegion::input_rows_offset) sends nothing,
   // and its peers load its rows of their tokens from there (Signals::combine_pulled)
   int32_t pulled_combine;
+  // The per-token bf16 combine of a group spanning nodes sums each node's rows of a token on that node
+  // before they cross (docs/scale-out.md, NodeSums): the node sums each rank keeps (a slot of T rows per
+  // source on another node whose messages it holds, the most any rank holds); 0: every rank's row crosses
+  int32_t node_sums;
 };
 
 // Whether a combine adds the shared expert to `token` of this rank's call of `tokens`: every token, or in
@@ -221,6 +228,26 @@ struct CombineRegion {
   }
 };
 
+// The node sums of a rank of a group whose per-token combine sums nodes first (Shape::node_sums), in the
+// engine's symmetric memory, reached by this rank and its node-mates only:
+//   rows       [node_sums][T] rows: slot l holds this node's sum of each token of the l-th source on another
+//              node whose messages this rank holds (PeerTransport::node_summers), put from here to it
+//   row index  [world][node_sums][T] int32: [q][l][t] = rank q's row of token t of that source among its
+//              received rows, -1 where q received it not; stored by q's dispatch receive (q on this node)
+struct NodeSums {
+  ROCEP_HOST_DEVICE static std::size_t row_offset(const Shape& shape, int slot, int token) {
+    return (static_cast<std::size_t>(slot) * shape.max_tokens + token) * CombineRegion::row_bytes(shape);
+  }
+  ROCEP_HOST_DEVICE static std::size_t row_index_offset(const Shape& shape, int rank, int slot, int token) {
+    return row_offset(shape, shape.node_sums, 0) +
+           ((static_cast<std::size_t>(rank) * shape.node_sums + slot) * shape.max_tokens + token) *
+               sizeof(int32_t);
+  }
+  ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) {
+    return row_index_offset(shape, shape.world, 0, 0);
+  }
+};
+
 // Words every rank exposes for peers to signal into (polled-flag memory). The last block of a sending grid
 // adds 1 once every block's stores are done (group_sync.hpp); the counts only grow, so they never need a
 // reset and a stale count is never mistaken for a new one.
@@ -232,6 +259,9 @@ struct Signals {
   // [r]: 1 if rank r's last combine send left its rows in its combine input buffer for this rank to load
   // (Shape::pulled_combine), else 0: stored before anything that releases the send's rows or chunks
   int32_t combine_pulled[kMaxWorld];
+  // [q]: combine sends of node-mate q (this rank included) whose rows for the other nodes are staged, where
+  // the group sums nodes first (Shape::node_sums)
+  uint64_t combine_staged[kMaxWorld];
 };
 
 // A barrier across the blocks of one kernel: blocks count in, the last one resets the count and bumps the
@@ -245,9 +275,10 @@ struct GridBarrier {
 // State a rank keeps for itself between the kernels of one dispatch / combine (device memory).
 struct LocalState {
   GridBarrier barrier;
-  int32_t sent_tokens;            // tokens of this rank's last dispatch_send
-  uint32_t dispatch_blocks_sent;  // blocks of the running dispatch send that are done (then reset to 0)
-  uint32_t combine_blocks_sent;   // the same for combine
+  int32_t sent_tokens;             // tokens of this rank's last dispatch_send
+  uint32_t dispatch_blocks_sent;   // blocks of the running dispatch send that are done (then reset to 0)
+  uint32_t combine_blocks_sent;    // the same for combine
+  uint32_t combine_blocks_staged;  // the same for a combine's staging before its node sums (Shape::node_sums)
   // (source, token) pairs claimed so far by the blocks of a combine send past their first shares
   // (first_share); set to 0 again by the send's last block.
   uint32_t combine_claims;

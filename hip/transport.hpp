@@ -7,6 +7,8 @@
 //     peer's messages held by a node-mate, that node-mate's arrival word for the peer: held_arrivals);
 //   - share_tokens_block: this rank's own messages that peers will read (its staged tokens);
 //   - signal_store + signal_add: the words of a peer's Signals; flag_store: a flag word in a peer's region;
+//   - store_node_row + publish_node_sums: where the per-token combine sums each node's rows of a token on
+//     that node first, the row index its summing rank reads, and that rank's puts of the sums;
 //   - signal_block_done: a block's own arrival signal to the peers that count blocks (SHMEM), after its
 //     puts; arrivals: how many arrival adds a peer's call makes.
 // A peer of this node is reached by IPC: its regions are mapped into this process (by the runtime's IPC, or
@@ -97,6 +99,13 @@ struct PeerTransport {
   const uint64_t* const* held_arrivals;
   // [world]: bit q of entry r, rank q is on rank r's node.
   const uint64_t* node_ranks;
+  // Where the per-token combine sums each node's rows first (Shape::node_sums, docs/scale-out.md): [world]
+  // for rank q of this node, its NodeSums and its combine_staging (mapped; this rank's own for q = rank),
+  // null elsewhere; [2][world] for a source s on another node, the rank of this node that sums its tokens'
+  // rows (the holder of its messages here) and the slot of s there, -1 and -1 for s on this node.
+  uint8_t* const* node_sums;
+  uint8_t* const* staged_rows;
+  const int32_t* node_summers;
 
   // The arrival count of `peer` once it made `calls` calls.
   ROCEP_DEVICE uint64_t arrivals(int peer, uint64_t calls) const { return calls * arrival_adds[peer]; }
@@ -170,6 +179,32 @@ struct PeerTransport {
     }
 #else
     (void)peer, (void)row_offset, (void)offset, (void)bytes;
+#endif
+  }
+  // By the dispatch receive, where nodes sum first (Shape::node_sums): this rank's row of token `token` of
+  // `source` (-1: none), where the rank of this node that sums the source's rows finds it; nothing for a
+  // source on this node. Released to that rank by this rank's next combine (Signals::combine_staged).
+  __device__ void store_node_row(const Shape& shape, int source, int token, int32_t row) const {
+    const int summer = node_summers[source];
+    if (summer >= 0) {
+      const int slot = node_summers[shape.world + source];
+      *reinterpret_cast<int32_t*>(node_sums[summer] + NodeSums::row_index_offset(shape, rank, slot, token)) =
+          row;
+    }
+  }
+  // By every thread of the block, after the block's stores of the node sums of `count` consecutive tokens
+  // of `source` from `first` on (slot `slot` of this rank's NodeSums): puts them into this rank's rows of
+  // those tokens in the source's combine region, where its other rows would go.
+  __device__ void publish_node_sums(const Shape& shape, int source, int slot, int first, int count) const {
+#if defined(ROCEP_HAVE_SHMEM)
+    __syncthreads();
+    const std::size_t row_bytes = CombineRegion::row_bytes(shape);
+    shmem::put_nbi_block(
+        own_combine_region + (static_cast<std::size_t>(rank) * shape.max_tokens + first) * row_bytes,
+        node_sums[rank] + NodeSums::row_offset(shape, slot, first),
+        static_cast<std::size_t>(count) * row_bytes, source);
+#else
+    (void)shape, (void)source, (void)slot, (void)first, (void)count;
 #endif
   }
   // Called by every thread of the block after its own stores of the messages of `count` consecutive tokens

@@ -132,14 +132,18 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
   // Within one node the combine input buffer is part of the combine region, where the peers load from it.
   shape.pulled_combine =
       has_combine_input_buffer_ && layout.num_nodes == 1 && world.size() > 1 && !config.local_only ? 1 : 0;
-  // Senders flag a combine's chunks only where every receive can use them (hip/combine.hip).
+  // Across nodes, the per-token combine sums each node's rows first where sums_nodes says so.
+  const NodeSumPlan node_sums = sums_nodes(config, layout) ? node_sum_plan(layout) : NodeSumPlan{};
+  shape.node_sums = node_sums.slots;
+  // Senders flag a combine's chunks only where every receive can use them (hip/combine.hip); a combine that
+  // sums nodes first sends its sums once its node's rows are staged, so it is not chunked.
   const int32_t blocks = grid_.blocks;
   std::vector<int32_t> grids(static_cast<std::size_t>(world.size()));
   world.all_gather(&blocks, grids.data(), sizeof(blocks));
   const bool grids_split =
       *std::min_element(grids.begin(), grids.end()) >= device::PerTokenTuning::kCombineSplitBlocks;
   // Local-only: no rows cross, so a fused combine's blocks all receive.
-  shape.split_combine = grids_split && !config.local_only ? 1 : 0;
+  shape.split_combine = grids_split && !config.local_only && shape.node_sums == 0 ? 1 : 0;
 
   const std::size_t dispatch_bytes = device::DispatchRegion::bytes(shape);
   const std::size_t combine_bytes = device::CombineRegion::bytes(shape);
@@ -202,7 +206,7 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
           shape.per_token != 0
               ? static_cast<std::size_t>(shape.max_tokens) * device::CombineRegion::row_bytes(shape)
               : 0,
-          sizeof(device::Signals));
+          shape.node_sums != 0 ? device::NodeSums::bytes(shape) : 0, sizeof(device::Signals));
     });
     for (const std::vector<void*>* table : {&shmem_->dispatch_windows(), &shmem_->combine_windows(),
                                             &shmem_->signal_pointers(), &shmem_->dispatch_sources()}) {
@@ -211,6 +215,9 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
     for (int peer = 0; peer < shape.world; ++peer) {
       auto* held = static_cast<device::Signals*>(shmem_->held_signals()[peer]);
       tables.push_back(held != nullptr ? &held->dispatch_arrived[peer] : nullptr);
+    }
+    for (const std::vector<void*>* table : {&shmem_->node_sum_windows(), &shmem_->staged_rows()}) {
+      tables.insert(tables.end(), table->begin(), table->end());
     }
     view_.peers.share_peers = shmem_->share_peers();
     view_.signals = static_cast<device::Signals*>(shmem_->signals());
@@ -251,6 +258,11 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
     node_ranks_ = DeviceBuffer(node_ranks.size() * sizeof(uint64_t));
     ROCEP_GPU_CHECK(
         hipMemcpy(node_ranks_.get(), node_ranks.data(), node_ranks_.bytes(), hipMemcpyHostToDevice));
+    node_summers_ = DeviceBuffer(node_sums.summers.size() * sizeof(int32_t));
+    if (!node_sums.summers.empty()) {
+      ROCEP_GPU_CHECK(hipMemcpy(node_summers_.get(), node_sums.summers.data(), node_summers_.bytes(),
+                                hipMemcpyHostToDevice));
+    }
   });
   view_.peers.arrival_adds = arrival_adds_.as<uint32_t>();
   view_.peers.node_ranks = node_ranks_.as<uint64_t>();
@@ -259,12 +271,15 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
   view_.peers.dispatch_regions = reinterpret_cast<uint8_t* const*>(table);
   view_.peers.combine_regions = reinterpret_cast<uint8_t* const*>(table + shape.world);
   view_.peers.signals = reinterpret_cast<device::Signals* const*>(table + 2 * shape.world);
-  // Across nodes the tables are [5][world]: then where the dispatch messages are read, and the arrival
-  // words of their holders.
+  // Across nodes the tables are [7][world]: then where the dispatch messages are read, the arrival words
+  // of their holders, and this node's node sums and staging rows.
   if (shmem_) {
     view_.peers.dispatch_sources = reinterpret_cast<const uint8_t* const*>(table + 3 * shape.world);
     view_.peers.held_arrivals = reinterpret_cast<const uint64_t* const*>(table + 4 * shape.world);
+    view_.peers.node_sums = reinterpret_cast<uint8_t* const*>(table + 5 * shape.world);
+    view_.peers.staged_rows = reinterpret_cast<uint8_t* const*>(table + 6 * shape.world);
   }
+  view_.peers.node_summers = node_summers_.as<int32_t>();
   view_.state = state_.as<device::LocalState>();
   view_.block_calls = block_calls_.as<device::BlockCalls>();
   view_.status = status_.as<device::Status>();
@@ -280,7 +295,7 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
   for (const DeviceBuffer* buffer :
        {&dispatch_region_, &combine_region_, &signals_, &state_, &block_calls_, &status_, &token_rows_,
         &expert_rows_, &chunk_rows_, &sent_ids_, &sent_masks_, &received_scales_, &peer_tables_,
-        &arrival_adds_, &node_ranks_}) {
+        &arrival_adds_, &node_ranks_, &node_summers_}) {
     memory_bytes_ += buffer->bytes();
   }
   world.barrier();  // every peer has mapped everything before anyone may signal

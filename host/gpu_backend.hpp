@@ -104,6 +104,7 @@ class GpuEp final : public EpBackend {
   DeviceBuffer peer_tables_;
   DeviceBuffer arrival_adds_;          // [world] uint32: PeerTransport::arrival_adds
   DeviceBuffer node_ranks_;            // [world] uint64: PeerTransport::node_ranks
+  DeviceBuffer node_summers_;          // [2][world] int32: PeerTransport::node_summers (node sums only)
   DeviceBuffer combine_input_buffer_;  // one rank or local-only, once asked for (combine_input_buffer)
   PinnedHostBuffer status_mirror_;
   Stream poll_stream_;

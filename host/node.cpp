@@ -6,6 +6,8 @@
 #include <array>
 #include <cstdio>
 
+#include "hip/ep_params.hpp"
+
 namespace rocep {
 
 int message_holder(const NodeLayout& layout, int rank, int node) {
@@ -20,6 +22,39 @@ int message_holder(const NodeLayout& layout, int rank, int node) {
     }
   }
   return there[static_cast<std::size_t>(index) % there.size()];
+}
+
+bool sums_nodes(const EpConfig& config, const NodeLayout& layout) {
+  std::vector<int> ranks(static_cast<std::size_t>(layout.num_nodes), 0);
+  for (const int node : layout.node_of_rank) {
+    ++ranks[static_cast<std::size_t>(node)];
+  }
+  const int largest = *std::max_element(ranks.begin(), ranks.end());
+  return layout.num_nodes > 1 && largest > 1 && largest <= device::kMaxNodeSumRanks &&
+         config.layout == Layout::kPerToken && config.combine_dtype == CombineDtype::kBf16 &&
+         !config.local_only;
+}
+
+NodeSumPlan node_sum_plan(const NodeLayout& layout) {
+  const int world = static_cast<int>(layout.node_of_rank.size());
+  NodeSumPlan plan;
+  plan.summers.assign(2 * static_cast<std::size_t>(world), -1);
+  std::vector<int> held(static_cast<std::size_t>(world), 0);  // [h]: the sources rank h holds so far
+  for (int source = 0; source < world; ++source) {
+    for (int node = 0; node < layout.num_nodes; ++node) {
+      if (node == layout.node_of_rank[source]) {
+        continue;
+      }
+      const int holder = message_holder(layout, source, node);
+      const int slot = held[static_cast<std::size_t>(holder)]++;
+      if (node == layout.node) {
+        plan.summers[static_cast<std::size_t>(source)] = holder;
+        plan.summers[static_cast<std::size_t>(world + source)] = slot;
+      }
+    }
+  }
+  plan.slots = *std::max_element(held.begin(), held.end());
+  return plan;
 }
 
 std::string host_identity() {

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "rocep/bootstrap.hpp"
+#include "rocep/config.hpp"
 
 namespace rocep {
 
@@ -23,6 +25,22 @@ struct NodeLayout {
 // The rank of node `node` that holds rank `rank`'s dispatch messages there when they cross nodes: the
 // one whose index among its node's ranks is rank's index among its own node's, modulo the size of `node`.
 int message_holder(const NodeLayout& layout, int rank, int node);
+
+// Whether a group's combine sums each node's rows of a token on that node before one row crosses back
+// (docs/scale-out.md, device::NodeSums), by the rank there that held the token's messages
+// (message_holder): where the ranks span nodes and some node has more than one, in the per-token layout
+// with a bf16 combine, not local-only, and no node has more than device::kMaxNodeSumRanks ranks. Elsewhere
+// each rank's row crosses on its own. The same rule on every backend, the CPU reference included.
+bool sums_nodes(const EpConfig& config, const NodeLayout& layout);
+
+// The node sums as this rank sees them: `summers` [2][world], for a source s on another node the rank of
+// this node that sums its rows, then the slot of s there (its index among the sources that rank holds,
+// ascending), -1 and -1 for s on this node; and the slots each rank keeps (the most any rank holds).
+struct NodeSumPlan {
+  std::vector<int32_t> summers;
+  int slots = 0;
+};
+NodeSumPlan node_sum_plan(const NodeLayout& layout);
 
 // Bytes a rank contributes for host_identity() when the ranks gather them: room for a host name (at most
 // 255 bytes on Linux) and a boot id; longer identities are cut, which only merges machines whose names

@@ -128,6 +128,44 @@ ReferenceEp::ReferenceEp(Bootstrap& bootstrap, const EpConfig& config)
   config_.validate(bootstrap_.size());
   config_.fp8_encoding = reference_fp8_encoding(config_.fp8_encoding);
   local_experts_ = config_.num_local_experts(bootstrap_.size());
+  layout_ = node_layout(bootstrap_, config_.gpus_per_node);
+  sums_nodes_ = sums_nodes(config_, layout_);
+}
+
+void ReferenceEp::sum_partials(const std::vector<std::vector<float>>& rows, const std::vector<char>& has_row,
+                               std::vector<float>& sum) const {
+  const int world = world_size();
+  const std::size_t hidden = sum.size();
+  std::vector<float> node_sum(hidden);
+  for (int source = 0; source < world; ++source) {
+    if (!sums_nodes_ || layout_.on_this_node(source)) {
+      if (has_row[source] != 0) {
+        for (std::size_t i = 0; i < hidden; ++i) {
+          sum[i] += rows[source][i];
+        }
+      }
+      continue;
+    }
+    const int node = layout_.node_of_rank[source];
+    if (message_holder(layout_, rank(), node) != source) {
+      continue;  // summed into the node sum of the rank there that holds this rank's messages
+    }
+    std::fill(node_sum.begin(), node_sum.end(), 0.0f);
+    bool any = false;
+    for (int mate = 0; mate < world; ++mate) {
+      if (layout_.node_of_rank[mate] == node && has_row[mate] != 0) {
+        any = true;
+        for (std::size_t i = 0; i < hidden; ++i) {
+          node_sum[i] += rows[mate][i];
+        }
+      }
+    }
+    if (any) {
+      for (std::size_t i = 0; i < hidden; ++i) {
+        sum[i] += bf16_to_float(float_to_bf16(node_sum[i]));
+      }
+    }
+  }
 }
 
 void ReferenceEp::record(device::StatusCode code, device::Operation operation, int peer, int token, int slot,
@@ -535,29 +573,29 @@ void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
 
   if (weighted != 0) {
     std::vector<float> accumulator(hidden);
-    std::vector<float> values(hidden);
+    std::vector<std::vector<float>> rows(world, std::vector<float>(hidden));  // [rank]: its row, as float32
+    std::vector<char> has_row(world);
     std::vector<bf16_bits> partial(hidden);
     const std::size_t payload_bytes = format_payload_bytes(TokenFormat::kFp8Block128, hidden);
     ByteVector quantized(payload_bytes + format_scale_bytes(TokenFormat::kFp8Block128, hidden));
     for (int token = 0; token < sent_tokens_; ++token) {
       std::fill(accumulator.begin(), accumulator.end(), 0.0f);
       for (int source = 0; source < world; ++source) {
-        if (!rank_has_token(token, source)) {
+        has_row[source] = rank_has_token(token, source) ? 1 : 0;
+        if (has_row[source] == 0) {
           continue;
         }
         readers[source].read_one<int32_t>();
         if (crosses_in_fp8(source)) {
           readers[source].read(quantized.data(), quantized.size());
           dequantize_row(TokenFormat::kFp8Block128, config_.fp8_encoding, quantized.data(),
-                         quantized.data() + payload_bytes, hidden, 1.0f, values.data());
+                         quantized.data() + payload_bytes, hidden, 1.0f, rows[source].data());
         } else {
           readers[source].read(partial.data(), hidden);
-          std::transform(partial.begin(), partial.end(), values.begin(), bf16_to_float);
-        }
-        for (int i = 0; i < hidden; ++i) {
-          accumulator[i] += values[i];
+          std::transform(partial.begin(), partial.end(), rows[source].begin(), bf16_to_float);
         }
       }
+      sum_partials(rows, has_row, accumulator);
       if (shared != nullptr && in_shared_expert_slice(token)) {
         for (int i = 0; i < hidden; ++i) {
           accumulator[i] += bf16_to_float(shared[static_cast<std::size_t>(token) * hidden + i]);

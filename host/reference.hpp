@@ -9,6 +9,7 @@
 
 #include "backend.hpp"
 #include "hip/ep_params.hpp"
+#include "node.hpp"
 #include "rocep/bootstrap.hpp"
 #include "rocep/config.hpp"
 #include "rocep/types.hpp"
@@ -73,11 +74,20 @@ class ReferenceEp final : public EpBackend {
     return config_.combine_dtype == CombineDtype::kFp8Block128 && peer != rank();
   }
 
+  // out[t] of a partial combine's rows of token t: rows[r] (float32 values of a bf16 row) for every rank r
+  // with has_row[r], summed in float32 in ascending rank order into `sum`; where nodes sum first
+  // (sums_nodes), another node's rows are first summed in float32 in ascending rank order and rounded to
+  // bf16, and that node sum is added in the place of the rank there that holds this rank's messages.
+  void sum_partials(const std::vector<std::vector<float>>& rows, const std::vector<char>& has_row,
+                    std::vector<float>& sum) const;
+
   // Records a failure unless one is recorded already (the first is the cause).
   void record(device::StatusCode code, device::Operation operation, int peer, int token, int slot, int value);
 
   Bootstrap& bootstrap_;
   EpConfig config_;
+  NodeLayout layout_;        // which ranks share a node (EpConfig::gpus_per_node, else the host identities)
+  bool sums_nodes_ = false;  // the per-token combine sums each node's rows first (sums_nodes)
   int local_experts_ = 0;
   device::Status status_{};
 

@@ -15,7 +15,8 @@ namespace rocep {
 
 ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t dispatch_bytes,
                            std::size_t dispatch_window_bytes, std::size_t combine_bytes,
-                           std::size_t combine_slice_bytes, std::size_t signal_bytes)
+                           std::size_t combine_slice_bytes, std::size_t node_sum_bytes,
+                           std::size_t signal_bytes)
     : engine_(ShmemEngine::join(world)) {
   const int ranks = world.size();
   const auto world_bytes = static_cast<std::size_t>(ranks);
@@ -34,6 +35,7 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size
   if (combine_slice_bytes > 0) {
     combine_staging_ = static_cast<uint8_t*>(allocate(world_bytes * combine_slice_bytes));
   }
+  auto* node_sums = node_sum_bytes > 0 ? static_cast<uint8_t*>(allocate(node_sum_bytes)) : nullptr;
   ROCEP_GPU_CHECK(hipMemset(combine_region_, 0, combine_bytes));
   ROCEP_GPU_CHECK(hipMemset(signals_, 0, signal_bytes));
   ROCEP_GPU_CHECK(hipDeviceSynchronize());
@@ -61,6 +63,19 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size
       combine_windows_.push_back(combine_outboxes != nullptr ? combine_outboxes + slot * combine_bytes
                                                              : nullptr);
       signal_pointers_.push_back(nullptr);
+    }
+  }
+  // The node sums and the staging rows of this node's ranks, mapped (the combine's node sums).
+  for (int peer = 0; peer < ranks; ++peer) {
+    const bool mate = layout.on_this_node(peer) && node_sums != nullptr;
+    const bool own = peer == world.rank();
+    node_sum_windows_.push_back(!mate ? nullptr : own ? node_sums : shmem::peer_pointer(node_sums, peer));
+    staged_rows_.push_back(!mate ? nullptr
+                           : own ? combine_staging_
+                                 : shmem::peer_pointer(combine_staging_, peer));
+    if (mate && (node_sum_windows_.back() == nullptr || staged_rows_.back() == nullptr)) {
+      throw ConfigError("EpGroup: rank " + std::to_string(peer) +
+                        " is on this node, but the SHMEM engine maps no memory of it here");
     }
   }
   // The dispatch messages cross once per node, to their holder there (message_holder), which its
@@ -103,7 +118,7 @@ void* ShmemRegions::allocate(std::size_t bytes) {
 #else  // a build without an engine: groups stay within one node
 
 ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t, std::size_t, std::size_t,
-                           std::size_t, std::size_t) {
+                           std::size_t, std::size_t, std::size_t) {
   throw ConfigError(
       "EpGroup: backend gpu needs every rank on one node in a build without a SHMEM engine (" +
       std::to_string(layout.num_nodes) + " nodes for " + std::to_string(world.size()) +

@@ -5,7 +5,8 @@
 // rows, the expert outputs' own rows); expanded, a combine outbox per peer. Symmetric bytes per rank:
 // (1 + world) x the dispatch region (its own and the images), world x the dispatch region's ids, weights
 // and masks, the signals, and the combine region with its staging: per-token, 2 x world slices of
-// max_tokens_per_rank rows; expanded, (1 + world) x the region, which grows as world x max(world, top_k) x
+// max_tokens_per_rank rows, and where the combine sums nodes first its node sums (device::NodeSums, a slice
+// per source held); expanded, (1 + world) x the region, which grows as world x max(world, top_k) x
 // max_tokens_per_rank rows (docs/scale-out.md). Peers of this rank's node are reached through the engine's
 // mapping of their symmetric memory, with plain loads and stores as over IPC. Compiled only into builds
 // with an engine (ROCEP_SHMEM).
@@ -34,9 +35,10 @@ class ShmemRegions {
   // rows): the combine stages its rows for peers on other nodes in combine_staging, world slices, and the
   // combine windows of those peers are null; 0 (expanded): each such peer's combine window is an outbox
   // addressed as the peer's whole region (the unweighted combine stores anywhere in it).
+  // node_sum_bytes > 0: the combine sums each node's rows first (device::NodeSums, that many bytes).
   ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t dispatch_bytes,
                std::size_t dispatch_window_bytes, std::size_t combine_bytes, std::size_t combine_slice_bytes,
-               std::size_t signal_bytes);
+               std::size_t node_sum_bytes, std::size_t signal_bytes);
   // Frees the symmetric memory, a collective of the engine, unless leaked.
   ~ShmemRegions();
   ShmemRegions(const ShmemRegions&) = delete;
@@ -62,6 +64,10 @@ class ShmemRegions {
   uint64_t share_peers() const { return share_peers_; }
   const std::vector<void*>& dispatch_sources() const { return dispatch_sources_; }
   const std::vector<void*>& held_signals() const { return held_signals_; }
+  // [world] each, where the combine sums nodes first: rank r's NodeSums and its combine staging rows, for r
+  // on this node (mapped; this rank's own), null elsewhere (PeerTransport::node_sums, staged_rows).
+  const std::vector<void*>& node_sum_windows() const { return node_sum_windows_; }
+  const std::vector<void*>& staged_rows() const { return staged_rows_; }
   // Symmetric bytes this rank holds.
   std::size_t bytes() const { return bytes_; }
   // Gives the memory up without freeing it (a group that timed out: a peer may still put into it), and
@@ -85,6 +91,8 @@ class ShmemRegions {
   uint64_t share_peers_ = 0;
   std::vector<void*> dispatch_sources_;
   std::vector<void*> held_signals_;
+  std::vector<void*> node_sum_windows_;
+  std::vector<void*> staged_rows_;
   std::size_t bytes_ = 0;
 };
 

@@ -19,6 +19,7 @@
 #include <iterator>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <string>
@@ -731,21 +732,45 @@ std::vector<bf16_bits> per_token_rows(const Problem& problem, const PerTokenBuff
 }
 
 // out[t] = the rows of t from every rank that received it, summed in float32 in ascending rank order, plus
-// the shared expert, rounded once.
-std::vector<bf16_bits> naive_per_token_combine(const Problem& problem) {
+// the shared expert, rounded once. With nodes of `node_ranks` ranks (ranks [n * node_ranks, (n + 1) *
+// node_ranks) on node n; 0: one node), another node's rows of t are summed in float32 in ascending rank order
+// and rounded to bf16 first, and that sum is added in the place of the rank there with this rank's index in
+// its own node.
+std::vector<bf16_bits> naive_per_token_combine(const Problem& problem, int node_ranks = 0) {
   const RankInputs& in = problem.mine();
   const int top_k = problem.config.top_k;
+  const int ranks_per_node = node_ranks > 0 ? node_ranks : problem.world;
+  const auto node_of = [&](int rank) { return rank / ranks_per_node; };
+  const auto row = [&](int token, int destination, int column) {
+    const int32_t* ids = in.topk_ids.data() + token * top_k;
+    const bool received = std::any_of(
+        ids, ids + top_k, [&](int32_t id) { return id >= 0 && id / problem.local_experts() == destination; });
+    return received ? std::optional<float>(rocep::bf16_to_float(
+                          hashed_bf16(problem.seed, {3, destination, problem.rank, token, column})))
+                    : std::nullopt;
+  };
   std::vector<bf16_bits> out;
   for (int token = 0; token < in.num_tokens; ++token) {
     for (int column = 0; column < problem.config.hidden; ++column) {
       float sum = 0.0f;
       for (int destination = 0; destination < problem.world; ++destination) {
-        const int32_t* ids = in.topk_ids.data() + token * top_k;
-        if (std::any_of(ids, ids + top_k,
-                        [&](int32_t id) { return id >= 0 && id / problem.local_experts() == destination; })) {
-          sum +=
-              rocep::bf16_to_float(hashed_bf16(problem.seed, {3, destination, problem.rank, token, column}));
+        if (node_of(destination) == node_of(problem.rank)) {
+          sum += row(token, destination, column).value_or(0.0f);
+          continue;
         }
+        if (destination % ranks_per_node != problem.rank % ranks_per_node) {
+          continue;  // in its node's sum
+        }
+        float node_sum = 0.0f;
+        bool any = false;
+        for (int mate = node_of(destination) * ranks_per_node;
+             mate < (node_of(destination) + 1) * ranks_per_node; ++mate) {
+          if (const std::optional<float> value = row(token, mate, column)) {
+            node_sum += *value;
+            any = true;
+          }
+        }
+        sum += any ? rocep::bf16_to_float(rocep::float_to_bf16(node_sum)) : 0.0f;
       }
       sum += rocep::bf16_to_float(shared_expert_output(problem.seed, problem.rank, token, column));
       out.push_back(rocep::float_to_bf16(sum));
@@ -782,6 +807,37 @@ TEST_P(ReferenceEpPerTokenTest, DispatchAndCombineMatchTheNaiveDefinition) {
   ep_.combine_send(args, nullptr);
   ep_.combine_recv(args, nullptr);
   expect_combine_matches(out, naive_per_token_combine(problem_), problem_.config.hidden);
+}
+
+// Two nodes of two ranks (EpConfig::gpus_per_node = 2, at 4 ranks): each node's rows of a token are summed
+// on that node first and rounded to bf16, then added in the place of the rank there that holds this rank's
+// messages (docs/scale-out.md). Where tokens reach several ranks, that differs from the sum over ranks.
+TEST_P(ReferenceEpPerTokenTest, NodesOfTwoRanksSumTheirRowsFirst) {
+  if (problem_.world != 4) {
+    GTEST_SKIP() << "needs 4 ranks: two nodes of two";
+  }
+  Problem problem = problem_;
+  problem.config.gpus_per_node = 2;
+  ReferenceEp ep(world_bootstrap(), problem.config);
+  PerTokenBuffers dispatched(problem);
+  ep.dispatch_send(problem.mine().view(), nullptr);
+  ep.dispatch_recv(dispatched.view(), nullptr);
+  expect_per_token_matches(dispatched, problem);
+  const std::vector<bf16_bits> rows = per_token_rows(problem, dispatched);
+  const std::vector<bf16_bits> shared = shared_expert_outputs(problem);
+  std::vector<bf16_bits> out =
+      poisoned<bf16_bits>(std::size_t{1} * problem.config.max_tokens_per_rank * problem.config.hidden);
+  rocep::CombineArgs args;
+  args.expert_outputs = rows.data();
+  args.shared_expert_output = shared.data();
+  args.out = out.data();
+  ep.combine_send(args, nullptr);
+  ep.combine_recv(args, nullptr);
+  const std::vector<bf16_bits> expected = naive_per_token_combine(problem, 2);
+  expect_combine_matches(out, expected, problem.config.hidden);
+  if (std::get<0>(GetParam()) == Routing::kFull && problem.config.top_k > 1) {
+    EXPECT_NE(expected, naive_per_token_combine(problem)) << "the node sums changed no value";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Routings, ReferenceEpPerTokenTest,
