@@ -268,9 +268,11 @@ __device__ inline void sum_piece(const Vector16* const (*inputs)[kInputs], const
 // The ranks whose rows of a token this rank's combine sums, from the token's destination ranks `ranks`:
 // those ranks, or where nodes sum first (Shape::node_sums) those of this node and, for each other node
 // among them, the rank there that summed that node's rows (the holder of this rank's messages there,
-// PeerTransport::share_peers), in the place of its rank.
+// PeerTransport::share_peers), in the place of its rank. Asked of the Shape alone, not of the compiled
+// transport: a caller's build compiles this receive for IPC (<rocep/combine_epilogue.hpp>) and runs it in
+// groups that span nodes too.
 __device__ inline uint64_t summed_ranks(const GroupView& group, uint64_t ranks) {
-  if (!combine_sums_nodes(group.shape)) {
+  if (group.shape.node_sums == 0) {
     return ranks;
   }
   const PeerTransport& peers = group.peers;
@@ -309,11 +311,12 @@ __device__ inline bool wait_for_rows(const GroupView& group, uint64_t sequence, 
 // once every other rank flagged it for call `sequence`; else, once every rank's grid signalled,
 // PerTokenTuning::kBatchTokens tokens at a time, `receivers` apart. A piece's input lists are found first (a
 // thread per token and rank), then its rows summed (sum_piece). Where nodes sum first (Shape::node_sums),
-// another node's rows of a token are one, its summing rank's (summed_ranks). With Shape::combine_fp8 the other ranks' rows are fp8 block-128 messages,
-// dequantised as they are summed (add_fp8_row): kFp8, kernels of their own, whose registers do not tax the
-// bf16 receive. `epilogues.row(token, vectors)` (vectors of a row) applies to each of the token's summed
-// vectors before its store (Epilogues: NoEpilogue, RowEpilogues or CallerEpilogues; each a kernel of its own,
-// so that an epilogue's registers do not tax the plain receive).
+// another node's rows of a token are one, its summing rank's (summed_ranks). With Shape::combine_fp8 the
+// other ranks' rows are fp8 block-128 messages, dequantised as they are summed (add_fp8_row): kFp8, kernels
+// of their own, whose registers do not tax the bf16 receive. `epilogues.row(token, vectors)` (vectors of a
+// row) applies to each of the token's summed vectors before its store (Epilogues: NoEpilogue, RowEpilogues
+// or CallerEpilogues; each a kernel of its own, so that an epilogue's registers do not tax the plain
+// receive).
 template <bool kFp8, typename Epilogues>
 __device__ void receive_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                        const Epilogues& epilogues, uint64_t sequence, int receiver,

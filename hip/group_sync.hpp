@@ -74,7 +74,7 @@ __device__ inline void signal_grid_done(uint32_t* blocks_done, uint32_t* claims,
   signal_ipc_peers(peers, world, rank, words);  // every block's stores, acquired by the count
 }
 
-// The calling block waits until every rank r of `waited` (bit r) but skipped_rank has signalled its
+// The calling block waits until every rank r of `ranks` (bit r) but skipped_rank has signalled its
 // `sequence`-th call (words[r] >= sequence; for arrival words, `peers` given, words[r] >=
 // peers->arrivals(r, sequence), and where `held` is given and held[r] is not null, *held[r] too), thread r
 // for rank r, so that the waits
@@ -84,14 +84,14 @@ __device__ inline bool block_wait_for_peers(const uint64_t* words, uint64_t sequ
                                             uint64_t timeout_ticks, Status* status, Operation operation,
                                             const PeerTransport* peers, int skipped_rank = -1,
                                             const uint64_t* const* held = nullptr,
-                                            uint64_t waited = ~uint64_t{0}) {
+                                            uint64_t ranks = ~uint64_t{0}) {
   __shared__ int missing;  // ranks not waited for: late, or the group had already timed out
   if (threadIdx.x == 0) {
     missing = 0;
   }
   __syncthreads();
   const int peer = static_cast<int>(threadIdx.x);
-  if (peer < world && peer != skipped_rank && ((waited >> peer) & 1u) != 0) {
+  if (peer < world && peer != skipped_rank && ((ranks >> peer) & 1u) != 0) {
     const bool waited = !timed_out(status);
     const uint64_t expected = peers != nullptr ? peers->arrivals(peer, sequence) : sequence;
     const uint64_t* held_word = held != nullptr ? held[peer] : nullptr;
