@@ -667,23 +667,37 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
   }
 }
 
-// The node sums of a per-token combine (Shape::node_sums), by sender `sender` of `senders`, once this rank's
-// rows are staged: every block counts in, and the grid's last one tells this node's ranks
-// (Signals::combine_staged); then every block waits until each rank of this node has staged its rows of
-// combine `sequence`. For each source on another node whose messages this rank held, runs of up to
-// PerTokenTuning::kBatchTokens consecutive tokens go to the senders in turn: each token's rows from this
-// node's ranks that received it (ascending rank, from their staging rows, found through the row index their
-// dispatch receives stored, NodeSums) summed in float32 and rounded once, into its NodeSums row, and the
-// tokens that have one put to the source as this rank's rows (publish_node_sums), a put per run of
-// consecutive ones. The source sums that row in the place of this rank's (summed_ranks).
+// Where the per-token combine sums nodes first (Shape::node_sums): tells this node's ranks that this rank's
+// rows of combine `sequence` for the other nodes are staged (Signals::combine_staged), by every block
+// before (`sent` false) and after (`sent` true) its send. Where the caller wrote the expert outputs into the
+// staging rows (the combine input buffer) they are staged before the kernel begins, and block 0 tells at
+// once; otherwise every block counts in after its send, and the grid's last one tells.
+__device__ void tell_rows_staged(const GroupView& group, const rocep::device::CombineArgs& args, bool sent) {
+  const Shape& shape = group.shape;
+  const bool in_place = reinterpret_cast<const uint8_t*>(args.expert_outputs) == group.peers.combine_staging;
+  if (in_place && !sent && blockIdx.x == 0 && threadIdx.x == 0) {
+    signal_ipc_peers(group.peers, shape.world, shape.rank, &Signals::combine_staged);
+  } else if (!in_place && sent) {
+    __syncthreads();  // the block's staging stores are ordered before thread 0's count
+    if (threadIdx.x == 0 && arrives_last(&group.state->combine_blocks_staged)) {
+      signal_ipc_peers(group.peers, shape.world, shape.rank, &Signals::combine_staged);
+    }
+  }
+}
+
+// The node sums of a per-token combine (Shape::node_sums), by sender `sender` of `senders`, once this node's
+// ranks told that their rows are staged (tell_rows_staged): every block waits until each rank of this node
+// has told it for combine `sequence`. For each source on another node whose messages this rank held, runs
+// of consecutive tokens (tokens_per_run of all such tokens, so that the senders share them) go to the
+// senders in turn: each token's rows from this node's ranks that received it (ascending rank, from their
+// staging rows, found through the row index their dispatch receives stored, NodeSums) summed in float32 and
+// rounded once, into its NodeSums row, and the tokens that have one put to the source as this rank's rows
+// (publish_node_sums), a put per run of consecutive ones. The source sums that row in the place of this
+// rank's (summed_ranks).
 __device__ void send_node_sums(const GroupView& group, uint64_t sequence, int sender, int senders) {
   const Shape& shape = group.shape;
   constexpr int kBatch = PerTokenTuning::kBatchTokens;
   static_assert(kBatch <= 32, "a batch's tokens fit the bits of `summed`");
-  __syncthreads();  // the block's staging stores are ordered before thread 0's count
-  if (threadIdx.x == 0 && arrives_last(&group.state->combine_blocks_staged)) {
-    signal_ipc_peers(group.peers, shape.world, shape.rank, &Signals::combine_staged);
-  }
   const uint64_t mates = group.peers.node_ranks[shape.rank];
   if (!block_wait_for_peers(group.signals->combine_staged, sequence, shape.world, group.timeout_ticks,
                             group.status, Operation::kCombineSend, nullptr, -1, nullptr, mates)) {
@@ -693,18 +707,24 @@ __device__ void send_node_sums(const GroupView& group, uint64_t sequence, int se
   __shared__ int input_counts[kBatch];
   __shared__ uint32_t summed;  // bit i: the batch's token i has a sum
   const std::size_t row_bytes = CombineRegion::row_bytes(shape);
-  int batch = 0;  // batches of the held sources so far, in source then token order
+  const auto held = [&](int source) { return group.peers.node_summers[source] == shape.rank; };
+  int held_tokens = 0;
   for (int source = 0; source < shape.world; ++source) {
-    if (group.peers.node_summers[source] != shape.rank) {
+    held_tokens += held(source) ? group.signals->tokens_from[source] : 0;
+  }
+  const int run = tokens_per_run(held_tokens, senders);
+  int batch = 0;  // runs of the held sources so far, in source then token order
+  for (int source = 0; source < shape.world; ++source) {
+    if (!held(source)) {
       continue;  // on this node, or held by a node-mate
     }
     const int slot = group.peers.node_summers[shape.world + source];
     const int tokens = group.signals->tokens_from[source];
-    for (int first = 0; first < tokens; first += kBatch, ++batch) {
+    for (int first = 0; first < tokens; first += run, ++batch) {
       if (batch % senders != sender) {
         continue;  // the same in every thread
       }
-      const int count = min(kBatch, tokens - first);
+      const int count = min(run, tokens - first);
       if (threadIdx.x == 0) {
         summed = 0;
       }
@@ -768,8 +788,13 @@ template <bool kFp8>
 __device__ void send_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
   const int block = static_cast<int>(blockIdx.x);
   const uint64_t sequence = group.block_calls[block].combines + 1;
+  const bool sums_nodes = !kFp8 && combine_sums_nodes(group.shape);
+  if (sums_nodes) {
+    tell_rows_staged(group, args, false);
+  }
   send_rows_per_token<kFp8>(group, args, sequence, block, static_cast<int>(gridDim.x));
-  if (!kFp8 && combine_sums_nodes(group.shape)) {
+  if (sums_nodes) {
+    tell_rows_staged(group, args, true);
     send_node_sums(group, sequence, block, static_cast<int>(gridDim.x));
   }
   signal_rows_sent<kFp8>(group, args);
@@ -787,10 +812,15 @@ __device__ void combine_kernel_per_token(const GroupView& group, const rocep::de
   const bool chunked = chunked_combine(group.shape, group.state->sent_tokens);
   const bool split_roles = chunked && (kFp8 || !rows_pulled(group, args));
   const int senders = split_roles ? combine_senders(group, blocks) : blocks;
+  const bool sums_nodes = !kFp8 && combine_sums_nodes(group.shape);  // not chunked: every block sends
+  if (sums_nodes) {
+    tell_rows_staged(group, args, false);
+  }
   if (block < senders) {
     send_rows_per_token<kFp8>(group, args, sequence, block, senders);
   }
-  if (!kFp8 && combine_sums_nodes(group.shape)) {  // not chunked: every block sends (Shape::split_combine)
+  if (sums_nodes) {
+    tell_rows_staged(group, args, true);
     send_node_sums(group, sequence, block, senders);
   }
   signal_rows_sent<kFp8>(group, args);
