@@ -667,21 +667,15 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
   }
 }
 
-// Where the per-token combine sums nodes first (Shape::node_sums): tells this node's ranks that this rank's
-// rows of combine `sequence` for the other nodes are staged (Signals::combine_staged), by every block
-// before (`sent` false) and after (`sent` true) its send. Where the caller wrote the expert outputs into the
-// staging rows (the combine input buffer) they are staged before the kernel begins, and block 0 tells at
-// once; otherwise every block counts in after its send, and the grid's last one tells.
-__device__ void tell_rows_staged(const GroupView& group, const rocep::device::CombineArgs& args, bool sent) {
-  const Shape& shape = group.shape;
-  const bool in_place = reinterpret_cast<const uint8_t*>(args.expert_outputs) == group.peers.combine_staging;
-  if (in_place && !sent && blockIdx.x == 0 && threadIdx.x == 0) {
-    signal_ipc_peers(group.peers, shape.world, shape.rank, &Signals::combine_staged);
-  } else if (!in_place && sent) {
-    __syncthreads();  // the block's staging stores are ordered before thread 0's count
-    if (threadIdx.x == 0 && arrives_last(&group.state->combine_blocks_staged)) {
-      signal_ipc_peers(group.peers, shape.world, shape.rank, &Signals::combine_staged);
-    }
+// Where the per-token combine sums nodes first (Shape::node_sums), by every block once it has sent: tells
+// this node's ranks that this rank's rows of the combine for the other nodes are staged
+// (Signals::combine_staged): every block counts in, and the grid's last one tells. Rows the caller wrote
+// into the staging rows (the combine input buffer) were there before the kernel began, but telling at once
+// there measured slower (docs/scale-out.md).
+__device__ void tell_rows_staged(const GroupView& group) {
+  __syncthreads();  // the block's staging stores are ordered before thread 0's count
+  if (threadIdx.x == 0 && arrives_last(&group.state->combine_blocks_staged)) {
+    signal_ipc_peers(group.peers, group.shape.world, group.shape.rank, &Signals::combine_staged);
   }
 }
 
@@ -788,13 +782,9 @@ template <bool kFp8>
 __device__ void send_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
   const int block = static_cast<int>(blockIdx.x);
   const uint64_t sequence = group.block_calls[block].combines + 1;
-  const bool sums_nodes = !kFp8 && combine_sums_nodes(group.shape);
-  if (sums_nodes) {
-    tell_rows_staged(group, args, false);
-  }
   send_rows_per_token<kFp8>(group, args, sequence, block, static_cast<int>(gridDim.x));
-  if (sums_nodes) {
-    tell_rows_staged(group, args, true);
+  if (!kFp8 && combine_sums_nodes(group.shape)) {
+    tell_rows_staged(group);
     send_node_sums(group, sequence, block, static_cast<int>(gridDim.x));
   }
   signal_rows_sent<kFp8>(group, args);
@@ -812,15 +802,11 @@ __device__ void combine_kernel_per_token(const GroupView& group, const rocep::de
   const bool chunked = chunked_combine(group.shape, group.state->sent_tokens);
   const bool split_roles = chunked && (kFp8 || !rows_pulled(group, args));
   const int senders = split_roles ? combine_senders(group, blocks) : blocks;
-  const bool sums_nodes = !kFp8 && combine_sums_nodes(group.shape);  // not chunked: every block sends
-  if (sums_nodes) {
-    tell_rows_staged(group, args, false);
-  }
   if (block < senders) {
     send_rows_per_token<kFp8>(group, args, sequence, block, senders);
   }
-  if (sums_nodes) {
-    tell_rows_staged(group, args, true);
+  if (!kFp8 && combine_sums_nodes(group.shape)) {  // not chunked: every block sends (Shape::split_combine)
+    tell_rows_staged(group);
     send_node_sums(group, sequence, block, senders);
   }
   signal_rows_sent<kFp8>(group, args);
