@@ -706,7 +706,7 @@ __device__ void send_node_sums(const GroupView& group, uint64_t sequence, int se
   for (int source = 0; source < shape.world; ++source) {
     held_tokens += held(source) ? group.signals->tokens_from[source] : 0;
   }
-  const int run = tokens_per_run(held_tokens, senders);
+  const int run_tokens = tokens_per_run(held_tokens, senders);
   int batch = 0;  // runs of the held sources so far, in source then token order
   for (int source = 0; source < shape.world; ++source) {
     if (!held(source)) {
@@ -714,11 +714,11 @@ __device__ void send_node_sums(const GroupView& group, uint64_t sequence, int se
     }
     const int slot = group.peers.node_summers[shape.world + source];
     const int tokens = group.signals->tokens_from[source];
-    for (int first = 0; first < tokens; first += run, ++batch) {
+    for (int first = 0; first < tokens; first += run_tokens, ++batch) {
       if (batch % senders != sender) {
         continue;  // the same in every thread
       }
-      const int count = min(run, tokens - first);
+      const int count = min(run_tokens, tokens - first);
       if (threadIdx.x == 0) {
         summed = 0;
       }
