@@ -791,34 +791,9 @@ class ReferenceEpPerTokenTest : public ::testing::TestWithParam<std::tuple<Routi
   ReferenceEp ep_;
 };
 
-TEST_P(ReferenceEpPerTokenTest, DispatchAndCombineMatchTheNaiveDefinition) {
-  PerTokenBuffers dispatched(problem_);
-  ep_.dispatch_send(problem_.mine().view(), nullptr);
-  ep_.dispatch_recv(dispatched.view(), nullptr);
-  expect_per_token_matches(dispatched, problem_);
-  const std::vector<bf16_bits> rows = per_token_rows(problem_, dispatched);
-  const std::vector<bf16_bits> shared = shared_expert_outputs(problem_);
-  std::vector<bf16_bits> out =
-      poisoned<bf16_bits>(std::size_t{1} * problem_.config.max_tokens_per_rank * problem_.config.hidden);
-  rocep::CombineArgs args;
-  args.expert_outputs = rows.data();
-  args.shared_expert_output = shared.data();
-  args.out = out.data();
-  ep_.combine_send(args, nullptr);
-  ep_.combine_recv(args, nullptr);
-  expect_combine_matches(out, naive_per_token_combine(problem_), problem_.config.hidden);
-}
-
-// Two nodes of two ranks (EpConfig::gpus_per_node = 2, at 4 ranks): each node's rows of a token are summed
-// on that node first and rounded to bf16, then added in the place of the rank there that holds this rank's
-// messages (docs/scale-out.md). Where tokens reach several ranks, that differs from the sum over ranks.
-TEST_P(ReferenceEpPerTokenTest, NodesOfTwoRanksSumTheirRowsFirst) {
-  if (problem_.world != 4) {
-    GTEST_SKIP() << "needs 4 ranks: two nodes of two";
-  }
-  Problem problem = problem_;
-  problem.config.gpus_per_node = 2;
-  ReferenceEp ep(world_bootstrap(), problem.config);
+// One per-token dispatch on `ep` (its layout checked against the naive definition), then a combine of
+// per_token_rows with the shared expert: the combine's output.
+std::vector<bf16_bits> dispatch_and_combine(ReferenceEp& ep, const Problem& problem) {
   PerTokenBuffers dispatched(problem);
   ep.dispatch_send(problem.mine().view(), nullptr);
   ep.dispatch_recv(dispatched.view(), nullptr);
@@ -833,8 +808,26 @@ TEST_P(ReferenceEpPerTokenTest, NodesOfTwoRanksSumTheirRowsFirst) {
   args.out = out.data();
   ep.combine_send(args, nullptr);
   ep.combine_recv(args, nullptr);
+  return out;
+}
+
+TEST_P(ReferenceEpPerTokenTest, DispatchAndCombineMatchTheNaiveDefinition) {
+  expect_combine_matches(dispatch_and_combine(ep_, problem_), naive_per_token_combine(problem_),
+                         problem_.config.hidden);
+}
+
+// Two nodes of two ranks (EpConfig::gpus_per_node = 2, at 4 ranks): each node's rows of a token are summed
+// on that node first and rounded to bf16, then added in the place of the rank there that holds this rank's
+// messages (docs/scale-out.md). Where tokens reach several ranks, that differs from the sum over ranks.
+TEST_P(ReferenceEpPerTokenTest, NodesOfTwoRanksSumTheirRowsFirst) {
+  if (problem_.world != 4) {
+    GTEST_SKIP() << "needs 4 ranks: two nodes of two";
+  }
+  Problem problem = problem_;
+  problem.config.gpus_per_node = 2;
+  ReferenceEp ep(world_bootstrap(), problem.config);
   const std::vector<bf16_bits> expected = naive_per_token_combine(problem, 2);
-  expect_combine_matches(out, expected, problem.config.hidden);
+  expect_combine_matches(dispatch_and_combine(ep, problem), expected, problem.config.hidden);
   if (std::get<0>(GetParam()) == Routing::kFull && problem.config.top_k > 1) {
     EXPECT_NE(expected, naive_per_token_combine(problem)) << "the node sums changed no value";
   }
