@@ -10,7 +10,7 @@
 //                            [--top_k=8] [--experts=256] [--iterations=20] [--sms=default,all,N]
 //                            [--cases=fused,split,concurrent,graph] [--concurrent_tokens=4096]
 //                            [--layouts=expanded,per-token] [--combine=bf16|fp8] [--local_only=0|1]
-//                            [--inputs=copied,input_buffer] [benchmark flags]
+//                            [--inputs=copied,input_buffer] [--max_tokens=N] [benchmark flags]
 //
 // --combine: EpConfig::combine_dtype of every case (fp8: the per-token layout's rows cross ranks as fp8
 // block-128; the header line's config says which).
@@ -29,6 +29,9 @@
 // The graph case (GPU only, not by default): 20 fused dispatch + combine pairs captured into one graph and
 // launched between two events; the row gives one pair's time, as a server replaying graphs sees it.
 // --layouts: EpConfig::layout of every case; per-token rows say so in their names.
+// --max_tokens: EpConfig::max_tokens_per_rank of the fused, split and graph cases whose token count is
+// smaller (by default each case's own count), as a server that sizes one group for its largest batch runs
+// its decode steps; those rows name it.
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 
@@ -90,6 +93,7 @@ struct BenchOptions {
   std::vector<rocep::Layout> layouts{rocep::Layout::kExpanded};    // EpConfig::layout of every case
   rocep::CombineDtype combine_dtype = rocep::CombineDtype::kBf16;  // EpConfig::combine_dtype of every case
   bool local_only = false;                                         // EpConfig::local_only of every case
+  int max_tokens = 0;  // EpConfig::max_tokens_per_rank where larger than a case's tokens (--max_tokens)
 };
 
 // Removes --name=value from argv (so Google Benchmark does not see it) and returns the value.
@@ -188,6 +192,8 @@ BenchOptions parse_options(int& argc, char** argv) {
     }
     options.local_only = value == "1";
   }
+  if (take_flag(argc, argv, "max_tokens", value))
+    options.max_tokens = parse_positive(value, "max_tokens");
   if (take_flag(argc, argv, "concurrent_tokens", value))
     options.concurrent_tokens = parse_positive(value, "concurrent_tokens");
   if (take_flag(argc, argv, "inputs", value)) {
@@ -542,7 +548,6 @@ void run_case(benchmark::State& state, const std::string& name, Sequence sequenc
               int num_tokens, bool in_input_buffer) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  config.max_tokens_per_rank = num_tokens;
   rocep::EpGroup group(MPI_COMM_WORLD, config);
   const bool on_gpu = group.backend() == rocep::Backend::kGpu;
   const CaseCalls case_calls(group, num_tokens, in_input_buffer);
@@ -665,7 +670,6 @@ void run_graph_case(benchmark::State& state, const std::string& name, rocep::EpC
                     bool in_input_buffer) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  config.max_tokens_per_rank = num_tokens;
   rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
   const CaseCalls calls(group, num_tokens, in_input_buffer);
   const rocep::Stream stream;
@@ -918,27 +922,28 @@ int main(int argc, char** argv) {
               continue;
             }
             for (const int tokens : options.tokens) {
+              rocep::EpConfig case_config = format_config;
+              case_config.max_tokens_per_rank = std::max(tokens, options.max_tokens);
+              const std::string max_tokens =
+                  options.max_tokens > tokens ? "/max_tokens:" + std::to_string(options.max_tokens) : "";
+              const std::string name = std::string("/") + rocep::to_string(format) +
+                                       (input_buffer ? "/input_buffer" : "") +
+                                       "/tokens:" + std::to_string(tokens) + max_tokens + sms;
               for (const Sequence sequence : {Sequence::kFused, Sequence::kSplit}) {
                 if (!(sequence == Sequence::kFused ? options.fused : options.split)) {
                   continue;
                 }
-                const std::string name = std::string("/") + rocep::to_string(format) +
-                                         (input_buffer ? "/input_buffer" : "") +
-                                         "/tokens:" + std::to_string(tokens) + sms;
                 // A fixed iteration count: every rank must run the same number of collective calls.
                 const std::string case_name = (sequence == Sequence::kFused ? "fused" : "split") + name;
-                benchmark::RegisterBenchmark(case_name.c_str(), run_case, name, sequence, format_config,
-                                             tokens, input_buffer)
+                benchmark::RegisterBenchmark(case_name.c_str(), run_case, name, sequence, case_config, tokens,
+                                             input_buffer)
                     ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
                     ->UseManualTime()
                     ->Unit(benchmark::kMicrosecond);
               }
 #if defined(ROCEP_GPU_BUILD)
               if (options.graph) {
-                const std::string name = std::string("/") + rocep::to_string(format) +
-                                         (input_buffer ? "/input_buffer" : "") +
-                                         "/tokens:" + std::to_string(tokens) + sms;
-                benchmark::RegisterBenchmark(("graph" + name).c_str(), run_graph_case, name, format_config,
+                benchmark::RegisterBenchmark(("graph" + name).c_str(), run_graph_case, name, case_config,
                                              tokens, input_buffer)
                     ->Iterations(options.iterations)
                     ->UseManualTime()
