@@ -884,7 +884,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   receive_partials<false, false>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
     ROCEP_EP_KERNEL(rocep_combine_recv_epilogue)(GroupView group, rocep::device::CombineArgs args) {
   receive_partials<true, false>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
@@ -896,7 +896,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   receive_partials<false, false>(group, args, sequence);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
     ROCEP_EP_KERNEL(rocep_combine_epilogue)(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
   send_partials<false>(group, args);
@@ -905,29 +905,29 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm
 
 // The expanded layout's combine with the partials crossing in fp8 (Shape::combine_fp8): kernels of their
 // own, so that the bf16 ones keep their registers.
-extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
     ROCEP_EP_KERNEL(rocep_combine_send_fp8)(GroupView group, rocep::device::CombineArgs args) {
   send_partials<true>(group, args);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
     ROCEP_EP_KERNEL(rocep_combine_recv_fp8)(GroupView group, rocep::device::CombineArgs args) {
   receive_partials<false, true>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
     ROCEP_EP_KERNEL(rocep_combine_recv_epilogue_fp8)(GroupView group, rocep::device::CombineArgs args) {
   receive_partials<true, true>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
     ROCEP_EP_KERNEL(rocep_combine_fp8)(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
   send_partials<true>(group, args);
   receive_partials<false, true>(group, args, sequence);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads, kEpilogueBlocksPerSm)
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
     ROCEP_EP_KERNEL(rocep_combine_epilogue_fp8)(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
   send_partials<true>(group, args);

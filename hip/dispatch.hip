@@ -7,12 +7,12 @@
 //                        region, then the grid's last block adds 1 to the peers' dispatch_arrived[rank]
 //                        words
 //   rocep_dispatch_recv  receiving half: wait for every source; rank the rows per local expert from the
-//                        senders' masks (small receives in every block on its own; with many chunks blocks
-//                        over experts take the prefix over chunks and a grid barrier); every block takes the
-//                        padded prefix over experts (row_offsets); blocks over (source, token), the rows of
-//                        a batch of their items looked up at once, read each token from its source's region
-//                        and copy it into its rows (small receives: other ranks' tokens in halves, two
-//                        blocks each)
+//                        senders' masks of the chunks that hold the call's tokens (where they fit, in every
+//                        block on its own; else blocks over experts take the prefix over chunks and a grid
+//                        barrier), whatever the group could send; every block takes the padded prefix over
+//                        experts (row_offsets); blocks over (source, token), the rows of a batch of their
+//                        items looked up at once, read each token from its source's region and copy it into
+//                        its rows (small receives: other ranks' tokens in halves, two blocks each)
 //   rocep_dispatch       both halves in one kernel (the fused call)
 //   rocep_dispatch_recv_scale_runs, rocep_dispatch_scale_runs
 //                        the same for receives that lay out their scales later (scales_laid_out_later:
@@ -156,9 +156,10 @@ __device__ void share_tokens(const GroupView& group, const DispatchSendArgs& arg
 }
 
 // Tokens of one batch of send_tokens, a slot (token, k) per thread: a whole number of bytes of a chunk's
-// masks (8, 16, 32 or 64 tokens), the fewest that give every block at most one batch where top_k allows.
-__device__ inline int batch_tokens(const Shape& shape) {
-  const int padded_tokens = chunks_per_source(shape) * kChunkTokens;
+// masks (8, 16, 32 or 64 tokens), the fewest that give every block at most one batch of the chunks that
+// hold the `num_tokens` tokens sent (sent_chunks) where top_k allows.
+__device__ inline int batch_tokens(const Shape& shape, int num_tokens) {
+  const int padded_tokens = sent_chunks(num_tokens) * kChunkTokens;
   int tokens = 8;
   while (tokens < kChunkTokens && 2 * tokens * shape.top_k <= static_cast<int>(blockDim.x) &&
          padded_tokens > tokens * static_cast<int>(gridDim.x)) {
@@ -380,7 +381,8 @@ __device__ void stage_token_batches(const GroupView& group, const DispatchSendAr
   }
 }
 
-// Blocks over batches of this rank's tokens (batch_tokens, up to the last chunk's end): each batch's ids
+// Blocks over batches of this rank's tokens (batch_tokens, up to the end of the last chunk that holds
+// tokens: the receivers read no chunk past it, sent_chunks): each batch's ids
 // (send_batch_ids); and blocks over this rank's tokens, each staged once into this rank's own region (unless
 // the caller wrote them there), whether or not any rank wants it, while a block's first batch of ids is
 // loaded. Block 0 first tells every peer the token count, and the grid's last block then signals the peers'
@@ -403,7 +405,7 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
     }
   }
   const int stride = static_cast<int>(gridDim.x);
-  const int tokens = batch_tokens(shape);
+  const int tokens = batch_tokens(shape, num_tokens);
   if (args.tokens_in_place) {  // written there by the caller: shared as they are, a run at a time
     const int run = tokens_per_run(num_tokens, stride);
     for (int first = static_cast<int>(blockIdx.x) * run; first < num_tokens; first += stride * run) {
@@ -412,7 +414,7 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
   }
   int staged = args.tokens_in_place ? num_tokens : static_cast<int>(blockIdx.x);  // next token to stage
   for (int first = static_cast<int>(blockIdx.x) * tokens;; first += stride * tokens) {
-    const bool batch = first < chunks_per_source(shape) * kChunkTokens;
+    const bool batch = first < sent_chunks(num_tokens) * kChunkTokens;
     const int count = max(0, min(tokens, num_tokens - first));
     const BatchSlot slot = load_batch_slot(shape, args, first, batch ? count : 0);
     if constexpr (kPerToken) {
@@ -435,28 +437,33 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
                    &Signals::dispatch_arrived);
 }
 
-// The rows of one receive as a block sees them: offsets[e] is the first row of local expert e (padded,
-// every block, shared memory, kMaxLocalExperts + 1 entries); masks[chunk][e] (the chunks of all sources in
-// order, chunk s * chunks_per_source + c for chunk c of source s) has bit t % kChunkTokens set when token t
-// of the chunk names local expert e, so a token's place among the chunk's rows of that expert is the
-// popcount of the mask below it: the senders' masks in this rank's region, or for ranked_in_block
-// receives the block's copy of them in shared memory.
+// The rows of one receive as every block sees them, in its shared memory: offsets[e] is the first row of
+// local expert e (padded). The receive ranks `chunks` chunks per source, those that hold the most tokens any
+// source sent (`tokens`, the most of tokens_from; sent_chunks), in (source, chunk) order, chunk c of source s
+// at index s * chunks + c (`total` = world * chunks of them). Mask (s, c, e) has bit t % kChunkTokens set
+// when token t of the chunk names local expert e, so a token's place among the chunk's rows of that expert
+// is the popcount of the mask below it. `in_block`: every block ranks from a copy of the masks in `masks`
+// (mask (s, c, e) at index (s * chunks + c) * local_experts + e); else `prefixed`: from the senders' masks
+// in this rank's region and the rows of earlier chunks from the prefix pass (chunk_rows, by index). The
+// masks of a source's chunks past its own are read as zero (what a larger call left there). `masks` also
+// serves the send of the fused kernels as scratch.
 struct RowLayout {
-  uint32_t* offsets;
-  const unsigned long long* masks;
-};
-
-// The shared memory behind a RowLayout, declared by each receiving kernel; `masks` also serves the send of
-// the fused kernels as scratch.
-struct RowLayoutMemory {
   uint32_t offsets[kMaxLocalExperts + 1];
   unsigned long long masks[kBlockRankingMasks];
+  int32_t tokens_from[kMaxWorld];  // this call's tokens of source s (Signals::tokens_from)
+  int tokens;
+  int chunks;
+  int total;
+  bool in_block;
 };
 
-__device__ inline RowLayout row_layout(RowLayoutMemory* memory, const GroupView& group) {
-  return RowLayout{memory->offsets, ranked_in_block(group.shape)
-                                        ? memory->masks
-                                        : region_masks(group.dispatch_region, group.shape, 0, 0)};
+// Mask (source, chunk, expert) as the senders stored it in this rank's region (zero past the source's own
+// chunks).
+__device__ inline unsigned long long region_chunk_mask(const GroupView& group, const RowLayout& layout,
+                                                       int source, int chunk, int expert) {
+  return chunk < sent_chunks(layout.tokens_from[source])
+             ? region_masks(group.dispatch_region, group.shape, source, chunk)[expert]
+             : 0ull;
 }
 
 // Blocks (of kThreads threads) over local experts: chunk_rows becomes, per expert, the rows of all earlier
@@ -464,17 +471,19 @@ __device__ inline RowLayout row_layout(RowLayoutMemory* memory, const GroupView&
 template <int kThreads>
 __device__ void prefix_chunk_rows(const GroupView& group, const RowLayout& layout) {
   const Shape& shape = group.shape;
-  const int chunks = dispatch_chunks(shape);
   for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
     uint32_t rows = 0;
-    for (int first = 0; first < chunks; first += kThreads) {
-      const int chunk = first + threadIdx.x;
-      const std::size_t entry = static_cast<std::size_t>(chunk) * shape.local_experts + expert;
-      const auto count = chunk < chunks ? static_cast<uint32_t>(__popcll(layout.masks[entry])) : 0u;
+    for (int first = 0; first < layout.total; first += kThreads) {
+      const int index = first + threadIdx.x;
+      const int source = index / layout.chunks;
+      const auto count = index < layout.total
+                             ? static_cast<uint32_t>(__popcll(region_chunk_mask(
+                                   group, layout, source, index - source * layout.chunks, expert)))
+                             : 0u;
       uint32_t block_rows = 0;
       const uint32_t before = block_exclusive_scan<kThreads>(count, &block_rows);
-      if (chunk < chunks) {
-        group.chunk_rows[entry] = rows + before;
+      if (index < layout.total) {
+        group.chunk_rows[static_cast<std::size_t>(index) * shape.local_experts + expert] = rows + before;
       }
       rows += block_rows;
     }
@@ -484,18 +493,19 @@ __device__ void prefix_chunk_rows(const GroupView& group, const RowLayout& layou
   }
 }
 
-// Rows of local expert `expert` in the chunks before `chunk` (in all chunks for chunk = dispatch_chunks).
-__device__ inline uint32_t rows_before_chunk(const GroupView& group, const RowLayout& layout, int chunk,
-                                             int expert) {
-  const int chunks = dispatch_chunks(group.shape);
-  if (!ranked_in_block(group.shape) && chunks > kChunksSummedInPlace) {
-    return chunk < chunks
-               ? group.chunk_rows[static_cast<std::size_t>(chunk) * group.shape.local_experts + expert]
-               : group.expert_rows[expert];
+// Rows of local expert `expert` in the chunks before chunk `chunk` of `source` (in all chunks for source =
+// world, chunk = 0).
+__device__ inline uint32_t rows_before_chunk(const GroupView& group, const RowLayout& layout, int source,
+                                             int chunk, int expert) {
+  const int index = source * layout.chunks + chunk;
+  const int local_experts = group.shape.local_experts;
+  if (!layout.in_block) {
+    return index < layout.total ? group.chunk_rows[static_cast<std::size_t>(index) * local_experts + expert]
+                                : group.expert_rows[expert];
   }
   uint32_t rows = 0;
-  for (int earlier = 0; earlier < chunk; ++earlier) {
-    rows += __popcll(layout.masks[earlier * group.shape.local_experts + expert]);
+  for (int earlier = 0; earlier < index; ++earlier) {
+    rows += __popcll(layout.masks[earlier * local_experts + expert]);
   }
   return rows;
 }
@@ -504,17 +514,16 @@ __device__ inline uint32_t rows_before_chunk(const GroupView& group, const RowLa
 // the alignment; offsets[local_experts] = all rows. Block 0 also publishes them (and the statistics) to the
 // caller.
 template <int kThreads>
-__device__ void compute_row_offsets(const GroupView& group, const DispatchRecvArgs& args,
-                                    const RowLayout& layout) {
+__device__ void compute_row_offsets(const GroupView& group, const DispatchRecvArgs& args, RowLayout* layout) {
   const Shape& shape = group.shape;
-  uint32_t* offsets = layout.offsets;
+  uint32_t* offsets = layout->offsets;
   uint32_t offset = 0;
   for (int first = 0; first < shape.local_experts; first += kThreads) {
     const int expert = first + threadIdx.x;
     uint32_t rows = 0;
     uint32_t padded = 0;
     if (expert < shape.local_experts) {
-      rows = rows_before_chunk(group, layout, dispatch_chunks(shape), expert);
+      rows = rows_before_chunk(group, *layout, shape.world, 0, expert);
       padded = (rows + shape.alignment - 1) / shape.alignment * shape.alignment;
     }
     uint32_t block_rows = 0;
@@ -542,22 +551,38 @@ __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvAr
   __syncthreads();
 }
 
-// Once every source's ids are here: leaves each expert's first row in layout.offsets, every block (of
-// kThreads threads), from the senders' masks (a ranked_in_block receive first copies them into the block's
-// shared memory; one with many chunks takes their prefix in a pass and a grid barrier). False if the grid
-// barrier gave up.
+// Once every source's ids are here, and its token count in layout->tokens_from (block_wait_for_peers): the
+// layout of this call's rows, every block (of kThreads threads) alike: a receive whose chunks' masks fit in
+// kBlockRankingMasks is ranked by every block on its own from a copy of them in its shared memory; a
+// larger one takes their prefix in a pass and a grid barrier. Then each expert's first row into
+// layout->offsets. False if the grid barrier gave up.
 template <int kThreads>
-__device__ bool lay_out_rows(const GroupView& group, const DispatchRecvArgs& args, RowLayoutMemory* memory,
-                             const RowLayout& layout) {
+__device__ bool lay_out_rows(const GroupView& group, const DispatchRecvArgs& args, RowLayout* layout) {
   const Shape& shape = group.shape;
-  if (ranked_in_block(shape)) {
-    const unsigned long long* masks = region_masks(group.dispatch_region, shape, 0, 0);
-    for (int i = threadIdx.x; i < dispatch_chunks(shape) * shape.local_experts; i += blockDim.x) {
-      memory->masks[i] = masks[i];
+  int tokens = 0;
+  for (int source = 0; source < shape.world; ++source) {
+    tokens = max(tokens, layout->tokens_from[source]);
+  }
+  const int chunks = sent_chunks(tokens);
+  const int total = shape.world * chunks;
+  const bool in_block = total * shape.local_experts <= kBlockRankingMasks;
+  if (threadIdx.x == 0) {
+    layout->tokens = tokens;
+    layout->chunks = chunks;
+    layout->total = total;
+    layout->in_block = in_block;
+  }
+  if (in_block) {
+    for (int i = threadIdx.x; i < total * shape.local_experts; i += blockDim.x) {
+      const int index = i / shape.local_experts;
+      const int source = index / chunks;
+      layout->masks[i] =
+          region_chunk_mask(group, *layout, source, index - source * chunks, i - index * shape.local_experts);
     }
-    __syncthreads();
-  } else if (dispatch_chunks(shape) > kChunksSummedInPlace) {
-    prefix_chunk_rows<kThreads>(group, layout);
+  }
+  __syncthreads();
+  if (!in_block) {
+    prefix_chunk_rows<kThreads>(group, *layout);
     if (!grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
                       Operation::kDispatchRecv)) {
       return false;
@@ -580,11 +605,12 @@ __device__ inline int32_t row_of(const GroupView& group, const RowLayout& layout
                                  int32_t id) {
   const Shape& shape = group.shape;
   const int expert = id - shape.rank * shape.local_experts;
-  const int chunk = source * chunks_per_source(shape) + token / kChunkTokens;
-  const uint32_t earlier_chunks = rows_before_chunk(group, layout, chunk, expert);
-  const int32_t in_chunk =
-      __popcll(layout.masks[static_cast<std::size_t>(chunk) * shape.local_experts + expert] &
-               ((1ull << (token % kChunkTokens)) - 1));
+  const int chunk = token / kChunkTokens;
+  const uint32_t earlier_chunks = rows_before_chunk(group, layout, source, chunk, expert);
+  const unsigned long long mask =
+      layout.in_block ? layout.masks[(source * layout.chunks + chunk) * shape.local_experts + expert]
+                      : region_masks(group.dispatch_region, shape, source, chunk)[expert];
+  const int32_t in_chunk = __popcll(mask & ((1ull << (token % kChunkTokens)) - 1));
   return static_cast<int32_t>(layout.offsets[expert] + earlier_chunks) + in_chunk;
 }
 
@@ -654,7 +680,7 @@ __device__ int32_t batch_slot_row(const GroupView& group, const RowLayout& layou
   if (k == 0) {
     batch.items[threadIdx.x / shape.top_k] = it;
   }
-  if (it.token >= group.signals->tokens_from[it.source]) {
+  if (it.token >= layout.tokens_from[it.source]) {
     return kNoSlot;
   }
   const int32_t id = region_ids(group.dispatch_region, shape, it.source, it.token)[k];
@@ -715,12 +741,12 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
   const bool input_scaled = args.expert_input_scales != nullptr;
   const bool scaled = shape.format != Format::kBf16;
   const ScaleGroups scale_layout = scale_groups(shape.format, args.scale_rows, shape.hidden);
-  const bool halves = (2 * shape.world - 1) * shape.max_tokens <= static_cast<int>(gridDim.x);
+  const bool halves = (2 * shape.world - 1) * layout.tokens <= static_cast<int>(gridDim.x);
   __shared__ ExpansionItem batch_items[kMaxBatchItems];
   ExpansionBatch batch{static_cast<int>(blockIdx.x),
                        0,
                        min(kBlockThreads / shape.top_k, kMaxBatchItems),
-                       (halves ? 2 * shape.world - 1 : shape.world) * shape.max_tokens,
+                       (halves ? 2 * shape.world - 1 : shape.world) * layout.tokens,
                        halves,
                        !halves && gridDim.x % shape.world == 0,
                        batch_items};
@@ -815,8 +841,7 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
   }
   // Padding rows after each expert's rows: zero payload, no source, weight 0.
   for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
-    const uint32_t first =
-        layout.offsets[expert] + rows_before_chunk(group, layout, dispatch_chunks(shape), expert);
+    const uint32_t first = layout.offsets[expert] + rows_before_chunk(group, layout, shape.world, 0, expert);
     for (uint32_t row = first; row < layout.offsets[expert + 1]; ++row) {
       uint8_t* destination = args.recv_tokens + static_cast<std::size_t>(row) * shape.payload_bytes;
       for (uint32_t i = threadIdx.x; !input_scaled && i < shape.payload_bytes / kVectorBytes;
@@ -941,71 +966,82 @@ __device__ inline void invalidate_layout(const Shape& shape, const DispatchRecvA
 
 template <bool kScalesLater>
 __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
-                               RowLayoutMemory* memory) {
+                               RowLayout* layout) {
   const Shape& shape = group.shape;
-  const RowLayout layout = row_layout(memory, group);
   __shared__ uint32_t scale_words[kMaxScaleWords];
   if (!block_wait_for_peers(group.signals->dispatch_arrived, sequence, shape.world, group.timeout_ticks,
                             group.status, Operation::kDispatchRecv, &group.peers, -1,
-                            group.peers.held_arrivals)) {
+                            group.peers.held_arrivals, ~uint64_t{0},
+                            {group.signals->tokens_from, layout->tokens_from})) {
     invalidate_layout(shape, args);
     return;
   }
   count_dispatch(group, sequence);
-  if (!lay_out_rows<kBlockThreads>(group, args, memory, layout)) {
+  if (!lay_out_rows<kBlockThreads>(group, args, layout)) {
     invalidate_layout(shape, args);
     return;
   }
-  expand_tokens(group, args, layout, kScalesLater, scale_words);
+  expand_tokens(group, args, *layout, kScalesLater, scale_words);
   if constexpr (kScalesLater) {
     if (grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
                      Operation::kDispatchRecv)) {
-      lay_out_scales(group, args, layout.offsets[shape.local_experts], scale_words);
+      lay_out_scales(group, args, layout->offsets[shape.local_experts], scale_words);
     }
   }
 }
 
 template <bool kScalesLater>
 __device__ void receive_kernel(const GroupView& group, const DispatchRecvArgs& args) {
-  __shared__ RowLayoutMemory memory;
-  receive_tokens<kScalesLater>(group, args, group.block_calls[blockIdx.x].dispatches + 1, &memory);
+  __shared__ RowLayout layout;
+  receive_tokens<kScalesLater>(group, args, group.block_calls[blockIdx.x].dispatches + 1, &layout);
 }
 
 // --- the per-token layout -------------------------------------------------------------------------------
 
-// Up to this many (source, chunk) entries of the token masks, every block keeps the received tokens before
-// each entry in shared memory; past it, each token counts them itself.
+// Up to this many chunks of the layout (RowLayout: index s * chunks + c for chunk c of source s), every
+// block keeps the received tokens before each chunk in shared memory; past it, each token counts them
+// itself.
 inline constexpr int kTokenBaseEntries = 2048;
+
+// The token mask of chunk `chunk` of `layout` (zero past the chunks its source sent).
+__device__ inline unsigned long long chunk_token_mask(const GroupView& group, const RowLayout& layout,
+                                                      int chunk) {
+  const int source = chunk / layout.chunks;
+  const int in_source = chunk - source * layout.chunks;
+  return in_source < sent_chunks(layout.tokens_from[source])
+             ? *region_token_masks(group.dispatch_region, group.shape, source, in_source)
+             : 0ull;
+}
 
 // The per-token row of token `token` of `source` (which names an expert of this rank): the received tokens
 // before it in (source, token) order, from the senders' token masks. `bases`: the exclusive prefix of the
-// masks' counts per (source, chunk) entry, or null past kTokenBaseEntries.
-__device__ inline int32_t token_row(const GroupView& group, const uint32_t* bases, int source, int token) {
-  const Shape& shape = group.shape;
-  const int entry = source * chunks_per_source(shape) + token / kChunkTokens;
-  const unsigned long long* masks = region_token_masks(group.dispatch_region, shape, 0, 0);
+// masks' counts per chunk of the layout, or null past kTokenBaseEntries.
+__device__ inline int32_t token_row(const GroupView& group, const RowLayout& layout, const uint32_t* bases,
+                                    int source, int token) {
+  const int chunk = source * layout.chunks + token / kChunkTokens;
   uint32_t before = 0;
   if (bases != nullptr) {
-    before = bases[entry];
+    before = bases[chunk];
   } else {
-    for (int earlier = 0; earlier < entry; ++earlier) {
-      before += __popcll(masks[earlier]);
+    for (int earlier = 0; earlier < chunk; ++earlier) {
+      before += __popcll(chunk_token_mask(group, layout, earlier));
     }
   }
-  return static_cast<int32_t>(before + __popcll(masks[entry] & ((1ull << (token % kChunkTokens)) - 1)));
+  const unsigned long long mask =
+      *region_token_masks(group.dispatch_region, group.shape, source, token / kChunkTokens);
+  return static_cast<int32_t>(before + __popcll(mask & ((1ull << (token % kChunkTokens)) - 1)));
 }
 
-// Every block (of PerTokenTuning::kDispatchThreads): bases[entry] = received tokens before (source, chunk)
-// entry `entry` (when the entries fit), and the total; block 0 publishes the total as num_recv_tokens.
+// Every block (of PerTokenTuning::kDispatchThreads): bases[chunk] = received tokens before each chunk of
+// the layout (when they fit), and the total; block 0 publishes the total as num_recv_tokens.
 __device__ uint32_t count_received_tokens(const GroupView& group, const DispatchRecvArgs& args,
-                                          uint32_t* bases) {
-  const Shape& shape = group.shape;
-  const int entries = dispatch_chunks(shape);
-  const unsigned long long* masks = region_token_masks(group.dispatch_region, shape, 0, 0);
+                                          const RowLayout& layout, uint32_t* bases) {
+  const int entries = layout.total;
   uint32_t total = 0;
   for (int first = 0; first < entries; first += PerTokenTuning::kDispatchThreads) {
     const int entry = first + static_cast<int>(threadIdx.x);
-    const auto count = entry < entries ? static_cast<uint32_t>(__popcll(masks[entry])) : 0u;
+    const auto count =
+        entry < entries ? static_cast<uint32_t>(__popcll(chunk_token_mask(group, layout, entry))) : 0u;
     uint32_t block_count = 0;
     const uint32_t before = block_exclusive_scan<PerTokenTuning::kDispatchThreads>(count, &block_count);
     if (entry < entries && entries <= kTokenBaseEntries) {
@@ -1026,15 +1062,16 @@ __device__ uint32_t count_received_tokens(const GroupView& group, const Dispatch
 // with no block-wide step between rows, so that while one group waits for a token's mask or its first
 // loads the others copy. In a grid of an even number of groups each group keeps to one source at EP2, so
 // pulls over the link and local copies run side by side (every group pulling the other ranks' tokens
-// first measured slower: docs/performance.md). `token_bases` as for token_row; `sources[s]`: source s's
-// region and token count.
+// first measured slower: docs/performance.md). The items stop at the layout's tokens (the most any source
+// sent). `token_bases` as for token_row; `sources[s]`: source s's region and token count.
 struct ReceivedSource {
   const uint8_t* region;
   int tokens;
 };
 
 __device__ void copy_received_tokens(const GroupView& group, const DispatchRecvArgs& args,
-                                     const uint32_t* token_bases, const ReceivedSource* sources) {
+                                     const RowLayout& layout, const uint32_t* token_bases,
+                                     const ReceivedSource* sources) {
   const Shape& shape = group.shape;
   constexpr int kInFlight = PerTokenTuning::kVectorsInFlight;
   const uint32_t vectors = shape.payload_bytes / kVectorBytes;
@@ -1049,7 +1086,7 @@ __device__ void copy_received_tokens(const GroupView& group, const DispatchRecvA
   // Scales row-major after the payload in the message, and so in their rows: words where they are whole.
   const bool words = shape.scale_bytes % 4 == 0;
   const uint32_t units = words ? shape.scale_bytes / 4 : shape.scale_bytes;
-  const int items = shape.world * shape.max_tokens;
+  const int items = shape.world * layout.tokens;
   const int groups = static_cast<int>(gridDim.x) * block_groups;
   for (int index = static_cast<int>(blockIdx.x) * block_groups + in_block; index < items; index += groups) {
     const int source = index % shape.world;
@@ -1062,7 +1099,7 @@ __device__ void copy_received_tokens(const GroupView& group, const DispatchRecvA
     if (((mask >> (token % kChunkTokens)) & 1) == 0) {
       continue;  // names no expert here
     }
-    const auto row = static_cast<std::size_t>(token_row(group, token_bases, source, token));
+    const auto row = static_cast<std::size_t>(token_row(group, layout, token_bases, source, token));
     const uint8_t* message = sources[source].region + DispatchRegion::message_offset(shape, token);
     copy_row_part<kInFlight>(reinterpret_cast<const Vector16*>(message),
                              reinterpret_cast<Vector16*>(args.recv_tokens + row * shape.payload_bytes), 0,
@@ -1094,33 +1131,34 @@ __device__ inline void invalidate_per_token(const Shape& shape, const DispatchRe
 // local expert into sorted_token_ids at its place among that expert's pairs (the expanded layout's
 // ranking). Then the padding of sorted_token_ids and block_expert_ids.
 __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
-                                  RowLayoutMemory* memory) {
+                                  RowLayout* layout) {
   const Shape& shape = group.shape;
-  const RowLayout layout = row_layout(memory, group);
   if (!block_wait_for_peers(group.signals->dispatch_arrived, sequence, shape.world, group.timeout_ticks,
                             group.status, Operation::kDispatchRecv, &group.peers, -1,
-                            group.peers.held_arrivals)) {
+                            group.peers.held_arrivals, ~uint64_t{0},
+                            {group.signals->tokens_from, layout->tokens_from})) {
     invalidate_per_token(shape, args);
     return;
   }
   count_dispatch(group, sequence);
-  if (!lay_out_rows<PerTokenTuning::kDispatchThreads>(group, args, memory, layout)) {
+  if (!lay_out_rows<PerTokenTuning::kDispatchThreads>(group, args, layout)) {
     invalidate_per_token(shape, args);
     return;
   }
   __shared__ uint32_t bases[kTokenBaseEntries];
-  count_received_tokens(group, args, bases);
-  const uint32_t* token_bases = dispatch_chunks(shape) <= kTokenBaseEntries ? bases : nullptr;
+  count_received_tokens(group, args, *layout, bases);
+  const uint32_t* token_bases = layout->total <= kTokenBaseEntries ? bases : nullptr;
   __shared__ ReceivedSource sources[kMaxWorld];
   for (int source = threadIdx.x; source < shape.world; source += blockDim.x) {
-    sources[source] = {group.peers.read_window(PeerRegion::kDispatch, source),
-                       group.signals->tokens_from[source]};
+    sources[source] = {group.peers.read_window(PeerRegion::kDispatch, source), layout->tokens_from[source]};
   }
   __syncthreads();
-  copy_received_tokens(group, args, token_bases, sources);
-  const int items = shape.world * shape.max_tokens;
+  copy_received_tokens(group, args, *layout, token_bases, sources);
+  const int items = shape.world * layout->tokens;
   const int stride = static_cast<int>(gridDim.x);
-  const auto padding = static_cast<int32_t>(static_cast<std::size_t>(items) * shape.top_k);
+  // sorted_token_ids' padding entry: one past the last (row, slot) pair the group can have.
+  const auto padding =
+      static_cast<int32_t>(static_cast<std::size_t>(shape.world) * shape.max_tokens * shape.top_k);
   const int batch_slots = PerTokenTuning::kBatchTokens * shape.top_k;
   for (int first = static_cast<int>(blockIdx.x); first < items;
        first += PerTokenTuning::kBatchTokens * stride) {
@@ -1141,12 +1179,12 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
       const int32_t id = region_ids(group.dispatch_region, shape, source, token)[k];
       const float weight = region_weights(group.dispatch_region, shape, source, token)[k];
       if ((mask >> (token % kChunkTokens)) & 1) {
-        row = token_row(group, token_bases, source, token);
+        row = token_row(group, *layout, token_bases, source, token);
         const std::size_t slot = static_cast<std::size_t>(row) * shape.top_k + k;
         args.recv_topk_ids[slot] = id >= 0 ? id - shape.rank * shape.local_experts : -1;
         args.recv_topk_weights[slot] = weight;
         if (id >= 0) {
-          args.sorted_token_ids[row_of(group, layout, source, token, id)] = row * shape.top_k + k;
+          args.sorted_token_ids[row_of(group, *layout, source, token, id)] = row * shape.top_k + k;
         }
         if (k == 0) {
           args.src_info[3 * static_cast<std::size_t>(row) + 0] = source;
@@ -1170,9 +1208,9 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
   }
   // The padding of each expert's segment of sorted_token_ids, and the expert of each of its blocks.
   for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
-    const uint32_t first = layout.offsets[expert];
-    const uint32_t pairs = rows_before_chunk(group, layout, dispatch_chunks(shape), expert);
-    const uint32_t end = layout.offsets[expert + 1];
+    const uint32_t first = layout->offsets[expert];
+    const uint32_t pairs = rows_before_chunk(group, *layout, shape.world, 0, expert);
+    const uint32_t end = layout->offsets[expert + 1];
     for (uint32_t entry = first + pairs + threadIdx.x; entry < end; entry += blockDim.x) {
       args.sorted_token_ids[entry] = padding;
     }
@@ -1184,18 +1222,18 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
 }
 
 __device__ void receive_per_token_kernel(const GroupView& group, const DispatchRecvArgs& args) {
-  __shared__ RowLayoutMemory memory;
-  receive_per_token(group, args, group.block_calls[blockIdx.x].dispatches + 1, &memory);
+  __shared__ RowLayout layout;
+  receive_per_token(group, args, group.block_calls[blockIdx.x].dispatches + 1, &layout);
 }
 
 template <bool kScalesLater>
 __device__ void dispatch_kernel(const GroupView& group, const DispatchSendArgs& send_args,
                                 const DispatchRecvArgs& recv_args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
-  __shared__ RowLayoutMemory memory;
-  send_tokens<false>(group, send_args, memory.masks);
+  __shared__ RowLayout layout;
+  send_tokens<false>(group, send_args, layout.masks);
   __syncthreads();  // the send's scratch is the receive's masks
-  receive_tokens<kScalesLater>(group, recv_args, sequence, &memory);
+  receive_tokens<kScalesLater>(group, recv_args, sequence, &layout);
 }
 
 }  // namespace
@@ -1252,7 +1290,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   receive_kernel<false>(group, args);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
     ROCEP_EP_KERNEL(rocep_dispatch)(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
   dispatch_kernel<false>(group, send_args, recv_args);
 }
@@ -1272,10 +1310,10 @@ extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
     ROCEP_EP_KERNEL(rocep_dispatch_per_token)(GroupView group, DispatchSendArgs send_args,
                                               DispatchRecvArgs recv_args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
-  __shared__ RowLayoutMemory memory;
-  send_tokens<true>(group, send_args, memory.masks);
+  __shared__ RowLayout layout;
+  send_tokens<true>(group, send_args, layout.masks);
   __syncthreads();  // the send's scratch is the receive's masks
-  receive_per_token(group, recv_args, sequence, &memory);
+  receive_per_token(group, recv_args, sequence, &layout);
 }
 
 // The same for receives that scales_laid_out_later: separate kernels, so that the pass leaves the others'
@@ -1286,7 +1324,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   receive_kernel<true>(group, args);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
     ROCEP_EP_KERNEL(rocep_dispatch_scale_runs)(GroupView group, DispatchSendArgs send_args,
                                                DispatchRecvArgs recv_args) {
   dispatch_kernel<true>(group, send_args, recv_args);

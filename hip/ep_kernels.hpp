@@ -21,24 +21,22 @@ ROCEP_HOST_DEVICE inline int dispatch_chunks(const Shape& shape) {
   return shape.world * chunks_per_source(shape);
 }
 
-// A receive whose chunk masks (DispatchRegion: one 64-bit word per chunk and local expert) fit in
-// kBlockRankingMasks is ranked by every block on its own, from a copy of the masks in its shared memory: no
-// global counts and no grid barrier, which took ~5 us of a 128-token receive on H200 (ranking 2.4 us,
-// barrier and row offsets 2.7 us).
+// A receive whose masks of the chunks that hold the call's tokens (DispatchRegion: one 64-bit word per
+// chunk and local expert, the chunks of the most tokens any source sent) fit in kBlockRankingMasks is
+// ranked by every block on its own, from a copy of the masks in its shared memory: no global counts and no
+// grid barrier, which took ~5 us of a 128-token receive on H200 (ranking 2.4 us, barrier and row offsets
+// 2.7 us). A larger one takes the prefix over its chunks in a pass and a grid barrier (lay_out_rows in
+// hip/dispatch.hip).
 inline constexpr int kBlockRankingMasks = 1024;  // 8 KB
 
-// The most chunks for which the receive's blocks add up the rows of earlier chunks where they need them
-// instead of taking the prefix over chunks in a pass (prefix_chunk_rows in hip/dispatch.hip): that pass and
-// its grid barrier cost ~2.5 us of a 128-token receive on H200.
-inline constexpr int kChunksSummedInPlace = 16;
-
+// Whether every call of the group is ranked in each block, whatever its tokens.
 ROCEP_HOST_DEVICE inline bool ranked_in_block(const Shape& shape) {
   return dispatch_chunks(shape) * shape.local_experts <= kBlockRankingMasks;
 }
 
-// A receive too large to be ranked in each block may keep each token's scales in ReceivedScales and lay out
-// every row's scales after the expansion, in whole 512-byte runs of 128 rows (a grid barrier and a pass
-// over the rows). nvfp4 always does: each row storing its 4-byte groups into their tiles, 512 bytes apart,
+// A group whose calls may be too large to be ranked in each block may keep each token's scales in
+// ReceivedScales and lay out every row's scales after the expansion, in whole 512-byte runs of 128 rows (a
+// grid barrier and a pass over the rows). nvfp4 always does: each row storing its 4-byte groups into their tiles, 512 bytes apart,
 // took 37 us of the nvfp4 receive of 4096 tokens (EP2, H200). fp8 block-128's transposed scales (a 4-byte
 // store per row and block, rows apart) do where a token fans out into 4 or more rows per rank on average,
 // so that the receive is bound by the memory rather than the links: fp8 receive of 4096 tokens at EP2
@@ -155,14 +153,17 @@ struct CombineArgs {
 
 // Whether a reduced combine's values pass through an epilogue before their store (the out row stride aside):
 // such a combine runs kernels of their own (`_epilogue`), so that the registers the epilogue takes do not
-// tax the plain ones. The expanded ones keep the others' residency, by which the group's grid is sized:
-// their second launch bound kEpilogueBlocksPerSm is 3 blocks of kBlockThreads per multiprocessor on NVIDIA
-// (at most 80 registers a thread) and, read by HIP as waves per SIMD, 3 wave64 waves per SIMD on AMD: the
-// same 3 blocks of 256 threads per compute unit.
+// tax the plain ones.
 ROCEP_HOST_DEVICE inline bool has_epilogue(const CombineArgs& args) {
   return args.factor != 1.0f || args.token_factors != nullptr || args.residual != nullptr;
 }
-inline constexpr int kEpilogueBlocksPerSm = 3;
+
+// The residency of the expanded layout's kernels, by which the group's grid is sized
+// (tests/check_registers.py): 3 blocks of kBlockThreads per multiprocessor on NVIDIA (at most 80 registers
+// a thread) and, read by HIP as waves per SIMD, 3 wave64 waves per SIMD on AMD: the same 3 blocks of 256
+// threads per compute unit. The second launch bound of those that the compiler would otherwise give more
+// registers: the combine's epilogue kernels and the fused dispatch kernels.
+inline constexpr int kExpandedBlocksPerSm = 3;
 
 // Loads every dispatch / combine kernel now. With lazy loading, a kernel's first launch waits for the device
 // to idle, which a spinning receive kernel of the same process can prevent forever; loading them all when

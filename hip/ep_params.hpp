@@ -108,14 +108,22 @@ ROCEP_HOST_DEVICE inline int chunks_per_source(const Shape& shape) {
   return (shape.max_tokens + kChunkTokens - 1) / kChunkTokens;
 }
 
+// The chunks that hold a call's `tokens` tokens of one source: its masks are written for these only, and
+// read for these only, so a call costs what it sends rather than what the group could send.
+ROCEP_HOST_DEVICE inline int sent_chunks(int tokens) {
+  return (tokens + kChunkTokens - 1) / kChunkTokens;
+}
+
 // One rank's dispatch region: what every source rank s stores there for its token t.
 //   ids     [world][T][top_k] int32: expert ids that concern this rank, -1 elsewhere
 //   weights [world][T][top_k] float32
 //   masks   [world][chunks_per_source][local_experts] uint64: bit t % kChunkTokens of masks[s][t /
 //           kChunkTokens][e] is set when token t of s names this rank's local expert e (zero for tokens
-//           past s's count): the receiver ranks its rows from them without reading the ids
+//           past s's count in its last chunk; chunks past sent_chunks of s's count are not written and
+//           never read): the receiver ranks its rows from them without reading the ids
 //   token masks [world][chunks_per_source] uint64, per-token layout only: bit t % kChunkTokens of [s][t /
-//           kChunkTokens] is set when token t of s names any expert of this rank
+//           kChunkTokens] is set when token t of s names any expert of this rank (written and read as the
+//           masks)
 //   message [T][message_bytes]: this rank's own tokens, staged there by its send (the payload, then the
 //           scales row-major), or written there by the caller (bf16, EpGroup::dispatch_input_buffer); the
 //           receivers read them from there (pull).

@@ -74,17 +74,27 @@ __device__ inline void signal_grid_done(uint32_t* blocks_done, uint32_t* claims,
   signal_ipc_peers(peers, world, rank, words);  // every block's stores, acquired by the count
 }
 
+// Words of each rank that a wait reads once the rank has signalled: words[r] into into[r] (the block's shared
+// memory), by the thread that waited for r, so that the block has them after the wait with no load of its
+// own. Null: none.
+struct SignalledWords {
+  const int32_t* words;
+  int32_t* into;
+};
+
 // The calling block waits until every rank r of `ranks` (bit r) but skipped_rank has signalled its
 // `sequence`-th call (words[r] >= sequence; for arrival words, `peers` given, words[r] >=
 // peers->arrivals(r, sequence), and where `held` is given and held[r] is not null, *held[r] too), thread r
 // for rank r, so that the waits
 // overlap (one after another, thread 0 paid a read of the polled words per rank); the whole block learns
-// the outcome. A rank that does not signal in time is reported. Call from every thread.
+// the outcome, and the `read` words of every rank waited for. A rank that does not signal in time is
+// reported. Call from every thread.
 __device__ inline bool block_wait_for_peers(const uint64_t* words, uint64_t sequence, int world,
                                             uint64_t timeout_ticks, Status* status, Operation operation,
                                             const PeerTransport* peers, int skipped_rank = -1,
                                             const uint64_t* const* held = nullptr,
-                                            uint64_t ranks = ~uint64_t{0}) {
+                                            uint64_t ranks = ~uint64_t{0},
+                                            SignalledWords read = {nullptr, nullptr}) {
   __shared__ int missing;  // ranks not waited for: late, or the group had already timed out
   if (threadIdx.x == 0) {
     missing = 0;
@@ -101,6 +111,8 @@ __device__ inline bool block_wait_for_peers(const uint64_t* words, uint64_t sequ
         report_failure(status, StatusCode::kTimeout, operation, peer, -1, -1, static_cast<int>(sequence));
       }
       atomicAdd(&missing, 1);
+    } else if (read.words != nullptr) {
+      read.into[peer] = read.words[peer];
     }
   }
   // The barrier extends each waiting thread's acquire to the block: its reads are ordered before the

@@ -2,8 +2,8 @@
 // bit: a rank's bad inputs stay on that rank, data errors are recorded for poll_error() / synchronize(),
 // weighted and unweighted combines mixed across ranks are caught on the device; and one group called again
 // and again (new counts, routings, fused and split calls, graph replays with new data), two groups in one
-// process, and the receive's in-place ranking. Every call gets fresh random inputs and freshly poisoned
-// outputs.
+// process, and small calls in a group sized for many tokens. Every call gets fresh random inputs and freshly
+// poisoned outputs.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "ep_cases.hpp"
-#include "hip/ep_kernels.hpp"
 #include "host/device.hpp"
 #include "host/device_memory.hpp"
 #include "host/gpu_check.hpp"
@@ -24,7 +23,6 @@
 
 namespace {
 
-using rocep::testing::check_against_reference;
 using rocep::testing::combine_on;
 using rocep::testing::DeviceCombine;
 using rocep::testing::DeviceInputs;
@@ -270,6 +268,37 @@ TEST_F(GpuEpContract, OneGroupCalledAgainAndAgainMatchesReferenceEveryCall) {
   }
 }
 
+// The same for a group sized for many more tokens than most of its calls send (a server's one group for
+// prefill and decode), bf16 and fp8 block-128 (whose receive lays its scales out later in such a group):
+// each receive ranks only the chunks of 64 tokens that hold the tokens sent, in its blocks where their
+// masks fit, else by a prefix pass, and must not read what larger calls left in the chunks past them. The
+// ranks send different counts (uneven routing, or counts by rank), so a source's chunks past its own count
+// but within another's are read as empty.
+TEST_F(GpuEpContract, SmallCallsInAGroupSizedForManyTokensMatchReferenceEveryCall) {
+  EpConfig bf16 = make_config(2048, 8, 128, 1024);
+  EpConfig fp8 = make_config(2048, 8, 128, 1024, 4);
+  fp8.dispatch_format = rocep::TokenFormat::kFp8Block128;
+  fp8.fp8_encoding = rocep::Fp8Encoding::kE4m3fn;
+  const bool even = world_rank() % 2 == 0;
+  for (const EpConfig& config : {bf16, fp8}) {
+    const Step steps[] = {
+        {Routing::kUniform, 1024, false, false, true},
+        {Routing::kUniform, even ? 100 : 300, true, false, true},
+        {Routing::kMasked, even ? 1 : 0, false, true, true},
+        {Routing::kHotExpert, even ? 300 : 1024, false, false, true},
+        {Routing::kUnevenCounts, -1, true, true, true},
+        {Routing::kUniform, even ? 17 : 200, false, false, false},
+        {Routing::kUniform, 64, false, false, true},
+    };
+    rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+    rocep::Stream stream;
+    for (std::size_t call = 0; call < std::size(steps); ++call) {
+      SCOPED_TRACE("call " + std::to_string(call));
+      expect_step_matches_reference(group, stream.get(), steps[call]);
+    }
+  }
+}
+
 // One dispatch + combine step captured with the token count in device memory, replayed 20 times, each time
 // with new tokens, ids, weights, count and expert outputs written into the captured buffers first (counts
 // full, 1, 0, then drawn; routings in turn): every replay equals the reference for its own data.
@@ -373,42 +402,6 @@ TEST_F(GpuEpContract, TwoGroupsOnTwoStreamsInterleaved) {
       SCOPED_TRACE("group B");
       expect_dispatch_matches(config_b, outputs_b, expected_b);
       expect_combined_matches(combine_b.out, expected_b.combined);
-    }
-  }
-}
-
-// The receive's third way of ranking its rows (lay_out_rows in hip/dispatch.hip): the chunk masks do not fit
-// a block's shared memory (not ranked_in_block: dispatch_chunks x local experts > kBlockRankingMasks), yet
-// there are few enough chunks (dispatch_chunks <= kChunksSummedInPlace)
-// that each block sums the earlier chunks' masks in global memory where it needs them, with no prefix pass
-// and no grid barrier. 128 local experts and 5 chunks of 64 tokens per source at EP2 (256 experts, 320
-// tokens: 10 chunks, 1280 masks); fewer chunks at more ranks. bf16 and fp8 block-128 (which at EP2, top-8,
-// also lays its scales out after the expansion).
-TEST_F(GpuEpContract, InPlaceRankingFromGlobalMasksMatchesReference) {
-  const int world = world_size();
-  constexpr int kLocalExperts = 128;
-  const int chunks_per_source = std::min(5, rocep::device::kChunksSummedInPlace / world);
-  if (chunks_per_source == 0) {
-    GTEST_SKIP() << "more ranks than kChunksSummedInPlace: every source has a chunk, more than the in-place "
-                    "sum takes";
-  }
-  const int max_tokens = rocep::device::kChunkTokens * chunks_per_source;
-  rocep::device::Shape shape{};
-  shape.world = world;
-  shape.max_tokens = max_tokens;
-  shape.local_experts = kLocalExperts;
-  ASSERT_FALSE(rocep::device::ranked_in_block(shape));
-  ASSERT_LE(rocep::device::dispatch_chunks(shape), rocep::device::kChunksSummedInPlace);
-
-  EpConfig bf16 = make_config(2048, 8, kLocalExperts, max_tokens);
-  EpConfig bf16_aligned = make_config(2048, 8, kLocalExperts, max_tokens, 4, 8);
-  EpConfig fp8 = make_config(2048, 8, kLocalExperts, max_tokens);
-  fp8.dispatch_format = rocep::TokenFormat::kFp8Block128;
-  fp8.fp8_encoding = rocep::Fp8Encoding::kE4m3fn;
-  for (const EpConfig& config : {bf16, bf16_aligned, fp8}) {
-    for (const Routing routing :
-         {Routing::kUniform, Routing::kMasked, Routing::kUnevenCounts, Routing::kFull}) {
-      check_against_reference(config, routing);
     }
   }
 }

@@ -417,6 +417,22 @@ TEST_F(GpuPerToken, MatchesReferenceInEveryFormatAndRouting) {
   }
 }
 
+// A group sized for many more tokens than most of its calls send, as a server's one group for prefill and
+// decode: each receive ranks only the chunks of 64 tokens that hold the tokens sent (in its blocks where
+// their masks fit, else by a prefix pass), and must not read what larger calls before it left in the chunks
+// past them. The ranks send different counts, so a source's chunks past its own count
+// but within another's are read as empty.
+TEST_F(GpuPerToken, SmallCallsInAGroupSizedForManyTokensMatchTheReference) {
+  const EpConfig config = per_token(make_config(2048, 8, 128, 1024, 16));
+  Groups groups(config);
+  const uint64_t seed = shared_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  const bool even = world_rank() % 2 == 0;
+  check_calls_on(groups, config, seed,
+                 {1024, even ? 100 : 300, even ? 1 : 0, even ? 300 : 1024, even ? 1024 : 17, 0,
+                  even ? 17 : 200, even ? 64 : 65});
+}
+
 // One group, one call after another with new data, counts full -> 1 -> 0 -> full and a new routing every
 // time, eagerly; then as graph replays of one captured dispatch + combine with the count on the device.
 TEST_F(GpuPerToken, CallsThatChangeCountsAndRoutingsMatchTheReference) {
