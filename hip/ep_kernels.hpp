@@ -36,12 +36,12 @@ ROCEP_HOST_DEVICE inline bool ranked_in_block(const Shape& shape) {
 
 // A group whose calls may be too large to be ranked in each block may keep each token's scales in
 // ReceivedScales and lay out every row's scales after the expansion, in whole 512-byte runs of 128 rows (a
-// grid barrier and a pass over the rows). nvfp4 always does: each row storing its 4-byte groups into their tiles, 512 bytes apart,
-// took 37 us of the nvfp4 receive of 4096 tokens (EP2, H200). fp8 block-128's transposed scales (a 4-byte
-// store per row and block, rows apart) do where a token fans out into 4 or more rows per rank on average,
-// so that the receive is bound by the memory rather than the links: fp8 receive of 4096 tokens at EP2
-// (top-8, 4 rows per token) 126.6-126.9 -> 116.8-118.3 us, but at EP4 (2 rows) 276.4-277.1 -> 284.4-284.6
-// (H200, 2026-11-22).
+// grid barrier and a pass over the rows). nvfp4 always does: each row storing its 4-byte groups into their
+// tiles, 512 bytes apart, took 37 us of the nvfp4 receive of 4096 tokens (EP2, H200). fp8 block-128's
+// transposed scales (a 4-byte store per row and block, rows apart) do where a token fans out into 4 or more
+// rows per rank on average, so that the receive is bound by the memory rather than the links: fp8 receive of
+// 4096 tokens at EP2 (top-8, 4 rows per token) 126.6-126.9 -> 116.8-118.3 us, but at EP4 (2 rows) 276.4-277.1
+// -> 284.4-284.6 (H200, 2026-11-22).
 ROCEP_HOST_DEVICE inline bool scales_laid_out_later(const Shape& shape) {
   const bool fans_out = shape.top_k >= 4 * shape.world;
   return (shape.format == Format::kNvfp4 || (shape.format == Format::kFp8Block128 && fans_out)) &&
