@@ -443,10 +443,10 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
 // at index s * chunks + c (`total` = world * chunks of them). Mask (s, c, e) has bit t % kChunkTokens set
 // when token t of the chunk names local expert e, so a token's place among the chunk's rows of that expert
 // is the popcount of the mask below it. `in_block`: every block ranks from a copy of the masks in `masks`
-// (mask (s, c, e) at index (s * chunks + c) * local_experts + e); else `prefixed`: from the senders' masks
-// in this rank's region and the rows of earlier chunks from the prefix pass (chunk_rows, by index). The
-// masks of a source's chunks past its own are read as zero (what a larger call left there). `masks` also
-// serves the send of the fused kernels as scratch.
+// (mask (s, c, e) at index (s * chunks + c) * local_experts + e); else from the senders' masks in this
+// rank's region, with the rows of earlier chunks from the prefix pass (chunk_rows, by index). The masks of a
+// source's chunks past its own are read as zero (holds_tokens: they keep what a larger call left there).
+// `masks` also serves the send of the fused kernels as scratch.
 struct RowLayout {
   uint32_t offsets[kMaxLocalExperts + 1];
   unsigned long long masks[kBlockRankingMasks];
@@ -457,11 +457,17 @@ struct RowLayout {
   bool in_block;
 };
 
+// Whether chunk `chunk` of `source` holds tokens of this call, so that its masks in the region are this
+// call's.
+__device__ inline bool holds_tokens(const RowLayout& layout, int source, int chunk) {
+  return chunk < sent_chunks(layout.tokens_from[source]);
+}
+
 // Mask (source, chunk, expert) as the senders stored it in this rank's region (zero past the source's own
 // chunks).
 __device__ inline unsigned long long region_chunk_mask(const GroupView& group, const RowLayout& layout,
                                                        int source, int chunk, int expert) {
-  return chunk < sent_chunks(layout.tokens_from[source])
+  return holds_tokens(layout, source, chunk)
              ? region_masks(group.dispatch_region, group.shape, source, chunk)[expert]
              : 0ull;
 }
@@ -1008,7 +1014,7 @@ __device__ inline unsigned long long chunk_token_mask(const GroupView& group, co
                                                       int chunk) {
   const int source = chunk / layout.chunks;
   const int in_source = chunk - source * layout.chunks;
-  return in_source < sent_chunks(layout.tokens_from[source])
+  return holds_tokens(layout, source, in_source)
              ? *region_token_masks(group.dispatch_region, group.shape, source, in_source)
              : 0ull;
 }
