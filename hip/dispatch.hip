@@ -437,35 +437,61 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
                    &Signals::dispatch_arrived);
 }
 
-// The rows of one receive as every block sees them, in its shared memory: offsets[e] is the first row of
-// local expert e (padded). The receive ranks `chunks` chunks per source, those that hold the most tokens any
-// source sent (`tokens`, the most of tokens_from; sent_chunks), in (source, chunk) order, chunk c of source s
-// at index s * chunks + c (`total` = world * chunks of them). Mask (s, c, e) has bit t % kChunkTokens set
-// when token t of the chunk names local expert e, so a token's place among the chunk's rows of that expert
-// is the popcount of the mask below it. `in_block`: every block ranks from a copy of the masks in `masks`
-// (mask (s, c, e) at index (s * chunks + c) * local_experts + e); else from the senders' masks in this
-// rank's region, with the rows of earlier chunks from the prefix pass (chunk_rows, by index). The masks of a
-// source's chunks past its own are read as zero (holds_tokens: they keep what a larger call left there).
-// `masks` also serves the send of the fused kernels as scratch.
+// The rows of one receive as every block keeps them, in its shared memory: offsets[e] is the first row of
+// local expert e (padded); masks (RankedRows); tokens_from[s], this call's tokens of source s
+// (Signals::tokens_from). `masks` also serves the send of the fused kernels as scratch.
 struct RowLayout {
   uint32_t offsets[kMaxLocalExperts + 1];
   unsigned long long masks[kBlockRankingMasks];
-  int32_t tokens_from[kMaxWorld];  // this call's tokens of source s (Signals::tokens_from)
+  int32_t tokens_from[kMaxWorld];
+};
+
+// A RowLayout as the receive reads it: its arrays where they lie, and what every thread derives from
+// tokens_from in registers (held in shared memory, they were loaded again after each store to shared memory
+// in the receive's loops). The receive ranks `chunks` chunks per source, those that hold the most tokens any
+// source sent (`tokens`; sent_chunks), in (source, chunk) order, chunk c of source s at index s * chunks + c
+// (`total` = world * chunks of them). Mask (s, c, e) has bit t % kChunkTokens set when token t of the chunk
+// names local expert e, so a token's place among the chunk's rows of that expert is the popcount of the
+// mask below it. `in_block`: every block ranks from a copy of the masks in `masks` (mask (s, c, e) at index
+// (s * chunks + c) * local_experts + e); else from the senders' masks in this rank's region, with the rows
+// of earlier chunks from the prefix pass (chunk_rows, by index). The masks of a source's chunks past its own
+// are read as zero (holds_tokens: they keep what a larger call left there).
+struct RankedRows {
+  const uint32_t* offsets;
+  const unsigned long long* masks;
+  const int32_t* tokens_from;
   int tokens;
   int chunks;
   int total;
   bool in_block;
 };
 
+// Once tokens_from is the block's (block_wait_for_peers), in every thread.
+__device__ inline RankedRows ranked_rows(const Shape& shape, const RowLayout& layout) {
+  int tokens = 0;
+  for (int source = 0; source < shape.world; ++source) {
+    tokens = max(tokens, layout.tokens_from[source]);
+  }
+  const int chunks = sent_chunks(tokens);
+  const int total = shape.world * chunks;
+  return {layout.offsets,
+          layout.masks,
+          layout.tokens_from,
+          tokens,
+          chunks,
+          total,
+          total * shape.local_experts <= kBlockRankingMasks};
+}
+
 // Whether chunk `chunk` of `source` holds tokens of this call, so that its masks in the region are this
 // call's.
-__device__ inline bool holds_tokens(const RowLayout& layout, int source, int chunk) {
+__device__ inline bool holds_tokens(const RankedRows& layout, int source, int chunk) {
   return chunk < sent_chunks(layout.tokens_from[source]);
 }
 
 // Mask (source, chunk, expert) as the senders stored it in this rank's region (zero past the source's own
 // chunks).
-__device__ inline unsigned long long region_chunk_mask(const GroupView& group, const RowLayout& layout,
+__device__ inline unsigned long long region_chunk_mask(const GroupView& group, const RankedRows& layout,
                                                        int source, int chunk, int expert) {
   return holds_tokens(layout, source, chunk)
              ? region_masks(group.dispatch_region, group.shape, source, chunk)[expert]
@@ -475,7 +501,7 @@ __device__ inline unsigned long long region_chunk_mask(const GroupView& group, c
 // Blocks (of kThreads threads) over local experts: chunk_rows becomes, per expert, the rows of all earlier
 // chunks (in (source, token) order), counted from the senders' masks; expert_rows gets each expert's total.
 template <int kThreads>
-__device__ void prefix_chunk_rows(const GroupView& group, const RowLayout& layout) {
+__device__ void prefix_chunk_rows(const GroupView& group, const RankedRows& layout) {
   const Shape& shape = group.shape;
   for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
     uint32_t rows = 0;
@@ -501,7 +527,7 @@ __device__ void prefix_chunk_rows(const GroupView& group, const RowLayout& layou
 
 // Rows of local expert `expert` in the chunks before chunk `chunk` of `source` (in all chunks for source =
 // world, chunk = 0).
-__device__ inline uint32_t rows_before_chunk(const GroupView& group, const RowLayout& layout, int source,
+__device__ inline uint32_t rows_before_chunk(const GroupView& group, const RankedRows& layout, int source,
                                              int chunk, int expert) {
   const int index = source * layout.chunks + chunk;
   const int local_experts = group.shape.local_experts;
@@ -520,7 +546,8 @@ __device__ inline uint32_t rows_before_chunk(const GroupView& group, const RowLa
 // the alignment; offsets[local_experts] = all rows. Block 0 also publishes them (and the statistics) to the
 // caller.
 template <int kThreads>
-__device__ void compute_row_offsets(const GroupView& group, const DispatchRecvArgs& args, RowLayout* layout) {
+__device__ void compute_row_offsets(const GroupView& group, const DispatchRecvArgs& args, RowLayout* layout,
+                                    const RankedRows& ranked) {
   const Shape& shape = group.shape;
   uint32_t* offsets = layout->offsets;
   uint32_t offset = 0;
@@ -529,7 +556,7 @@ __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvAr
     uint32_t rows = 0;
     uint32_t padded = 0;
     if (expert < shape.local_experts) {
-      rows = rows_before_chunk(group, *layout, shape.world, 0, expert);
+      rows = rows_before_chunk(group, ranked, shape.world, 0, expert);
       padded = (rows + shape.alignment - 1) / shape.alignment * shape.alignment;
     }
     uint32_t block_rows = 0;
@@ -561,40 +588,29 @@ __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvAr
 // layout of this call's rows, every block (of kThreads threads) alike: a receive whose chunks' masks fit in
 // kBlockRankingMasks is ranked by every block on its own from a copy of them in its shared memory; a
 // larger one takes their prefix in a pass and a grid barrier. Then each expert's first row into
-// layout->offsets. False if the grid barrier gave up.
+// layout->offsets, and *ranked as the receive reads the layout. False if the grid barrier gave up.
 template <int kThreads>
-__device__ bool lay_out_rows(const GroupView& group, const DispatchRecvArgs& args, RowLayout* layout) {
+__device__ bool lay_out_rows(const GroupView& group, const DispatchRecvArgs& args, RowLayout* layout,
+                             RankedRows* ranked) {
   const Shape& shape = group.shape;
-  int tokens = 0;
-  for (int source = 0; source < shape.world; ++source) {
-    tokens = max(tokens, layout->tokens_from[source]);
-  }
-  const int chunks = sent_chunks(tokens);
-  const int total = shape.world * chunks;
-  const bool in_block = total * shape.local_experts <= kBlockRankingMasks;
-  if (threadIdx.x == 0) {
-    layout->tokens = tokens;
-    layout->chunks = chunks;
-    layout->total = total;
-    layout->in_block = in_block;
-  }
-  if (in_block) {
-    for (int i = threadIdx.x; i < total * shape.local_experts; i += blockDim.x) {
+  *ranked = ranked_rows(shape, *layout);
+  if (ranked->in_block) {
+    for (int i = threadIdx.x; i < ranked->total * shape.local_experts; i += blockDim.x) {
       const int index = i / shape.local_experts;
-      const int source = index / chunks;
-      layout->masks[i] =
-          region_chunk_mask(group, *layout, source, index - source * chunks, i - index * shape.local_experts);
+      const int source = index / ranked->chunks;
+      layout->masks[i] = region_chunk_mask(group, *ranked, source, index - source * ranked->chunks,
+                                           i - index * shape.local_experts);
     }
   }
   __syncthreads();
-  if (!in_block) {
-    prefix_chunk_rows<kThreads>(group, *layout);
+  if (!ranked->in_block) {
+    prefix_chunk_rows<kThreads>(group, *ranked);
     if (!grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
                       Operation::kDispatchRecv)) {
       return false;
     }
   }
-  compute_row_offsets<kThreads>(group, args, layout);
+  compute_row_offsets<kThreads>(group, args, layout, *ranked);
   return true;
 }
 
@@ -607,7 +623,7 @@ __device__ inline void count_dispatch(const GroupView& group, uint64_t sequence)
 }
 
 // Row of a slot of `token` from `source` (id: the slot's expert id as the region holds it, >= 0).
-__device__ inline int32_t row_of(const GroupView& group, const RowLayout& layout, int source, int token,
+__device__ inline int32_t row_of(const GroupView& group, const RankedRows& layout, int source, int token,
                                  int32_t id) {
   const Shape& shape = group.shape;
   const int expert = id - shape.rank * shape.local_experts;
@@ -674,7 +690,7 @@ inline constexpr int32_t kNoSlot = -2;
 
 // The row of this thread's slot of `batch`: -1 if the slot names no local expert, kNoSlot if it has no
 // token.
-__device__ int32_t batch_slot_row(const GroupView& group, const RowLayout& layout,
+__device__ int32_t batch_slot_row(const GroupView& group, const RankedRows& layout,
                                   const ExpansionBatch& batch) {
   const Shape& shape = group.shape;
   const int k = static_cast<int>(threadIdx.x) % shape.top_k;
@@ -728,7 +744,7 @@ __device__ void store_batch_slot(const GroupView& group, const DispatchRecvArgs&
 // waited on once per batch rather than once per token. With `scales_later` (a constant in each kernel),
 // each token's scales go to received_scales once instead, for lay_out_scales. `message_scales`: shared
 // memory of kMaxScaleWords words.
-__device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& args, const RowLayout& layout,
+__device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& args, const RankedRows& layout,
                               bool scales_later, uint32_t* message_scales) {
   const Shape& shape = group.shape;
 
@@ -983,11 +999,12 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
     return;
   }
   count_dispatch(group, sequence);
-  if (!lay_out_rows<kBlockThreads>(group, args, layout)) {
+  RankedRows ranked;
+  if (!lay_out_rows<kBlockThreads>(group, args, layout, &ranked)) {
     invalidate_layout(shape, args);
     return;
   }
-  expand_tokens(group, args, *layout, kScalesLater, scale_words);
+  expand_tokens(group, args, ranked, kScalesLater, scale_words);
   if constexpr (kScalesLater) {
     if (grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
                      Operation::kDispatchRecv)) {
@@ -1010,7 +1027,7 @@ __device__ void receive_kernel(const GroupView& group, const DispatchRecvArgs& a
 inline constexpr int kTokenBaseEntries = 2048;
 
 // The token mask of chunk `chunk` of `layout` (zero past the chunks its source sent).
-__device__ inline unsigned long long chunk_token_mask(const GroupView& group, const RowLayout& layout,
+__device__ inline unsigned long long chunk_token_mask(const GroupView& group, const RankedRows& layout,
                                                       int chunk) {
   const int source = chunk / layout.chunks;
   const int in_source = chunk - source * layout.chunks;
@@ -1022,7 +1039,7 @@ __device__ inline unsigned long long chunk_token_mask(const GroupView& group, co
 // The per-token row of token `token` of `source` (which names an expert of this rank): the received tokens
 // before it in (source, token) order, from the senders' token masks. `bases`: the exclusive prefix of the
 // masks' counts per chunk of the layout, or null past kTokenBaseEntries.
-__device__ inline int32_t token_row(const GroupView& group, const RowLayout& layout, const uint32_t* bases,
+__device__ inline int32_t token_row(const GroupView& group, const RankedRows& layout, const uint32_t* bases,
                                     int source, int token) {
   const int chunk = source * layout.chunks + token / kChunkTokens;
   uint32_t before = 0;
@@ -1041,7 +1058,7 @@ __device__ inline int32_t token_row(const GroupView& group, const RowLayout& lay
 // Every block (of PerTokenTuning::kDispatchThreads): bases[chunk] = received tokens before each chunk of
 // the layout (when they fit), and the total; block 0 publishes the total as num_recv_tokens.
 __device__ uint32_t count_received_tokens(const GroupView& group, const DispatchRecvArgs& args,
-                                          const RowLayout& layout, uint32_t* bases) {
+                                          const RankedRows& layout, uint32_t* bases) {
   const int entries = layout.total;
   uint32_t total = 0;
   for (int first = 0; first < entries; first += PerTokenTuning::kDispatchThreads) {
@@ -1076,7 +1093,7 @@ struct ReceivedSource {
 };
 
 __device__ void copy_received_tokens(const GroupView& group, const DispatchRecvArgs& args,
-                                     const RowLayout& layout, const uint32_t* token_bases,
+                                     const RankedRows& layout, const uint32_t* token_bases,
                                      const ReceivedSource* sources) {
   const Shape& shape = group.shape;
   constexpr int kInFlight = PerTokenTuning::kVectorsInFlight;
@@ -1147,20 +1164,21 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
     return;
   }
   count_dispatch(group, sequence);
-  if (!lay_out_rows<PerTokenTuning::kDispatchThreads>(group, args, layout)) {
+  RankedRows ranked;
+  if (!lay_out_rows<PerTokenTuning::kDispatchThreads>(group, args, layout, &ranked)) {
     invalidate_per_token(shape, args);
     return;
   }
   __shared__ uint32_t bases[kTokenBaseEntries];
-  count_received_tokens(group, args, *layout, bases);
-  const uint32_t* token_bases = layout->total <= kTokenBaseEntries ? bases : nullptr;
+  count_received_tokens(group, args, ranked, bases);
+  const uint32_t* token_bases = ranked.total <= kTokenBaseEntries ? bases : nullptr;
   __shared__ ReceivedSource sources[kMaxWorld];
   for (int source = threadIdx.x; source < shape.world; source += blockDim.x) {
     sources[source] = {group.peers.read_window(PeerRegion::kDispatch, source), layout->tokens_from[source]};
   }
   __syncthreads();
-  copy_received_tokens(group, args, *layout, token_bases, sources);
-  const int items = shape.world * layout->tokens;
+  copy_received_tokens(group, args, ranked, token_bases, sources);
+  const int items = shape.world * ranked.tokens;
   const int stride = static_cast<int>(gridDim.x);
   // sorted_token_ids' padding entry: one past the last (row, slot) pair the group can have.
   const auto padding =
@@ -1185,12 +1203,12 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
       const int32_t id = region_ids(group.dispatch_region, shape, source, token)[k];
       const float weight = region_weights(group.dispatch_region, shape, source, token)[k];
       if ((mask >> (token % kChunkTokens)) & 1) {
-        row = token_row(group, *layout, token_bases, source, token);
+        row = token_row(group, ranked, token_bases, source, token);
         const std::size_t slot = static_cast<std::size_t>(row) * shape.top_k + k;
         args.recv_topk_ids[slot] = id >= 0 ? id - shape.rank * shape.local_experts : -1;
         args.recv_topk_weights[slot] = weight;
         if (id >= 0) {
-          args.sorted_token_ids[row_of(group, *layout, source, token, id)] = row * shape.top_k + k;
+          args.sorted_token_ids[row_of(group, ranked, source, token, id)] = row * shape.top_k + k;
         }
         if (k == 0) {
           args.src_info[3 * static_cast<std::size_t>(row) + 0] = source;
@@ -1214,9 +1232,9 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
   }
   // The padding of each expert's segment of sorted_token_ids, and the expert of each of its blocks.
   for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
-    const uint32_t first = layout->offsets[expert];
-    const uint32_t pairs = rows_before_chunk(group, *layout, shape.world, 0, expert);
-    const uint32_t end = layout->offsets[expert + 1];
+    const uint32_t first = ranked.offsets[expert];
+    const uint32_t pairs = rows_before_chunk(group, ranked, shape.world, 0, expert);
+    const uint32_t end = ranked.offsets[expert + 1];
     for (uint32_t entry = first + pairs + threadIdx.x; entry < end; entry += blockDim.x) {
       args.sorted_token_ids[entry] = padding;
     }
