@@ -500,27 +500,60 @@ __device__ inline unsigned long long region_chunk_mask(const GroupView& group, c
 
 // Blocks (of kThreads threads) over local experts: chunk_rows becomes, per expert, the rows of all earlier
 // chunks (in (source, token) order), counted from the senders' masks; expert_rows gets each expert's total.
+// Where an expert's chunks fill at most half a block, a pass counts as many experts' chunks as fit, one
+// expert's after another's in one scan, each expert's rows counted from its first chunk's prefix.
 template <int kThreads>
 __device__ void prefix_chunk_rows(const GroupView& group, const RankedRows& layout) {
   const Shape& shape = group.shape;
-  for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
-    uint32_t rows = 0;
-    for (int first = 0; first < layout.total; first += kThreads) {
-      const int index = first + threadIdx.x;
-      const int source = index / layout.chunks;
-      const auto count = index < layout.total
-                             ? static_cast<uint32_t>(__popcll(region_chunk_mask(
-                                   group, layout, source, index - source * layout.chunks, expert)))
-                             : 0u;
-      uint32_t block_rows = 0;
-      const uint32_t before = block_exclusive_scan<kThreads>(count, &block_rows);
-      if (index < layout.total) {
-        group.chunk_rows[static_cast<std::size_t>(index) * shape.local_experts + expert] = rows + before;
+  const int at_once = layout.total <= kThreads / 2 ? kThreads / layout.total : 1;
+  if (at_once == 1) {
+    for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
+      uint32_t rows = 0;
+      for (int first = 0; first < layout.total; first += kThreads) {
+        const int index = first + threadIdx.x;
+        const int source = index / layout.chunks;
+        const auto count = index < layout.total
+                               ? static_cast<uint32_t>(__popcll(region_chunk_mask(
+                                     group, layout, source, index - source * layout.chunks, expert)))
+                               : 0u;
+        uint32_t block_rows = 0;
+        const uint32_t before = block_exclusive_scan<kThreads>(count, &block_rows);
+        if (index < layout.total) {
+          group.chunk_rows[static_cast<std::size_t>(index) * shape.local_experts + expert] = rows + before;
+        }
+        rows += block_rows;
       }
-      rows += block_rows;
+      if (threadIdx.x == 0) {
+        group.expert_rows[expert] = rows;
+      }
     }
-    if (threadIdx.x == 0) {
-      group.expert_rows[expert] = rows;
+    return;
+  }
+  __shared__ uint32_t first_chunk_prefix[kThreads];  // [expert of the pass]
+  // The expert of the pass that this thread counts a chunk of, and the chunk.
+  const int in_pass = static_cast<int>(threadIdx.x) / layout.total;
+  const int index = static_cast<int>(threadIdx.x) - in_pass * layout.total;
+  const int source = index / layout.chunks;
+  for (int first = static_cast<int>(blockIdx.x) * at_once; first < shape.local_experts;
+       first += static_cast<int>(gridDim.x) * at_once) {
+    const int expert = first + in_pass;
+    const bool counts = in_pass < at_once && expert < shape.local_experts;
+    const auto count = counts ? static_cast<uint32_t>(__popcll(region_chunk_mask(
+                                    group, layout, source, index - source * layout.chunks, expert)))
+                              : 0u;
+    uint32_t block_rows = 0;
+    // The scan's barriers order the previous pass's reads of first_chunk_prefix before these stores.
+    const uint32_t before = block_exclusive_scan<kThreads>(count, &block_rows);
+    if (counts && index == 0) {
+      first_chunk_prefix[in_pass] = before;
+    }
+    __syncthreads();
+    if (counts) {
+      const uint32_t rows = before - first_chunk_prefix[in_pass];
+      group.chunk_rows[static_cast<std::size_t>(index) * shape.local_experts + expert] = rows;
+      if (index == layout.total - 1) {
+        group.expert_rows[expert] = rows + count;
+      }
     }
   }
 }
@@ -1079,22 +1112,60 @@ __device__ uint32_t count_received_tokens(const GroupView& group, const Dispatch
   return total;
 }
 
-// The received tokens' messages into their rows (payload, then the scales of scaled formats), by groups of
-// threads of row_copy_threads each, every group on its own: group g of the grid takes items g, g + groups,
-// ... (token index / world of source index % world: the sources interleaved, so that every link is busy),
-// with no block-wide step between rows, so that while one group waits for a token's mask or its first
-// loads the others copy. In a grid of an even number of groups each group keeps to one source at EP2, so
-// pulls over the link and local copies run side by side (every group pulling the other ranks' tokens
-// first measured slower: docs/performance.md). The items stop at the layout's tokens (the most any source
-// sent). `token_bases` as for token_row; `sources[s]`: source s's region and token count.
+// A source of a per-token receive: its region (where its messages are read) and its token count.
 struct ReceivedSource {
   const uint8_t* region;
   int tokens;
 };
 
-__device__ void copy_received_tokens(const GroupView& group, const DispatchRecvArgs& args,
-                                     const RankedRows& layout, const uint32_t* token_bases,
-                                     const ReceivedSource* sources) {
+// Slot k of token `token` of `source`, whose id and weight the region holds (`id`, `weight`), `row` its row
+// (-1: it names no expert here): its id mapped to a local expert, its weight, and for a local expert the
+// (row, slot) pair in sorted_token_ids at its place among that expert's pairs (the expanded layout's
+// ranking); slot 0 also its origin, and where the source's combine finds the row should this rank's
+// combine leave its rows to be pulled, or where the node's summing rank finds it; token_rows for combine
+// (the row in slot 0, -1 in the others).
+__device__ inline void keep_slot(const GroupView& group, const DispatchRecvArgs& args,
+                                 const RankedRows& layout, int source, int token, int k, int32_t id,
+                                 float weight, int32_t row) {
+  const Shape& shape = group.shape;
+  if (row >= 0) {
+    const std::size_t slot = static_cast<std::size_t>(row) * shape.top_k + k;
+    args.recv_topk_ids[slot] = id >= 0 ? id - shape.rank * shape.local_experts : -1;
+    args.recv_topk_weights[slot] = weight;
+    if (id >= 0) {
+      args.sorted_token_ids[row_of(group, layout, source, token, id)] = row * shape.top_k + k;
+    }
+    if (k == 0) {
+      args.src_info[3 * static_cast<std::size_t>(row) + 0] = source;
+      args.src_info[3 * static_cast<std::size_t>(row) + 1] = token;
+      args.src_info[3 * static_cast<std::size_t>(row) + 2] = -1;
+      if (shape.pulled_combine != 0 && source != shape.rank) {
+        *reinterpret_cast<int32_t*>(group.peers.write_window(PeerRegion::kCombine, source) +
+                                    CombineRegion::pulled_row_offset(shape, shape.rank, token)) = row;
+      }
+    }
+  }
+  if (k == 0 && combine_sums_nodes(shape)) {
+    group.peers.store_node_row(shape, source, token, row);
+  }
+  group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k + k] =
+      k == 0 ? row : -1;
+}
+
+// Each received token of this call, by groups of threads of row_copy_threads each, every group on its own:
+// group g of the grid takes items g, g + groups, ... (token index / world of source index % world: the
+// sources interleaved, so that every link is busy), with no block-wide step between rows, so that while one
+// group waits for a token's mask or its first loads the others copy. In a grid of an even number of groups
+// each group keeps to one source at EP2, so pulls over the link and local copies run side by side (every
+// group pulling the other ranks' tokens first measured slower: docs/performance.md). The items stop at the
+// layout's tokens (the most any source sent). For each item the group copies the token's message into its
+// row (payload, then the scales of scaled formats), if it names an expert here, and keeps its slots
+// (keep_slot), their ids and weights loaded before the copy so that their latency passes under it: a pass
+// of its own after the copies took 15 us of a 4096-token receive at 24 SMs (EP2, H100). `token_bases` as
+// for token_row; `sources[s]`: source s's region and token count.
+__device__ void receive_tokens_per_token(const GroupView& group, const DispatchRecvArgs& args,
+                                         const RankedRows& layout, const uint32_t* token_bases,
+                                         const ReceivedSource* sources) {
   const Shape& shape = group.shape;
   constexpr int kInFlight = PerTokenTuning::kVectorsInFlight;
   const uint32_t vectors = shape.payload_bytes / kVectorBytes;
@@ -1106,6 +1177,7 @@ __device__ void copy_received_tokens(const GroupView& group, const DispatchRecvA
   }
   const auto lane = static_cast<uint32_t>(threadIdx.x) % static_cast<uint32_t>(row_threads);
   const auto step = static_cast<uint32_t>(row_threads);
+  const int first_k = static_cast<int>(lane);  // the lane's first slot, if below top_k
   // Scales row-major after the payload in the message, and so in their rows: words where they are whole.
   const bool words = shape.scale_bytes % 4 == 0;
   const uint32_t units = words ? shape.scale_bytes / 4 : shape.scale_bytes;
@@ -1117,24 +1189,39 @@ __device__ void copy_received_tokens(const GroupView& group, const DispatchRecvA
     if (token >= sources[source].tokens) {
       continue;
     }
+    const int32_t* ids = region_ids(group.dispatch_region, shape, source, token);
+    const float* weights = region_weights(group.dispatch_region, shape, source, token);
+    int32_t id = -1;
+    float weight = 0.0f;
+    if (first_k < shape.top_k) {
+      id = ids[first_k];
+      weight = weights[first_k];
+    }
     const unsigned long long mask =
         *region_token_masks(group.dispatch_region, shape, source, token / kChunkTokens);
-    if (((mask >> (token % kChunkTokens)) & 1) == 0) {
-      continue;  // names no expert here
-    }
-    const auto row = static_cast<std::size_t>(token_row(group, layout, token_bases, source, token));
-    const uint8_t* message = sources[source].region + DispatchRegion::message_offset(shape, token);
-    copy_row_part<kInFlight>(reinterpret_cast<const Vector16*>(message),
-                             reinterpret_cast<Vector16*>(args.recv_tokens + row * shape.payload_bytes), 0,
-                             vectors, lane, step);
-    const uint8_t* from = message + shape.payload_bytes;
-    uint8_t* to = args.recv_scales + row * shape.scale_bytes;
-    for (uint32_t unit = lane; unit < units; unit += step) {
-      if (words) {
-        reinterpret_cast<uint32_t*>(to)[unit] = reinterpret_cast<const uint32_t*>(from)[unit];
-      } else {
-        to[unit] = from[unit];
+    int32_t row = -1;
+    if ((mask >> (token % kChunkTokens)) & 1) {
+      row = token_row(group, layout, token_bases, source, token);
+      const std::size_t at = static_cast<std::size_t>(row);
+      const uint8_t* message = sources[source].region + DispatchRegion::message_offset(shape, token);
+      copy_row_part<kInFlight>(reinterpret_cast<const Vector16*>(message),
+                               reinterpret_cast<Vector16*>(args.recv_tokens + at * shape.payload_bytes), 0,
+                               vectors, lane, step);
+      const uint8_t* from = message + shape.payload_bytes;
+      uint8_t* to = args.recv_scales + at * shape.scale_bytes;
+      for (uint32_t unit = lane; unit < units; unit += step) {
+        if (words) {
+          reinterpret_cast<uint32_t*>(to)[unit] = reinterpret_cast<const uint32_t*>(from)[unit];
+        } else {
+          to[unit] = from[unit];
+        }
       }
+    }
+    if (first_k < shape.top_k) {
+      keep_slot(group, args, layout, source, token, first_k, id, weight, row);
+    }
+    for (int k = first_k + row_threads; k < shape.top_k; k += row_threads) {
+      keep_slot(group, args, layout, source, token, k, ids[k], weights[k], row);
     }
   }
 }
@@ -1148,11 +1235,8 @@ __device__ inline void invalidate_per_token(const Shape& shape, const DispatchRe
 }
 
 // The per-token receive: once every source's ids and token masks are here, the messages copied from the
-// sources' regions into their rows (copy_received_tokens: a pull, each token crossing the link once); then
-// each block takes (source, token) items round-robin, PerTokenTuning::kBatchTokens at a time: their rows
-// from the token masks, their ids mapped to local experts, their weights and origin, each (row, slot) of a
-// local expert into sorted_token_ids at its place among that expert's pairs (the expanded layout's
-// ranking). Then the padding of sorted_token_ids and block_expert_ids.
+// sources' regions into their rows (a pull, each token crossing the link once) and each token's slots kept
+// (receive_tokens_per_token). Then the padding of sorted_token_ids and block_expert_ids.
 __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
                                   RowLayout* layout) {
   const Shape& shape = group.shape;
@@ -1177,59 +1261,10 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
     sources[source] = {group.peers.read_window(PeerRegion::kDispatch, source), layout->tokens_from[source]};
   }
   __syncthreads();
-  copy_received_tokens(group, args, ranked, token_bases, sources);
-  const int items = shape.world * ranked.tokens;
-  const int stride = static_cast<int>(gridDim.x);
+  receive_tokens_per_token(group, args, ranked, token_bases, sources);
   // sorted_token_ids' padding entry: one past the last (row, slot) pair the group can have.
   const auto padding =
       static_cast<int32_t>(static_cast<std::size_t>(shape.world) * shape.max_tokens * shape.top_k);
-  const int batch_slots = PerTokenTuning::kBatchTokens * shape.top_k;
-  for (int first = static_cast<int>(blockIdx.x); first < items;
-       first += PerTokenTuning::kBatchTokens * stride) {
-    // A thread per (item, slot): item j of the batch is the block's item first + j * stride, token
-    // index / world of source index % world (the sources interleaved).
-    for (int slot_index = threadIdx.x; slot_index < batch_slots; slot_index += blockDim.x) {
-      const int index = first + slot_index / shape.top_k * stride;
-      const int k = slot_index % shape.top_k;
-      const int source = index % shape.world;
-      const int token = index / shape.world;
-      if (index >= items || token >= sources[source].tokens) {
-        continue;
-      }
-      int32_t row = -1;  // a token that names no expert here has no row
-      // The mask, id and weight loaded at once, before any of them is needed.
-      const unsigned long long mask =
-          *region_token_masks(group.dispatch_region, shape, source, token / kChunkTokens);
-      const int32_t id = region_ids(group.dispatch_region, shape, source, token)[k];
-      const float weight = region_weights(group.dispatch_region, shape, source, token)[k];
-      if ((mask >> (token % kChunkTokens)) & 1) {
-        row = token_row(group, ranked, token_bases, source, token);
-        const std::size_t slot = static_cast<std::size_t>(row) * shape.top_k + k;
-        args.recv_topk_ids[slot] = id >= 0 ? id - shape.rank * shape.local_experts : -1;
-        args.recv_topk_weights[slot] = weight;
-        if (id >= 0) {
-          args.sorted_token_ids[row_of(group, ranked, source, token, id)] = row * shape.top_k + k;
-        }
-        if (k == 0) {
-          args.src_info[3 * static_cast<std::size_t>(row) + 0] = source;
-          args.src_info[3 * static_cast<std::size_t>(row) + 1] = token;
-          args.src_info[3 * static_cast<std::size_t>(row) + 2] = -1;
-          if (shape.pulled_combine != 0 && source != shape.rank) {
-            // Where the source's combine finds the row of its token here, should this rank's combine
-            // leave its rows to be pulled.
-            *reinterpret_cast<int32_t*>(group.peers.write_window(PeerRegion::kCombine, source) +
-                                        CombineRegion::pulled_row_offset(shape, shape.rank, token)) = row;
-          }
-        }
-      }
-      if (k == 0 && combine_sums_nodes(shape)) {
-        group.peers.store_node_row(shape, source, token, row);
-      }
-      // For combine: the token's row in slot 0, -1 in the others.
-      group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k + k] =
-          k == 0 ? row : -1;
-    }
-  }
   // The padding of each expert's segment of sorted_token_ids, and the expert of each of its blocks.
   for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
     const uint32_t first = ranked.offsets[expert];
