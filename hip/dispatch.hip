@@ -226,11 +226,16 @@ __device__ void send_batch_ids(const GroupView& group, int first_token, int toke
                                unsigned long long* scratch) {
   const Shape& shape = group.shape;
   const int thread = threadIdx.x;
+  // Per-token layout: bit i of [peer], token first_token + i names one of the peer's experts.
+  __shared__ unsigned long long peer_token_bits[kPerToken ? kMaxWorld : 1];
   if (slot.active) {
     given[thread] = slot.id;
   }
   if (thread < count) {
     destinations[thread] = 0;
+  }
+  if (kPerToken && thread < shape.world) {
+    peer_token_bits[thread] = 0;
   }
   __syncthreads();
   int32_t id = -1;
@@ -245,6 +250,9 @@ __device__ void send_batch_ids(const GroupView& group, int first_token, int toke
     }
     if (id >= 0) {
       atomic_set_bit(&destinations[thread / shape.top_k], id / shape.local_experts);
+      if constexpr (kPerToken) {
+        atomic_set_bit(&peer_token_bits[id / shape.local_experts], thread / shape.top_k);
+      }
     }
     for (int peer = 0; peer < shape.world; ++peer) {
       uint8_t* region = group.peers.write_window(PeerRegion::kDispatch, peer);
@@ -269,14 +277,10 @@ __device__ void send_batch_ids(const GroupView& group, int first_token, int toke
   }
   const int chunk = first_token / kChunkTokens;
   if (kPerToken && thread < shape.world) {  // the batch's bits of peer `thread`'s token masks
-    unsigned long long bits = 0;
-    for (int i = 0; i < count; ++i) {
-      bits |= ((destinations[i] >> thread) & 1ull) << i;
-    }
     const int first_bit = first_token % kChunkTokens;
     store_mask_bits(
         region_token_masks(group.peers.write_window(PeerRegion::kDispatch, thread), shape, shape.rank, chunk),
-        first_bit, tokens, bits);
+        first_bit, tokens, peer_token_bits[thread]);
     group.peers.publish(PeerRegion::kDispatch, thread,
                         DispatchRegion::token_masks_offset(shape, shape.rank, chunk) + first_bit / 8,
                         min(tokens, kChunkTokens) / 8);
@@ -501,9 +505,12 @@ __device__ inline unsigned long long region_chunk_mask(const GroupView& group, c
 // Blocks (of kThreads threads) over local experts: chunk_rows becomes, per expert, the rows of all earlier
 // chunks (in (source, token) order), counted from the senders' masks; expert_rows gets each expert's total.
 // Where an expert's chunks fill at most half a block, a pass counts as many experts' chunks as fit, one
-// expert's after another's in one scan, each expert's rows counted from its first chunk's prefix.
+// expert's after another's in one scan, each expert's rows counted from its first chunk's prefix
+// (first_chunk_prefix: shared, kThreads words, the RowLayout's masks, which no block copies where the
+// prefix pass runs).
 template <int kThreads>
-__device__ void prefix_chunk_rows(const GroupView& group, const RankedRows& layout) {
+__device__ void prefix_chunk_rows(const GroupView& group, const RankedRows& layout,
+                                  uint32_t* first_chunk_prefix) {
   const Shape& shape = group.shape;
   const int at_once = layout.total <= kThreads / 2 ? kThreads / layout.total : 1;
   if (at_once == 1) {
@@ -529,7 +536,6 @@ __device__ void prefix_chunk_rows(const GroupView& group, const RankedRows& layo
     }
     return;
   }
-  __shared__ uint32_t first_chunk_prefix[kThreads];  // [expert of the pass]
   // The expert of the pass that this thread counts a chunk of, and the chunk.
   const int in_pass = static_cast<int>(threadIdx.x) / layout.total;
   const int index = static_cast<int>(threadIdx.x) - in_pass * layout.total;
@@ -637,7 +643,9 @@ __device__ bool lay_out_rows(const GroupView& group, const DispatchRecvArgs& arg
   }
   __syncthreads();
   if (!ranked->in_block) {
-    prefix_chunk_rows<kThreads>(group, *ranked);
+    static_assert(sizeof(RowLayout::masks) >= kThreads * sizeof(uint32_t),
+                  "the masks hold a word per thread");
+    prefix_chunk_rows<kThreads>(group, *ranked, reinterpret_cast<uint32_t*>(layout->masks));
     if (!grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
                       Operation::kDispatchRecv)) {
       return false;
