@@ -1168,9 +1168,9 @@ __device__ inline void keep_slot(const GroupView& group, const DispatchRecvArgs&
 // group pulling the other ranks' tokens first measured slower: docs/performance.md). The items stop at the
 // layout's tokens (the most any source sent). For each item the group copies the token's message into its
 // row (payload, then the scales of scaled formats), if it names an expert here, and keeps its slots
-// (keep_slot), their ids and weights loaded before the copy so that their latency passes under it: a pass
-// of its own after the copies took 15 us of a 4096-token receive at 24 SMs (EP2, H100). `token_bases` as
-// for token_row; `sources[s]`: source s's region and token count.
+// (keep_slot), their ids and weights loaded before the copy so that their latency passes under it (a pass
+// of its own after the copies measured slower: docs/performance.md). `token_bases` as for token_row;
+// `sources[s]`: source s's region and token count.
 __device__ void receive_tokens_per_token(const GroupView& group, const DispatchRecvArgs& args,
                                          const RankedRows& layout, const uint32_t* token_bases,
                                          const ReceivedSource* sources) {
