@@ -493,12 +493,24 @@ __device__ inline bool holds_tokens(const RankedRows& layout, int source, int ch
   return chunk < sent_chunks(layout.tokens_from[source]);
 }
 
-// Mask (source, chunk, expert) as the senders stored it in this rank's region (zero past the source's own
-// chunks).
+// Chunk `index` of the layout (s * chunks + c): its source s and its index c among the source's chunks.
+struct SourceChunk {
+  int source;
+  int chunk;
+};
+
+__device__ inline SourceChunk source_chunk(const RankedRows& layout, int index) {
+  const int source = index / layout.chunks;
+  return {source, index - source * layout.chunks};
+}
+
+// The mask of local expert `expert` in chunk `index` of the layout, as the senders stored it in this rank's
+// region (zero past the source's own chunks).
 __device__ inline unsigned long long region_chunk_mask(const GroupView& group, const RankedRows& layout,
-                                                       int source, int chunk, int expert) {
-  return holds_tokens(layout, source, chunk)
-             ? region_masks(group.dispatch_region, group.shape, source, chunk)[expert]
+                                                       int index, int expert) {
+  const SourceChunk at = source_chunk(layout, index);
+  return holds_tokens(layout, at.source, at.chunk)
+             ? region_masks(group.dispatch_region, group.shape, at.source, at.chunk)[expert]
              : 0ull;
 }
 
@@ -518,11 +530,10 @@ __device__ void prefix_chunk_rows(const GroupView& group, const RankedRows& layo
       uint32_t rows = 0;
       for (int first = 0; first < layout.total; first += kThreads) {
         const int index = first + threadIdx.x;
-        const int source = index / layout.chunks;
-        const auto count = index < layout.total
-                               ? static_cast<uint32_t>(__popcll(region_chunk_mask(
-                                     group, layout, source, index - source * layout.chunks, expert)))
-                               : 0u;
+        const auto count =
+            index < layout.total
+                ? static_cast<uint32_t>(__popcll(region_chunk_mask(group, layout, index, expert)))
+                : 0u;
         uint32_t block_rows = 0;
         const uint32_t before = block_exclusive_scan<kThreads>(count, &block_rows);
         if (index < layout.total) {
@@ -539,14 +550,12 @@ __device__ void prefix_chunk_rows(const GroupView& group, const RankedRows& layo
   // The expert of the pass that this thread counts a chunk of, and the chunk.
   const int in_pass = static_cast<int>(threadIdx.x) / layout.total;
   const int index = static_cast<int>(threadIdx.x) - in_pass * layout.total;
-  const int source = index / layout.chunks;
   for (int first = static_cast<int>(blockIdx.x) * at_once; first < shape.local_experts;
        first += static_cast<int>(gridDim.x) * at_once) {
     const int expert = first + in_pass;
     const bool counts = in_pass < at_once && expert < shape.local_experts;
-    const auto count = counts ? static_cast<uint32_t>(__popcll(region_chunk_mask(
-                                    group, layout, source, index - source * layout.chunks, expert)))
-                              : 0u;
+    const auto count =
+        counts ? static_cast<uint32_t>(__popcll(region_chunk_mask(group, layout, index, expert))) : 0u;
     uint32_t block_rows = 0;
     // The scan's barriers order the previous pass's reads of first_chunk_prefix before these stores.
     const uint32_t before = block_exclusive_scan<kThreads>(count, &block_rows);
@@ -636,9 +645,7 @@ __device__ bool lay_out_rows(const GroupView& group, const DispatchRecvArgs& arg
   if (ranked->in_block) {
     for (int i = threadIdx.x; i < ranked->total * shape.local_experts; i += blockDim.x) {
       const int index = i / shape.local_experts;
-      const int source = index / ranked->chunks;
-      layout->masks[i] = region_chunk_mask(group, *ranked, source, index - source * ranked->chunks,
-                                           i - index * shape.local_experts);
+      layout->masks[i] = region_chunk_mask(group, *ranked, index, i - index * shape.local_experts);
     }
   }
   __syncthreads();
@@ -1070,10 +1077,9 @@ inline constexpr int kTokenBaseEntries = 2048;
 // The token mask of chunk `chunk` of `layout` (zero past the chunks its source sent).
 __device__ inline unsigned long long chunk_token_mask(const GroupView& group, const RankedRows& layout,
                                                       int chunk) {
-  const int source = chunk / layout.chunks;
-  const int in_source = chunk - source * layout.chunks;
-  return holds_tokens(layout, source, in_source)
-             ? *region_token_masks(group.dispatch_region, group.shape, source, in_source)
+  const SourceChunk at = source_chunk(layout, chunk);
+  return holds_tokens(layout, at.source, at.chunk)
+             ? *region_token_masks(group.dispatch_region, group.shape, at.source, at.chunk)
              : 0ull;
 }
 
