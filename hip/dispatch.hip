@@ -416,26 +416,32 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
       share_tokens(group, args, first, min(run, num_tokens - first));
     }
   }
-  int staged = args.tokens_in_place ? num_tokens : static_cast<int>(blockIdx.x);  // next token to stage
-  for (int first = static_cast<int>(blockIdx.x) * tokens;; first += stride * tokens) {
-    const bool batch = first < sent_chunks(num_tokens) * kChunkTokens;
-    const int count = max(0, min(tokens, num_tokens - first));
-    const BatchSlot slot = load_batch_slot(shape, args, first, batch ? count : 0);
-    if constexpr (kPerToken) {
-      const bool quantize = shape.format != Format::kBf16 && args.token_scales == nullptr;
-      if (staged < num_tokens && (shape.format == Format::kBf16 || quantize)) {
-        stage_token_batches(group, args, num_tokens, quantize);
-        staged = num_tokens;
-      }
+  // The batches of the block: each one's slots loaded while the one before is sent (the first's while the
+  // tokens are staged), so that a block with several batches waits once for its ids.
+  const int end = sent_chunks(num_tokens) * kChunkTokens;
+  const auto batch_count = [&](int first) {
+    return first < end ? max(0, min(tokens, num_tokens - first)) : 0;
+  };
+  int first = static_cast<int>(blockIdx.x) * tokens;
+  BatchSlot slot = load_batch_slot(shape, args, first, batch_count(first));
+  bool staged_in_batches = false;
+  if constexpr (kPerToken) {
+    const bool quantize = shape.format != Format::kBf16 && args.token_scales == nullptr;
+    if (!args.tokens_in_place && (shape.format == Format::kBf16 || quantize)) {
+      stage_token_batches(group, args, num_tokens, quantize);
+      staged_in_batches = true;
     }
-    for (; staged < num_tokens; staged += stride) {
-      stage_token(group, args, staged);
-      share_tokens(group, args, staged, 1);
-    }
-    if (!batch) {
-      break;
-    }
-    send_batch_ids<kPerToken>(group, first, tokens, count, slot, given, destinations, scratch);
+  }
+  for (int staged = args.tokens_in_place || staged_in_batches ? num_tokens : static_cast<int>(blockIdx.x);
+       staged < num_tokens; staged += stride) {
+    stage_token(group, args, staged);
+    share_tokens(group, args, staged, 1);
+  }
+  for (; first < end; first += stride * tokens) {
+    const BatchSlot next =
+        load_batch_slot(shape, args, first + stride * tokens, batch_count(first + stride * tokens));
+    send_batch_ids<kPerToken>(group, first, tokens, batch_count(first), slot, given, destinations, scratch);
+    slot = next;
   }
   signal_grid_done(&group.state->dispatch_blocks_sent, nullptr, group.peers, shape.world, shape.rank,
                    &Signals::dispatch_arrived);
@@ -590,12 +596,18 @@ __device__ inline uint32_t rows_before_chunk(const GroupView& group, const Ranke
   return rows;
 }
 
+// sorted_token_ids' padding entry: one past the last (row, slot) pair the group can have.
+__device__ inline int32_t padding_pair(const Shape& shape) {
+  return static_cast<int32_t>(static_cast<std::size_t>(shape.world) * shape.max_tokens * shape.top_k);
+}
+
 // Every block (of kThreads threads): offsets[e] = first row of local expert e, each expert's rows padded to
 // the alignment; offsets[local_experts] = all rows. Block 0 also publishes them (and the statistics) to the
-// caller.
+// caller. `pads` (the per-token layout, where the offsets are those of sorted_token_ids): the padding
+// entries of each expert's segment too, by the expert's thread in block expert % gridDim.x.
 template <int kThreads>
 __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvArgs& args, RowLayout* layout,
-                                    const RankedRows& ranked) {
+                                    const RankedRows& ranked, bool pads) {
   const Shape& shape = group.shape;
   uint32_t* offsets = layout->offsets;
   uint32_t offset = 0;
@@ -611,6 +623,11 @@ __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvAr
     const uint32_t position = block_exclusive_scan<kThreads>(padded, &block_rows);
     if (expert < shape.local_experts) {
       offsets[expert] = offset + position;
+      if (pads && expert % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x)) {
+        for (uint32_t entry = offset + position + rows; entry < offset + position + padded; ++entry) {
+          args.sorted_token_ids[entry] = padding_pair(shape);
+        }
+      }
       if (blockIdx.x == 0) {
         args.row_offsets[expert] = offset + position;
         if (args.expert_ids != nullptr) {  // the expanded layout's identity (not kept per token)
@@ -632,33 +649,39 @@ __device__ void compute_row_offsets(const GroupView& group, const DispatchRecvAr
   __syncthreads();
 }
 
-// Once every source's ids are here, and its token count in layout->tokens_from (block_wait_for_peers): the
-// layout of this call's rows, every block (of kThreads threads) alike: a receive whose chunks' masks fit in
+// The layout of this call's rows in two halves, so that a block can copy between them (the per-token
+// receive). Once every source's ids are here, and its token count in layout->tokens_from
+// (block_wait_for_peers), every block (of kThreads threads) alike: a receive whose chunks' masks fit in
 // kBlockRankingMasks is ranked by every block on its own from a copy of them in its shared memory; a
-// larger one takes their prefix in a pass and a grid barrier. Then each expert's first row into
-// layout->offsets, and *ranked as the receive reads the layout. False if the grid barrier gave up.
+// larger one takes their prefix in a pass and a grid barrier, which rank_chunks arrives at and
+// finish_layout waits for (`generation`: what rank_chunks returned). Then finish_layout puts each expert's
+// first row into layout->offsets (compute_row_offsets, `pads` as there). `ranked`: ranked_rows of the
+// layout, whose masks and offsets are the block's after finish_layout. finish_layout: false if the
+// grid barrier gave up.
 template <int kThreads>
-__device__ bool lay_out_rows(const GroupView& group, const DispatchRecvArgs& args, RowLayout* layout,
-                             RankedRows* ranked) {
+__device__ uint64_t rank_chunks(const GroupView& group, RowLayout* layout, const RankedRows& ranked) {
   const Shape& shape = group.shape;
-  *ranked = ranked_rows(shape, *layout);
-  if (ranked->in_block) {
-    for (int i = threadIdx.x; i < ranked->total * shape.local_experts; i += blockDim.x) {
+  if (ranked.in_block) {
+    for (int i = threadIdx.x; i < ranked.total * shape.local_experts; i += blockDim.x) {
       const int index = i / shape.local_experts;
-      layout->masks[i] = region_chunk_mask(group, *ranked, index, i - index * shape.local_experts);
+      layout->masks[i] = region_chunk_mask(group, ranked, index, i - index * shape.local_experts);
     }
+    __syncthreads();
+    return 0;
   }
-  __syncthreads();
-  if (!ranked->in_block) {
-    static_assert(sizeof(RowLayout::masks) >= kThreads * sizeof(uint32_t),
-                  "the masks hold a word per thread");
-    prefix_chunk_rows<kThreads>(group, *ranked, reinterpret_cast<uint32_t*>(layout->masks));
-    if (!grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
-                      Operation::kDispatchRecv)) {
-      return false;
-    }
+  static_assert(sizeof(RowLayout::masks) >= kThreads * sizeof(uint32_t), "the masks hold a word per thread");
+  prefix_chunk_rows<kThreads>(group, ranked, reinterpret_cast<uint32_t*>(layout->masks));
+  return grid_arrive(&group.state->barrier);
+}
+
+template <int kThreads>
+__device__ bool finish_layout(const GroupView& group, const DispatchRecvArgs& args, RowLayout* layout,
+                              const RankedRows& ranked, uint64_t generation, bool pads) {
+  if (!ranked.in_block && !grid_wait(&group.state->barrier, generation, group.shape.rank, group.timeout_ticks,
+                                     group.status, Operation::kDispatchRecv)) {
+    return false;
   }
-  compute_row_offsets<kThreads>(group, args, layout, *ranked);
+  compute_row_offsets<kThreads>(group, args, layout, ranked, pads);
   return true;
 }
 
@@ -1047,8 +1070,9 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
     return;
   }
   count_dispatch(group, sequence);
-  RankedRows ranked;
-  if (!lay_out_rows<kBlockThreads>(group, args, layout, &ranked)) {
+  const RankedRows ranked = ranked_rows(shape, *layout);
+  const uint64_t generation = rank_chunks<kBlockThreads>(group, layout, ranked);
+  if (!finish_layout<kBlockThreads>(group, args, layout, ranked, generation, false)) {
     invalidate_layout(shape, args);
     return;
   }
@@ -1135,9 +1159,11 @@ struct ReceivedSource {
 // Slot k of token `token` of `source`, whose id and weight the region holds (`id`, `weight`), `row` its row
 // (-1: it names no expert here): its id mapped to a local expert, its weight, and for a local expert the
 // (row, slot) pair in sorted_token_ids at its place among that expert's pairs (the expanded layout's
-// ranking); slot 0 also its origin, and where the source's combine finds the row should this rank's
-// combine leave its rows to be pulled, or where the node's summing rank finds it; token_rows for combine
-// (the row in slot 0, -1 in the others).
+// ranking), and the expert of the alignment's block of sorted_token_ids that the pair starts (every block
+// starts with a pair: an expert's segment is its pairs padded to less than a block more); slot 0 also its
+// origin, and where the source's combine finds the row should this rank's combine leave its rows to be
+// pulled, or where the node's summing rank finds it; token_rows for combine (the row in slot 0, -1 in the
+// others).
 __device__ inline void keep_slot(const GroupView& group, const DispatchRecvArgs& args,
                                  const RankedRows& layout, int source, int token, int k, int32_t id,
                                  float weight, int32_t row) {
@@ -1147,7 +1173,12 @@ __device__ inline void keep_slot(const GroupView& group, const DispatchRecvArgs&
     args.recv_topk_ids[slot] = id >= 0 ? id - shape.rank * shape.local_experts : -1;
     args.recv_topk_weights[slot] = weight;
     if (id >= 0) {
-      args.sorted_token_ids[row_of(group, layout, source, token, id)] = row * shape.top_k + k;
+      const int32_t pair = row_of(group, layout, source, token, id);
+      args.sorted_token_ids[pair] = row * shape.top_k + k;
+      const int32_t block = pair / shape.alignment;
+      if (block * shape.alignment == pair) {
+        args.block_expert_ids[block] = id - shape.rank * shape.local_experts;
+      }
     }
     if (k == 0) {
       args.src_info[3 * static_cast<std::size_t>(row) + 0] = source;
@@ -1166,77 +1197,100 @@ __device__ inline void keep_slot(const GroupView& group, const DispatchRecvArgs&
       k == 0 ? row : -1;
 }
 
-// Each received token of this call, by groups of threads of row_copy_threads each, every group on its own:
-// group g of the grid takes items g, g + groups, ... (token index / world of source index % world: the
-// sources interleaved, so that every link is busy), with no block-wide step between rows, so that while one
-// group waits for a token's mask or its first loads the others copy. In a grid of an even number of groups
-// each group keeps to one source at EP2, so pulls over the link and local copies run side by side (every
-// group pulling the other ranks' tokens first measured slower: docs/performance.md). The items stop at the
-// layout's tokens (the most any source sent). For each item the group copies the token's message into its
-// row (payload, then the scales of scaled formats), if it names an expert here, and keeps its slots
-// (keep_slot), their ids and weights loaded before the copy so that their latency passes under it (a pass
-// of its own after the copies measured slower: docs/performance.md). `token_bases` as for token_row;
-// `sources[s]`: source s's region and token count.
-__device__ void receive_tokens_per_token(const GroupView& group, const DispatchRecvArgs& args,
-                                         const RankedRows& layout, const uint32_t* token_bases,
-                                         const ReceivedSource* sources) {
+// How a block's threads share the per-token receive: groups of `row_threads` threads (row_copy_threads),
+// each copying one token at a time on its own; `group` is the calling thread's, at or past `block_groups` for
+// the threads past the last whole group (which copy nothing), `lane` its place in it.
+struct TokenCopyGroups {
+  int row_threads;
+  int block_groups;
+  int group;
+  uint32_t lane;
+};
+
+__device__ inline TokenCopyGroups token_copy_groups(const Shape& shape) {
+  const int row_threads =
+      row_copy_threads<PerTokenTuning::kVectorsInFlight>(shape.payload_bytes / kVectorBytes);
+  return {row_threads, static_cast<int>(blockDim.x) / row_threads,
+          static_cast<int>(threadIdx.x) / row_threads,
+          static_cast<uint32_t>(threadIdx.x) % static_cast<uint32_t>(row_threads)};
+}
+
+// A received token as its group copied it: its row (-1: it names no expert here), and the id and weight of
+// the calling lane's first slot (k = lane, if below top_k), loaded before the copy so that their latency
+// passes under it. `source` -1: no token (an item past its source's tokens, or a thread past the groups).
+struct ReceivedToken {
+  int source;
+  int token;
+  int32_t row;
+  int32_t id;
+  float weight;
+};
+
+// Item `index` of the receive (the sources interleaved: source index % world, token index / world), by the
+// calling group: the token's message copied into its row (payload, then the scales of scaled formats) if
+// it names an expert here. Its rows need only the token masks (token_row); its slots (keep_slots) need the
+// whole layout.
+__device__ ReceivedToken copy_received_token(const GroupView& group, const DispatchRecvArgs& args,
+                                             const RankedRows& layout, const uint32_t* token_bases,
+                                             const ReceivedSource* sources, const TokenCopyGroups& groups,
+                                             int index) {
   const Shape& shape = group.shape;
-  constexpr int kInFlight = PerTokenTuning::kVectorsInFlight;
-  const uint32_t vectors = shape.payload_bytes / kVectorBytes;
-  const int row_threads = row_copy_threads<kInFlight>(vectors);
-  const int block_groups = static_cast<int>(blockDim.x) / row_threads;
-  const int in_block = static_cast<int>(threadIdx.x) / row_threads;
-  if (in_block >= block_groups) {
-    return;  // the threads past the last whole group
+  const int source = index % shape.world;
+  const int token = index / shape.world;
+  ReceivedToken received{-1, token, -1, -1, 0.0f};
+  if (groups.group >= groups.block_groups || token >= sources[source].tokens) {
+    return received;
   }
-  const auto lane = static_cast<uint32_t>(threadIdx.x) % static_cast<uint32_t>(row_threads);
-  const auto step = static_cast<uint32_t>(row_threads);
-  const int first_k = static_cast<int>(lane);  // the lane's first slot, if below top_k
+  received.source = source;
+  const int first_k = static_cast<int>(groups.lane);
+  if (first_k < shape.top_k) {
+    received.id = region_ids(group.dispatch_region, shape, source, token)[first_k];
+    received.weight = region_weights(group.dispatch_region, shape, source, token)[first_k];
+  }
+  const unsigned long long mask =
+      *region_token_masks(group.dispatch_region, shape, source, token / kChunkTokens);
+  if (((mask >> (token % kChunkTokens)) & 1) == 0) {
+    return received;
+  }
+  received.row = token_row(group, layout, token_bases, source, token);
+  const std::size_t at = static_cast<std::size_t>(received.row);
+  const uint8_t* message = sources[source].region + DispatchRegion::message_offset(shape, token);
+  const auto step = static_cast<uint32_t>(groups.row_threads);
+  copy_row_part<PerTokenTuning::kVectorsInFlight>(
+      reinterpret_cast<const Vector16*>(message),
+      reinterpret_cast<Vector16*>(args.recv_tokens + at * shape.payload_bytes), 0,
+      shape.payload_bytes / kVectorBytes, groups.lane, step);
   // Scales row-major after the payload in the message, and so in their rows: words where they are whole.
-  const bool words = shape.scale_bytes % 4 == 0;
-  const uint32_t units = words ? shape.scale_bytes / 4 : shape.scale_bytes;
-  const int items = shape.world * layout.tokens;
-  const int groups = static_cast<int>(gridDim.x) * block_groups;
-  for (int index = static_cast<int>(blockIdx.x) * block_groups + in_block; index < items; index += groups) {
-    const int source = index % shape.world;
-    const int token = index / shape.world;
-    if (token >= sources[source].tokens) {
-      continue;
+  const uint8_t* from = message + shape.payload_bytes;
+  uint8_t* to = args.recv_scales + at * shape.scale_bytes;
+  if (shape.scale_bytes % 4 == 0) {
+    for (uint32_t unit = groups.lane; unit < shape.scale_bytes / 4; unit += step) {
+      reinterpret_cast<uint32_t*>(to)[unit] = reinterpret_cast<const uint32_t*>(from)[unit];
     }
-    const int32_t* ids = region_ids(group.dispatch_region, shape, source, token);
-    const float* weights = region_weights(group.dispatch_region, shape, source, token);
-    int32_t id = -1;
-    float weight = 0.0f;
-    if (first_k < shape.top_k) {
-      id = ids[first_k];
-      weight = weights[first_k];
+  } else {
+    for (uint32_t unit = groups.lane; unit < shape.scale_bytes; unit += step) {
+      to[unit] = from[unit];
     }
-    const unsigned long long mask =
-        *region_token_masks(group.dispatch_region, shape, source, token / kChunkTokens);
-    int32_t row = -1;
-    if ((mask >> (token % kChunkTokens)) & 1) {
-      row = token_row(group, layout, token_bases, source, token);
-      const std::size_t at = static_cast<std::size_t>(row);
-      const uint8_t* message = sources[source].region + DispatchRegion::message_offset(shape, token);
-      copy_row_part<kInFlight>(reinterpret_cast<const Vector16*>(message),
-                               reinterpret_cast<Vector16*>(args.recv_tokens + at * shape.payload_bytes), 0,
-                               vectors, lane, step);
-      const uint8_t* from = message + shape.payload_bytes;
-      uint8_t* to = args.recv_scales + at * shape.scale_bytes;
-      for (uint32_t unit = lane; unit < units; unit += step) {
-        if (words) {
-          reinterpret_cast<uint32_t*>(to)[unit] = reinterpret_cast<const uint32_t*>(from)[unit];
-        } else {
-          to[unit] = from[unit];
-        }
-      }
-    }
-    if (first_k < shape.top_k) {
-      keep_slot(group, args, layout, source, token, first_k, id, weight, row);
-    }
-    for (int k = first_k + row_threads; k < shape.top_k; k += row_threads) {
-      keep_slot(group, args, layout, source, token, k, ids[k], weights[k], row);
-    }
+  }
+  return received;
+}
+
+// The slots of a token its group copied (keep_slot), each lane its own: the first from `received`, any
+// further ones (top_k above the group's threads) loaded here.
+__device__ inline void keep_slots(const GroupView& group, const DispatchRecvArgs& args,
+                                  const RankedRows& layout, const TokenCopyGroups& groups,
+                                  const ReceivedToken& received) {
+  const Shape& shape = group.shape;
+  const int first_k = static_cast<int>(groups.lane);
+  if (received.source < 0 || first_k >= shape.top_k) {
+    return;
+  }
+  keep_slot(group, args, layout, received.source, received.token, first_k, received.id, received.weight,
+            received.row);
+  const int32_t* ids = region_ids(group.dispatch_region, shape, received.source, received.token);
+  const float* weights = region_weights(group.dispatch_region, shape, received.source, received.token);
+  for (int k = first_k + groups.row_threads; k < shape.top_k; k += groups.row_threads) {
+    keep_slot(group, args, layout, received.source, received.token, k, ids[k], weights[k], received.row);
   }
 }
 
@@ -1249,8 +1303,18 @@ __device__ inline void invalidate_per_token(const Shape& shape, const DispatchRe
 }
 
 // The per-token receive: once every source's ids and token masks are here, the messages copied from the
-// sources' regions into their rows (a pull, each token crossing the link once) and each token's slots kept
-// (receive_tokens_per_token). Then the padding of sorted_token_ids and block_expert_ids.
+// sources' regions into their rows (a pull, each token crossing the link once) and each token's slots kept,
+// by the groups of threads of token_copy_groups, every group on its own: group g of the grid takes items g,
+// g + groups, ... (copy_received_token: the sources interleaved, so that every link is busy), with no
+// block-wide step between rows, so that while one group waits for a token's mask or its first loads the
+// others copy. In a grid of an even number of groups each group keeps to one source at EP2, so pulls over
+// the link and local copies run side by side (every group pulling the other ranks' tokens first measured
+// slower: docs/performance.md). The items stop at the layout's tokens (the most any source sent). A token's
+// row needs only the token masks, counted first; its slots need the layout of every expert's pairs, which
+// the prefix pass and its grid barrier make: each group copies its first token between the two halves of
+// the layout (rank_chunks, finish_layout) and keeps its slots after, so that the barrier's wait passes
+// under the copy. The padding of sorted_token_ids comes with the layout's offsets, and block_expert_ids
+// with the pairs (keep_slot).
 __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
                                   RowLayout* layout) {
   const Shape& shape = group.shape;
@@ -1262,11 +1326,7 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
     return;
   }
   count_dispatch(group, sequence);
-  RankedRows ranked;
-  if (!lay_out_rows<PerTokenTuning::kDispatchThreads>(group, args, layout, &ranked)) {
-    invalidate_per_token(shape, args);
-    return;
-  }
+  const RankedRows ranked = ranked_rows(shape, *layout);
   __shared__ uint32_t bases[kTokenBaseEntries];
   count_received_tokens(group, args, ranked, bases);
   const uint32_t* token_bases = ranked.total <= kTokenBaseEntries ? bases : nullptr;
@@ -1274,23 +1334,23 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
   for (int source = threadIdx.x; source < shape.world; source += blockDim.x) {
     sources[source] = {group.peers.read_window(PeerRegion::kDispatch, source), layout->tokens_from[source]};
   }
-  __syncthreads();
-  receive_tokens_per_token(group, args, ranked, token_bases, sources);
-  // sorted_token_ids' padding entry: one past the last (row, slot) pair the group can have.
-  const auto padding =
-      static_cast<int32_t>(static_cast<std::size_t>(shape.world) * shape.max_tokens * shape.top_k);
-  // The padding of each expert's segment of sorted_token_ids, and the expert of each of its blocks.
-  for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
-    const uint32_t first = ranked.offsets[expert];
-    const uint32_t pairs = rows_before_chunk(group, ranked, shape.world, 0, expert);
-    const uint32_t end = ranked.offsets[expert + 1];
-    for (uint32_t entry = first + pairs + threadIdx.x; entry < end; entry += blockDim.x) {
-      args.sorted_token_ids[entry] = padding;
-    }
-    for (uint32_t block = first / shape.alignment + threadIdx.x; block < end / shape.alignment;
-         block += blockDim.x) {
-      args.block_expert_ids[block] = expert;
-    }
+  const uint64_t generation = rank_chunks<PerTokenTuning::kDispatchThreads>(group, layout, ranked);
+  __syncthreads();  // sources
+  const TokenCopyGroups groups = token_copy_groups(shape);
+  const int items = shape.world * ranked.tokens;
+  const int stride = static_cast<int>(gridDim.x) * groups.block_groups;
+  int index = static_cast<int>(blockIdx.x) * groups.block_groups + groups.group;
+  const ReceivedToken first =
+      index < items ? copy_received_token(group, args, ranked, token_bases, sources, groups, index)
+                    : ReceivedToken{-1, 0, -1, -1, 0.0f};
+  if (!finish_layout<PerTokenTuning::kDispatchThreads>(group, args, layout, ranked, generation, true)) {
+    invalidate_per_token(shape, args);
+    return;
+  }
+  keep_slots(group, args, ranked, groups, first);
+  for (index += stride; index < items; index += stride) {
+    keep_slots(group, args, ranked, groups,
+               copy_received_token(group, args, ranked, token_bases, sources, groups, index));
   }
 }
 

@@ -25,8 +25,8 @@ ROCEP_HOST_DEVICE inline int dispatch_chunks(const Shape& shape) {
 // chunk and local expert, the chunks of the most tokens any source sent) fit in kBlockRankingMasks is
 // ranked by every block on its own, from a copy of the masks in its shared memory: no global counts and no
 // grid barrier, which took ~5 us of a 128-token receive on H200 (ranking 2.4 us, barrier and row offsets
-// 2.7 us). A larger one takes the prefix over its chunks in a pass and a grid barrier (lay_out_rows in
-// hip/dispatch.hip).
+// 2.7 us). A larger one takes the prefix over its chunks in a pass and a grid barrier (rank_chunks and
+// finish_layout in hip/dispatch.hip).
 inline constexpr int kBlockRankingMasks = 1024;  // 8 KB
 
 // Whether every call of the group is ranked in each block, whatever its tokens.

@@ -121,32 +121,48 @@ __device__ inline bool block_wait_for_peers(const uint64_t* words, uint64_t sequ
   return missing == 0;
 }
 
-// Returns once every block of the grid has called it, in every thread. All blocks of the grid must be
-// resident at once: the host sizes grids that use it by occupancy. Gives up (false) when another wait of the
-// group has timed out, or after `timeout_ticks`, which is then reported against this rank itself.
-__device__ inline bool grid_barrier(GridBarrier* barrier, int rank, uint64_t timeout_ticks, Status* status,
-                                    Operation operation) {
-  __shared__ bool passed;
-  __syncthreads();
+// The barrier across the blocks of a grid in two halves, so that a block can work on what needs no other
+// block between them: grid_arrive counts the calling block in (after the block's earlier stores) and
+// returns, in thread 0, the barrier's generation it joined; grid_wait(generation) returns once every block
+// of the grid has arrived, in every thread. All blocks of the grid must be resident at once: the host sizes
+// grids that use it by occupancy. Call both from every thread, once per use.
+__device__ inline uint64_t grid_arrive(GridBarrier* barrier) {
+  __syncthreads();  // the block's stores are ordered before thread 0's release
+  uint64_t generation = 0;
   if (threadIdx.x == 0) {
-    passed = true;
-    const uint64_t generation = load_acquire<Scope::kDevice>(&barrier->generation);
+    generation = load_acquire<Scope::kDevice>(&barrier->generation);
     if (arrives_last(&barrier->arrived)) {
       store_release<Scope::kDevice>(&barrier->generation, generation + 1);
-    } else {
-      const uint64_t start = wall_clock_ticks();
-      while (passed && load_acquire<Scope::kDevice>(&barrier->generation) == generation) {
-        if (timed_out(status)) {
-          passed = false;
-        } else if (wall_clock_ticks() - start > timeout_ticks) {
-          report_failure(status, StatusCode::kTimeout, operation, rank, -1, -1, 0);
-          passed = false;
-        }
+    }
+  }
+  return generation;
+}
+
+// Gives up (false) when another wait of the group has timed out, or after `timeout_ticks`, which is then
+// reported against this rank itself.
+__device__ inline bool grid_wait(GridBarrier* barrier, uint64_t generation, int rank, uint64_t timeout_ticks,
+                                 Status* status, Operation operation) {
+  __shared__ bool passed;  // written after the arrive's barrier: no thread still reads the last use's
+  if (threadIdx.x == 0) {
+    passed = true;
+    const uint64_t start = wall_clock_ticks();
+    while (passed && load_acquire<Scope::kDevice>(&barrier->generation) == generation) {
+      if (timed_out(status)) {
+        passed = false;
+      } else if (wall_clock_ticks() - start > timeout_ticks) {
+        report_failure(status, StatusCode::kTimeout, operation, rank, -1, -1, 0);
+        passed = false;
       }
     }
   }
   __syncthreads();
   return passed;
+}
+
+// Both halves at once.
+__device__ inline bool grid_barrier(GridBarrier* barrier, int rank, uint64_t timeout_ticks, Status* status,
+                                    Operation operation) {
+  return grid_wait(barrier, grid_arrive(barrier), rank, timeout_ticks, status, operation);
 }
 
 }  // namespace rocep::device
