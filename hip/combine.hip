@@ -743,7 +743,7 @@ __device__ void send_node_sums(const GroupView& group, uint64_t sequence, int se
       }
       __syncthreads();
       sum_piece<false>(
-          inputs, input_counts, count, shape,
+          &inputs[0][0], kMaxNodeSumRanks, input_counts, count, shape,
           [&](int in_piece) {
             return reinterpret_cast<Vector16*>(group.peers.node_sums[shape.rank] +
                                                NodeSums::row_offset(shape, slot, first + in_piece));

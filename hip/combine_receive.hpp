@@ -195,15 +195,15 @@ __device__ inline void add_fp8_row(Lanes (&sums)[kVectors], const uint8_t* messa
   }
 }
 
-// Sums a piece of `count` tokens, token i from its input_counts[i] inputs inputs[i][0..] in list order
-// (bf16 rows, or with kFp8 also fp8 block-128 messages tagged kFp8Input), in float32, and stores row i at
-// out_row(i) with the epilogue epilogue_row(i) before each vector's store. Each row is summed by
+// Sums a piece of `count` tokens, token i from its input_counts[i] inputs inputs[i * lists + 0..] in list
+// order (bf16 rows, or with kFp8 also fp8 block-128 messages tagged kFp8Input), in float32, and stores row i
+// at out_row(i) with the epilogue epilogue_row(i) before each vector's store. Each row is summed by
 // PerTokenTuning::kTokenThreads threads (whole waves, so that a wave's threads walk the same list), or a part
 // of it by as many when the piece has fewer tokens than keep the block busy; each thread sums kSummedVectors
 // vectors at once, one input after another (kSummedVectors loads in flight). Call from every thread, once
 // the lists are written and the block has passed a barrier.
-template <bool kFp8, int kInputs, typename OutRow, typename EpilogueRow>
-__device__ inline void sum_piece(const Vector16* const (*inputs)[kInputs], const int* input_counts, int count,
+template <bool kFp8, typename OutRow, typename EpilogueRow>
+__device__ inline void sum_piece(const Vector16* const* inputs, int lists, const int* input_counts, int count,
                                  const Shape& shape, const OutRow& out_row, const EpilogueRow& epilogue_row) {
   constexpr int kSummedVectors = kFp8 ? PerTokenTuning::kSummedFp8Vectors : PerTokenTuning::kSummedVectors;
   constexpr int kTokenThreads = PerTokenTuning::kTokenThreads;
@@ -220,7 +220,7 @@ __device__ inline void sum_piece(const Vector16* const (*inputs)[kInputs], const
     const int in_piece = unit / parts;
     const int part = unit - in_piece * parts;
     const int listed = input_counts[in_piece];
-    const Vector16* const* token_inputs = inputs[in_piece];
+    const Vector16* const* token_inputs = inputs + in_piece * lists;
     const int end = (part + 1) * vectors / parts;
     for (int vector0 = part * vectors / parts + static_cast<int>(threadIdx.x) % kTokenThreads; vector0 < end;
          vector0 += kSummedVectors * kTokenThreads) {
@@ -303,69 +303,104 @@ __device__ inline bool wait_for_rows(const GroupView& group, uint64_t sequence, 
   return arrived;
 }
 
+// Whether every other rank's rows of this rank's tokens are pulled from its combine input buffer
+// (Signals::combine_pulled), once the calling block has acquired every other rank's flags or signal of this
+// combine.
+__device__ inline bool others_pulled(const GroupView& group) {
+  const Shape& shape = group.shape;
+  if (shape.pulled_combine == 0) {
+    return false;
+  }
+  for (int peer = 0; peer < shape.world; ++peer) {
+    if (peer != shape.rank && group.signals->combine_pulled[peer] == 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The tokens of one pass of receive_rows_per_token: `count` of them, token i at first + (i / run) * stride
+// + i % run (runs of consecutive tokens, `stride` apart).
+struct ReceivePass {
+  int first;
+  int run;
+  int stride;
+  int count;
+  __device__ int token(int i) const { return first + i / run * stride + i % run; }
+};
+
 // The per-token receive, by receiver `receiver` of `receivers`: out[t] = the rows of t from every rank that
 // received it, in ascending rank order (this rank's own from expert_outputs, the others' from the combine
 // region, or loaded from the peer's combine input buffer where its send left them there:
 // Signals::combine_pulled, read once its flag or signal is acquired), plus the shared expert, summed in
 // float32 and rounded once. `chunked`: chunk by chunk of this rank's tokens (combine_chunk_tokens), each
-// once every other rank flagged it for call `sequence`; else, once every rank's grid signalled,
-// PerTokenTuning::kBatchTokens tokens at a time, `receivers` apart. A piece's input lists are found first (a
-// thread per token and rank), then its rows summed (sum_piece). Where nodes sum first (Shape::node_sums),
-// another node's rows of a token are one, its summing rank's (summed_ranks). With Shape::combine_fp8 the
-// other ranks' rows are fp8 block-128 messages, dequantised as they are summed (add_fp8_row): kFp8, kernels
-// of their own, whose registers do not tax the bf16 receive. `epilogues.row(token, vectors)` (vectors of a
-// row) applies to each of the token's summed vectors before its store (Epilogues: NoEpilogue, RowEpilogues
-// or CallerEpilogues; each a kernel of its own, so that an epilogue's registers do not tax the plain
-// receive).
+// once every other rank flagged it for call `sequence`, chunks receiver, receiver + receivers, ...; else,
+// once every rank's grid signalled, tokens receiver, receiver + receivers, ... . In passes of as many tokens
+// as the block's lists hold (kListEntries entries, world + 1 per token): a pass's input lists are found
+// first (a thread per token and rank), then its rows summed (sum_piece), its waves each taking tokens on
+// their own, so that the lists' loads and the block's barriers come once a pass, not once a chunk. A
+// chunked pass takes one chunk, or, once the first showed every other rank's rows pulled (others_pulled:
+// they flag every chunk at once), as many chunks as fit. Where nodes sum first (Shape::node_sums), another
+// node's rows of a token are one, its summing rank's (summed_ranks). With Shape::combine_fp8 the other
+// ranks' rows are fp8 block-128 messages, dequantised as they are summed (add_fp8_row): kFp8, kernels of
+// their own, whose registers do not tax the bf16 receive. `epilogues.row(token, vectors)` (vectors of a row)
+// applies to each of the token's summed vectors before its store (Epilogues: NoEpilogue, RowEpilogues or
+// CallerEpilogues; each a kernel of its own, so that an epilogue's registers do not tax the plain receive).
 template <bool kFp8, typename Epilogues>
 __device__ void receive_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                        const Epilogues& epilogues, uint64_t sequence, int receiver,
                                        int receivers, bool chunked) {
   const Shape& shape = group.shape;
-  constexpr int kBatch = PerTokenTuning::kBatchTokens;
+  constexpr int kListEntries = PerTokenTuning::kBatchTokens * (kMaxWorld + 1);
   const int vectors = shape.hidden / kLanes;
   const int tokens = group.state->sent_tokens;
   const int chunk_tokens = combine_chunk_tokens(tokens);
-  __shared__ const Vector16* inputs[kBatch][kMaxWorld + 1];
-  __shared__ int input_counts[kBatch];
+  const int lists = shape.world + 1;
+  const int pass_tokens = kListEntries / lists;  // at least kBatchTokens, and a chunk
+  __shared__ const Vector16* inputs[kListEntries];
+  __shared__ int input_counts[kListEntries / 2];
+  __shared__ int listed_tokens[kListEntries / 2];  // [i]: the token of the pass's list i
   const auto* region = reinterpret_cast<const uint16_t*>(group.combine_region);
   bool arrived = chunked || wait_for_rows(group, sequence, receiver == 0);
+  int next_chunk = receiver;  // chunked: the receiver's next chunk
+  bool pulled = false;        // chunked: every other rank's rows are pulled (known after the first chunk)
   for (int round = 0; arrived; ++round) {
-    int first = 0;  // the piece's tokens: `count` of them, `step` apart
-    int step = 1;
-    int count = 0;
+    ReceivePass pass{};
     if (chunked) {
-      const int chunk = receiver + round * receivers;
-      first = chunk * chunk_tokens;
-      if (first >= tokens) {
+      pass = {next_chunk * chunk_tokens, chunk_tokens, receivers * chunk_tokens, 0};
+      const int most_chunks = pulled ? pass_tokens / chunk_tokens : 1;
+      for (int taken = 0; taken < most_chunks && next_chunk * chunk_tokens < tokens; ++taken) {
+        arrived = block_wait_for_peers(
+            reinterpret_cast<const uint64_t*>(group.combine_region +
+                                              CombineRegion::chunk_flag_offset(shape, next_chunk, 0)),
+            sequence, shape.world, group.timeout_ticks, group.status, Operation::kCombineRecv, nullptr,
+            shape.rank);
+        if (!arrived) {
+          break;
+        }
+        pass.count = taken * chunk_tokens + min(chunk_tokens, tokens - next_chunk * chunk_tokens);
+        next_chunk += receivers;
+      }
+      if (!arrived || pass.count == 0) {
         break;
       }
-      count = min(chunk_tokens, tokens - first);
-      arrived =
-          block_wait_for_peers(reinterpret_cast<const uint64_t*>(
-                                   group.combine_region + CombineRegion::chunk_flag_offset(shape, chunk, 0)),
-                               sequence, shape.world, group.timeout_ticks, group.status,
-                               Operation::kCombineRecv, nullptr, shape.rank);
-      if (!arrived) {
-        break;
-      }
+      pulled = !kFp8 && others_pulled(group);
     } else {
-      first = receiver + round * kBatch * receivers;
-      if (first >= tokens) {
+      pass = {receiver + round * pass_tokens * receivers, 1, receivers, 0};
+      if (pass.first >= tokens) {
         break;
       }
-      step = receivers;
-      count = min(kBatch, (tokens - first + step - 1) / step);
+      pass.count = min(pass_tokens, (tokens - pass.first + receivers - 1) / receivers);
     }
-    // The piece's input lists, a thread per (token, rank), every load of a thread issued before any is
+    // The pass's input lists, a thread per (token, rank), every load of a thread issued before any is
     // used: the token's destination ranks (its mask), and this rank's row of the token, or the peer's
     // pulled row with its word (read whether or not the peer pulls, from this rank's own combine region).
     // Each input goes to its place in rank order among the ranks the token went to.
-    for (int slot = static_cast<int>(threadIdx.x); slot < count * shape.world;
+    for (int slot = static_cast<int>(threadIdx.x); slot < pass.count * shape.world;
          slot += static_cast<int>(blockDim.x)) {
-      const int in_piece = slot / shape.world;
-      const int peer = slot - in_piece * shape.world;
-      const int token = first + in_piece * step;
+      const int in_pass = slot / shape.world;
+      const int peer = slot - in_pass * shape.world;
+      const int token = pass.token(in_pass);
       const uint64_t mask = summed_ranks(group, group.sent_masks[token]);
       const uint16_t* row = nullptr;
       if (peer == shape.rank) {
@@ -387,30 +422,32 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
         }
       }
       const int ranks = __popcll(mask);
+      const Vector16** token_inputs = inputs + in_pass * lists;
       if (((mask >> peer) & 1) != 0) {
         const uintptr_t fp8 = kFp8 && peer != shape.rank ? kFp8Input : 0;
-        inputs[in_piece][__popcll(mask & ((1ull << peer) - 1))] =
+        token_inputs[__popcll(mask & ((1ull << peer) - 1))] =
             reinterpret_cast<const Vector16*>(reinterpret_cast<uintptr_t>(row) + fp8);
       }
       if (peer == 0) {
         const bool shared_expert =
             args.shared_expert_output != nullptr && in_shared_expert_slice(shape, tokens, token);
         if (shared_expert) {
-          inputs[in_piece][ranks] = reinterpret_cast<const Vector16*>(
+          token_inputs[ranks] = reinterpret_cast<const Vector16*>(
               args.shared_expert_output + static_cast<std::size_t>(token) * shape.hidden);
         }
-        input_counts[in_piece] = ranks + (shared_expert ? 1 : 0);
+        input_counts[in_pass] = ranks + (shared_expert ? 1 : 0);
+        listed_tokens[in_pass] = token;
       }
     }
     __syncthreads();
     sum_piece<kFp8>(
-        inputs, input_counts, count, shape,
-        [&](int in_piece) {
-          return reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(first + in_piece * step) *
+        inputs, lists, input_counts, pass.count, shape,
+        [&](int in_pass) {
+          return reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(listed_tokens[in_pass]) *
                                                             args.out_row_stride);
         },
-        [&](int in_piece) { return epilogues.row(first + in_piece * step, vectors); });
-    __syncthreads();  // the piece's lists are summed before the next piece's are written
+        [&](int in_pass) { return epilogues.row(listed_tokens[in_pass], vectors); });
+    __syncthreads();  // the pass's lists are summed before the next pass's are written
   }
   if (arrived && chunked && receiver == 0) {
     arrived = wait_for_rows(group, sequence, true);
