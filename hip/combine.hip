@@ -493,15 +493,6 @@ __device__ inline int combine_senders(const GroupView& group, int blocks) {
          100;
 }
 
-// Whether this rank's per-token combine leaves its rows where its peers load them: where the group's
-// combines pull (Shape::pulled_combine) and the caller wrote the expert outputs into the combine input
-// buffer (this rank's CombineRegion input rows, which the peers have mapped).
-__device__ inline bool rows_pulled(const GroupView& group, const rocep::device::CombineArgs& args) {
-  return group.shape.pulled_combine != 0 &&
-         reinterpret_cast<const uint8_t*>(args.expert_outputs) ==
-             group.combine_region + CombineRegion::input_rows_offset(group.shape);
-}
-
 // The per-token send, by sender `sender` of `senders`: the row of every token this rank received from
 // another rank, into that rank's combine region at [rank][token] (where the weighted combine puts a
 // partial), with PerTokenTuning::kCombineVectorsInFlight loads in flight per thread. Its own tokens' rows

@@ -303,6 +303,15 @@ __device__ inline bool wait_for_rows(const GroupView& group, uint64_t sequence, 
   return arrived;
 }
 
+// Whether this rank's per-token combine leaves its rows where its peers load them: where the group's
+// combines pull (Shape::pulled_combine) and the caller wrote the expert outputs into the combine input
+// buffer (this rank's CombineRegion input rows, which the peers have mapped).
+__device__ inline bool rows_pulled(const GroupView& group, const rocep::device::CombineArgs& args) {
+  return group.shape.pulled_combine != 0 &&
+         reinterpret_cast<const uint8_t*>(args.expert_outputs) ==
+             group.combine_region + CombineRegion::input_rows_offset(group.shape);
+}
+
 // Whether every other rank's rows of this rank's tokens are pulled from its combine input buffer
 // (Signals::combine_pulled), once the calling block has acquired every other rank's flags or signal of this
 // combine.
@@ -339,8 +348,8 @@ struct ReceivePass {
 // as the block's lists hold (kListEntries entries, world + 1 per token): a pass's input lists are found
 // first (a thread per token and rank), then its rows summed (sum_piece), its waves each taking tokens on
 // their own, so that the lists' loads and the block's barriers come once a pass, not once a chunk. A
-// chunked pass takes one chunk, or, once the first showed every other rank's rows pulled (others_pulled:
-// they flag every chunk at once), as many chunks as fit. Where nodes sum first (Shape::node_sums), another
+// chunked pass takes one chunk, or, where every other rank's rows are pulled (others_pulled: they flag
+// every chunk at once), as many chunks as fit. Where nodes sum first (Shape::node_sums), another
 // node's rows of a token are one, its summing rank's (summed_ranks). With Shape::combine_fp8 the other
 // ranks' rows are fp8 block-128 messages, dequantised as they are summed (add_fp8_row): kFp8, kernels of
 // their own, whose registers do not tax the bf16 receive. `epilogues.row(token, vectors)` (vectors of a row)
@@ -363,7 +372,9 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
   const auto* region = reinterpret_cast<const uint16_t*>(group.combine_region);
   bool arrived = chunked || wait_for_rows(group, sequence, receiver == 0);
   int next_chunk = receiver;  // chunked: the receiver's next chunk
-  bool pulled = false;        // chunked: every other rank's rows are pulled (known after the first chunk)
+  // Chunked: every other rank's rows are pulled, known after the first pass; until then, guessed from this
+  // rank's own (a wrong guess only delays the first sums until the pass's chunks are all flagged).
+  bool pulled = !kFp8 && rows_pulled(group, args);
   for (int round = 0; arrived; ++round) {
     ReceivePass pass{};
     if (chunked) {
