@@ -222,6 +222,7 @@ __device__ inline void sum_piece(const Vector16* const* inputs, int lists, const
     const int listed = input_counts[in_piece];
     const Vector16* const* token_inputs = inputs + in_piece * lists;
     const int end = (part + 1) * vectors / parts;
+    Vector16* const out = out_row(in_piece);
     for (int vector0 = part * vectors / parts + static_cast<int>(threadIdx.x) % kTokenThreads; vector0 < end;
          vector0 += kSummedVectors * kTokenThreads) {
       Lanes sums[kSummedVectors] = {};
@@ -252,7 +253,6 @@ __device__ inline void sum_piece(const Vector16* const* inputs, int lists, const
           }
         }
       }
-      Vector16* out = out_row(in_piece);
 #pragma unroll
       for (int i = 0; i < kSummedVectors; ++i) {
         const int vector = vector0 + i * kTokenThreads;
@@ -369,39 +369,38 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
   __shared__ const Vector16* inputs[kListEntries];
   __shared__ int input_counts[kListEntries / 2];
   __shared__ int listed_tokens[kListEntries / 2];  // [i]: the token of the pass's list i
-  const auto* region = reinterpret_cast<const uint16_t*>(group.combine_region);
   bool arrived = chunked || wait_for_rows(group, sequence, receiver == 0);
-  int next_chunk = receiver;  // chunked: the receiver's next chunk
+  int next = receiver;  // the receiver's next chunk (chunked), else the next pass's first token
   // Chunked: every other rank's rows are pulled, known after the first pass; until then, guessed from this
   // rank's own (a wrong guess only delays the first sums until the pass's chunks are all flagged).
   bool pulled = !kFp8 && rows_pulled(group, args);
-  for (int round = 0; arrived; ++round) {
+  while (arrived) {
     ReceivePass pass{};
     if (chunked) {
-      pass = {next_chunk * chunk_tokens, chunk_tokens, receivers * chunk_tokens, 0};
+      pass = {next * chunk_tokens, chunk_tokens, receivers * chunk_tokens, 0};
       const int most_chunks = pulled ? pass_tokens / chunk_tokens : 1;
-      for (int taken = 0; taken < most_chunks && next_chunk * chunk_tokens < tokens; ++taken) {
-        arrived = block_wait_for_peers(
-            reinterpret_cast<const uint64_t*>(group.combine_region +
-                                              CombineRegion::chunk_flag_offset(shape, next_chunk, 0)),
-            sequence, shape.world, group.timeout_ticks, group.status, Operation::kCombineRecv, nullptr,
-            shape.rank);
+      for (int taken = 0; taken < most_chunks && next * chunk_tokens < tokens; ++taken) {
+        arrived =
+            block_wait_for_peers(reinterpret_cast<const uint64_t*>(
+                                     group.combine_region + CombineRegion::chunk_flag_offset(shape, next, 0)),
+                                 sequence, shape.world, group.timeout_ticks, group.status,
+                                 Operation::kCombineRecv, nullptr, shape.rank);
         if (!arrived) {
           break;
         }
-        pass.count = taken * chunk_tokens + min(chunk_tokens, tokens - next_chunk * chunk_tokens);
-        next_chunk += receivers;
+        pass.count = taken * chunk_tokens + min(chunk_tokens, tokens - next * chunk_tokens);
+        next += receivers;
       }
       if (!arrived || pass.count == 0) {
         break;
       }
-      pulled = !kFp8 && others_pulled(group);
     } else {
-      pass = {receiver + round * pass_tokens * receivers, 1, receivers, 0};
+      pass = {next, 1, receivers, 0};
       if (pass.first >= tokens) {
         break;
       }
       pass.count = min(pass_tokens, (tokens - pass.first + receivers - 1) / receivers);
+      next += pass_tokens * receivers;
     }
     // The pass's input lists, a thread per (token, rank), every load of a thread issued before any is
     // used: the token's destination ranks (its mask), and this rank's row of the token, or the peer's
@@ -421,7 +420,8 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
                                    shape.top_k]) *
                   shape.hidden;
       } else {
-        row = region + (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden;
+        row = reinterpret_cast<const uint16_t*>(group.combine_region) +
+              (static_cast<std::size_t>(peer) * shape.max_tokens + token) * shape.hidden;
         if (!kFp8 && shape.pulled_combine != 0) {
           const int32_t pulled_row = *reinterpret_cast<const int32_t*>(
               group.combine_region + CombineRegion::pulled_row_offset(shape, peer, token));
@@ -450,6 +450,7 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
         listed_tokens[in_pass] = token;
       }
     }
+    pulled = chunked && !kFp8 && others_pulled(group);  // loaded beside the lists
     __syncthreads();
     sum_piece<kFp8>(
         inputs, lists, input_counts, pass.count, shape,
