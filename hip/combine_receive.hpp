@@ -369,29 +369,32 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
   __shared__ const Vector16* inputs[kListEntries];
   __shared__ int input_counts[kListEntries / 2];
   __shared__ int listed_tokens[kListEntries / 2];  // [i]: the token of the pass's list i
-  bool arrived = chunked || wait_for_rows(group, sequence, receiver == 0);
+  // A failed wait returns at once (reported; the block's next combine stays this one), rather than leave
+  // a flag for after the passes: carried through the sums, it was spilled and reloaded at the end.
+  if (!chunked && !wait_for_rows(group, sequence, receiver == 0)) {
+    return;
+  }
   int next = receiver;  // the receiver's next chunk (chunked), else the next pass's first token
   // Chunked: every other rank's rows are pulled, known after the first pass; until then, guessed from this
   // rank's own (a wrong guess only delays the first sums until the pass's chunks are all flagged).
   bool pulled = !kFp8 && rows_pulled(group, args);
-  while (arrived) {
+  for (;;) {
     ReceivePass pass{};
     if (chunked) {
       pass = {next * chunk_tokens, chunk_tokens, receivers * chunk_tokens, 0};
       const int most_chunks = pulled ? pass_tokens / chunk_tokens : 1;
       for (int taken = 0; taken < most_chunks && next * chunk_tokens < tokens; ++taken) {
-        arrived =
-            block_wait_for_peers(reinterpret_cast<const uint64_t*>(
-                                     group.combine_region + CombineRegion::chunk_flag_offset(shape, next, 0)),
-                                 sequence, shape.world, group.timeout_ticks, group.status,
-                                 Operation::kCombineRecv, nullptr, shape.rank);
-        if (!arrived) {
-          break;
+        if (!block_wait_for_peers(
+                reinterpret_cast<const uint64_t*>(group.combine_region +
+                                                  CombineRegion::chunk_flag_offset(shape, next, 0)),
+                sequence, shape.world, group.timeout_ticks, group.status, Operation::kCombineRecv, nullptr,
+                shape.rank)) {
+          return;
         }
         pass.count = taken * chunk_tokens + min(chunk_tokens, tokens - next * chunk_tokens);
         next += receivers;
       }
-      if (!arrived || pass.count == 0) {
+      if (pass.count == 0) {
         break;
       }
     } else {
@@ -461,10 +464,10 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
         [&](int in_pass) { return epilogues.row(listed_tokens[in_pass], vectors); });
     __syncthreads();  // the pass's lists are summed before the next pass's are written
   }
-  if (arrived && chunked && receiver == 0) {
-    arrived = wait_for_rows(group, sequence, true);
+  if (chunked && receiver == 0 && !wait_for_rows(group, sequence, true)) {
+    return;
   }
-  if (arrived && threadIdx.x == 0) {
+  if (threadIdx.x == 0) {
     group.block_calls[blockIdx.x].combines = sequence;  // the block's next combine is the one after
   }
 }
