@@ -75,6 +75,16 @@ __device__ inline void fence_acq_rel_system() {
 #endif
 }
 
+// Whether a peer GPU's loads of this GPU's memory see every store of a kernel that has ended, with no fence
+// in a later kernel. NVIDIA: such loads are served by this GPU's L2, which every store of an ended kernel
+// has reached. AMD: not assumed (the L2 of one XCD may hold what an ended kernel wrote until a
+// system-scope release writes it back), so a signal after such stores keeps its fence.
+#if defined(ROCEP_PLATFORM_NVIDIA)
+inline constexpr bool kEndedKernelsVisibleToPeers = true;
+#else
+inline constexpr bool kEndedKernelsVisibleToPeers = false;
+#endif
+
 // Atomic add at system scope to a word in global memory (a peer's, too), with no ordering of its own and
 // no result, so the thread does not wait for it to complete (a reduction, not a fetch).
 __device__ inline void add_relaxed_system(uint64_t* address, uint64_t value) {

@@ -505,9 +505,12 @@ __device__ inline int combine_senders(const GroupView& group, int blocks) {
 // of the count it dispatched) gets units (chunk, rank), the ranks interleaved so that every link is busy,
 // each unit flagged as the unit of call `sequence` once its rows are stored; the others get runs of
 // consecutive tokens of one rank (tokens_per_run), the ranks interleaved, released by the grid's signal
-// alone.
+// alone. Returns true in block 0 where its signal needs no fence (signal_rows_sent): the rows are pulled,
+// no chunk is flagged, and every peer already holds this rank's words from an earlier signal
+// (LocalState::peers_hold_pulled_words), so that block 0 stores nothing for the peers, and the rows they
+// load were written by kernels that have ended (kEndedKernelsVisibleToPeers).
 template <bool kFp8>
-__device__ void send_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
+__device__ bool send_rows_per_token(const GroupView& group, const rocep::device::CombineArgs& args,
                                     uint64_t sequence, int sender, int senders) {
   const Shape& shape = group.shape;
   constexpr int kBatch = PerTokenTuning::kBatchTokens;
@@ -582,7 +585,7 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
   };
   const bool pulled = !kFp8 && rows_pulled(group, args);  // Shape::pulled_combine: bf16 rows only
   if (pulled && sender != 0) {
-    return;  // nothing to copy: block 0 tells the peers and flags every chunk for the whole grid
+    return false;  // nothing to copy: block 0 tells the peers and flags every chunk for the whole grid
   }
   bool any_chunked = false;
   bool any_whole = false;
@@ -592,6 +595,14 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
     }
   }
   any_whole = any_whole && !pulled;
+  const bool words_held = kEndedKernelsVisibleToPeers && pulled && !any_chunked &&
+                          group.state->peers_hold_pulled_words != 0;  // block 0 only reaches here
+  if (words_held) {
+    return true;
+  }
+  if (sender == 0 && threadIdx.x == 0 && !pulled) {
+    group.state->peers_hold_pulled_words = 0;  // its combine_pulled is 0 from this call on
+  }
   // The word before anything of this call that releases it: every block's flags, or the grid's signal.
   if (!kFp8 && shape.pulled_combine != 0 && (any_chunked || sender == 0)) {
     const int peer = static_cast<int>(threadIdx.x);
@@ -656,6 +667,7 @@ __device__ void send_rows_per_token(const GroupView& group, const rocep::device:
   if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < shape.world) {
     group.peers.signal_store(static_cast<int>(threadIdx.x), &Signals::combine_weighted, shape.rank, 1);
   }
+  return false;
 }
 
 // Where the per-token combine sums nodes first (Shape::node_sums), by every block once it has sent: tells
@@ -752,19 +764,26 @@ __device__ void send_node_sums(const GroupView& group, uint64_t sequence, int se
 // The signal of a per-token combine send, from every block once it has sent. Where this rank's rows are
 // pulled (rows_pulled: one node, so every peer by IPC) only block 0 stored anything for the peers (its
 // words and flags), so it signals alone, without waiting for the grid's count: the rows the peers then
-// load were written before this kernel began. Otherwise the grid signals once every block has sent
-// (signal_grid_done).
+// load were written before this kernel began; with no fence where send_rows_per_token returned
+// `words_held`. Otherwise the grid signals once every block has sent (signal_grid_done).
 template <bool kFp8>
-__device__ void signal_rows_sent(const GroupView& group, const rocep::device::CombineArgs& args) {
+__device__ void signal_rows_sent(const GroupView& group, const rocep::device::CombineArgs& args,
+                                 bool words_held) {
   const Shape& shape = group.shape;
   if (kFp8 || !rows_pulled(group, args)) {
     signal_grid_done(&group.state->combine_blocks_sent, nullptr, group.peers, shape.world, shape.rank,
                      &Signals::combine_arrived);
   } else if (blockIdx.x == 0) {
     __syncthreads();  // the block's words and flags are ordered before thread 0's fence
-    if (threadIdx.x == 0) {
-      signal_ipc_peers(group.peers, shape.world, shape.rank, &Signals::combine_arrived);
+    if (threadIdx.x != 0) {
+      return;
     }
+    if (words_held) {
+      add_to_ipc_peers(group.peers, shape.world, shape.rank, &Signals::combine_arrived);
+      return;
+    }
+    signal_ipc_peers(group.peers, shape.world, shape.rank, &Signals::combine_arrived);
+    group.state->peers_hold_pulled_words = 1;  // read by block 0 of a later kernel only
   }
 }
 
@@ -773,12 +792,13 @@ template <bool kFp8>
 __device__ void send_kernel_per_token(const GroupView& group, const rocep::device::CombineArgs& args) {
   const int block = static_cast<int>(blockIdx.x);
   const uint64_t sequence = group.block_calls[block].combines + 1;
-  send_rows_per_token<kFp8>(group, args, sequence, block, static_cast<int>(gridDim.x));
+  const bool words_held =
+      send_rows_per_token<kFp8>(group, args, sequence, block, static_cast<int>(gridDim.x));
   if (!kFp8 && combine_sums_nodes(group.shape)) {
     tell_rows_staged(group);
     send_node_sums(group, sequence, block, static_cast<int>(gridDim.x));
   }
-  signal_rows_sent<kFp8>(group, args);
+  signal_rows_sent<kFp8>(group, args, words_held);
 }
 
 // The fused call: every block sends, then receives; or, for a chunked call, combine_senders(grid) blocks
@@ -793,14 +813,15 @@ __device__ void combine_kernel_per_token(const GroupView& group, const rocep::de
   const bool chunked = chunked_combine(group.shape, group.state->sent_tokens);
   const bool split_roles = chunked && (kFp8 || !rows_pulled(group, args));
   const int senders = split_roles ? combine_senders(group, blocks) : blocks;
+  bool words_held = false;
   if (block < senders) {
-    send_rows_per_token<kFp8>(group, args, sequence, block, senders);
+    words_held = send_rows_per_token<kFp8>(group, args, sequence, block, senders);
   }
   if (!kFp8 && combine_sums_nodes(group.shape)) {  // not chunked: every block sends (Shape::split_combine)
     tell_rows_staged(group);
     send_node_sums(group, sequence, block, senders);
   }
-  signal_rows_sent<kFp8>(group, args);
+  signal_rows_sent<kFp8>(group, args, words_held);
   if (split_roles && block < senders) {
     if (threadIdx.x == 0) {
       group.block_calls[block].combines = sequence;  // a sender's part of the call is done

@@ -290,6 +290,9 @@ struct LocalState {
   // (source, token) pairs claimed so far by the blocks of a combine send past their first shares
   // (first_share); set to 0 again by the send's last block.
   uint32_t combine_claims;
+  // 1 while every peer holds combine_pulled = combine_weighted = 1 from this rank, released by a signal of
+  // an earlier per-token combine (written by block 0 of the combine sends only).
+  int32_t peers_hold_pulled_words;
 };
 
 // The receives one block of a group's grids has completed (device memory, one entry per block). Every

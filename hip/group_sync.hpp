@@ -40,15 +40,20 @@ __device__ inline bool arrives_last(uint32_t* count) {
   return true;
 }
 
-// By one thread, once every store that the peers' waits release is ordered before its own: one
-// system-scope fence, then 1 added to words[rank] of every peer reached by IPC (this rank included).
-__device__ inline void signal_ipc_peers(const PeerTransport& peers, int world, int rank, ArrivalWords words) {
-  fence_acq_rel_system();
+// By one thread: 1 added to words[rank] of every peer reached by IPC (this rank included), relaxed.
+__device__ inline void add_to_ipc_peers(const PeerTransport& peers, int world, int rank, ArrivalWords words) {
   for (int peer = 0; peer < world; ++peer) {
     if (!peers.through_shmem(peer)) {
       peers.signal_add(peer, words, rank, uint64_t{1});
     }
   }
+}
+
+// By one thread, once every store that the peers' waits release is ordered before its own: one
+// system-scope fence, then add_to_ipc_peers.
+__device__ inline void signal_ipc_peers(const PeerTransport& peers, int world, int rank, ArrivalWords words) {
+  fence_acq_rel_system();
+  add_to_ipc_peers(peers, world, rank, words);
 }
 
 // Called by every thread of every block of a sending grid once the block's stores for the peers are

@@ -541,10 +541,13 @@ TEST_F(GpuPerToken, RowsInTheCombineInputBufferMatchTheReference) {
   const uint64_t seed = shared_seed();
   SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
   const int rank = world_rank();
-  check_calls_on(groups, config, seed, {1536, rank % 2 == 0 ? 1100 : 700, 3, 1300, 1200, 5, 1536},
+  // Calls 7 and 8: small calls with the rows in the buffer on every rank one after the other (their
+  // signal may then skip what the peers already hold), then calls 9 and 10 alternating by rank.
+  check_calls_on(groups, config, seed, {1536, rank % 2 == 0 ? 1100 : 700, 3, 1300, 1200, 5, 1536, 6, 9, 4, 7},
                  [rank](int call) {
-                   return call == 0 || call == 3 || (call + rank) % 2 == 0 ? ExpertRows::kInBuffer
-                                                                           : ExpertRows::kBesideTheBuffer;
+                   return call == 0 || call == 3 || call == 7 || call == 8 || (call + rank) % 2 == 0
+                              ? ExpertRows::kInBuffer
+                              : ExpertRows::kBesideTheBuffer;
                  });
   rocep::testing::dispatch_on(groups.group, groups.device.inputs(false), groups.outputs.view(groups.sizes),
                               false, groups.stream.get());
