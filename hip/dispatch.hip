@@ -1108,10 +1108,10 @@ __device__ inline unsigned long long chunk_token_mask(const GroupView& group, co
 }
 
 // The per-token row of token `token` of `source` (which names an expert of this rank): the received tokens
-// before it in (source, token) order, from the senders' token masks. `bases`: the exclusive prefix of the
-// masks' counts per chunk of the layout, or null past kTokenBaseEntries.
+// before it in (source, token) order, from the senders' token masks (`mask`: its chunk's). `bases`: the
+// exclusive prefix of the masks' counts per chunk of the layout, or null past kTokenBaseEntries.
 __device__ inline int32_t token_row(const GroupView& group, const RankedRows& layout, const uint32_t* bases,
-                                    int source, int token) {
+                                    int source, int token, unsigned long long mask) {
   const int chunk = source * layout.chunks + token / kChunkTokens;
   uint32_t before = 0;
   if (bases != nullptr) {
@@ -1121,8 +1121,6 @@ __device__ inline int32_t token_row(const GroupView& group, const RankedRows& la
       before += __popcll(chunk_token_mask(group, layout, earlier));
     }
   }
-  const unsigned long long mask =
-      *region_token_masks(group.dispatch_region, group.shape, source, token / kChunkTokens);
   return static_cast<int32_t>(before + __popcll(mask & ((1ull << (token % kChunkTokens)) - 1)));
 }
 
@@ -1149,12 +1147,6 @@ __device__ uint32_t count_received_tokens(const GroupView& group, const Dispatch
   __syncthreads();
   return total;
 }
-
-// A source of a per-token receive: its region (where its messages are read) and its token count.
-struct ReceivedSource {
-  const uint8_t* region;
-  int tokens;
-};
 
 // Slot k of token `token` of `source`, whose id and weight the region holds (`id`, `weight`), `row` its row
 // (-1: it names no expert here): its id mapped to a local expert, its weight, and for a local expert the
@@ -1232,13 +1224,13 @@ struct ReceivedToken {
 // whole layout.
 __device__ ReceivedToken copy_received_token(const GroupView& group, const DispatchRecvArgs& args,
                                              const RankedRows& layout, const uint32_t* token_bases,
-                                             const ReceivedSource* sources, const TokenCopyGroups& groups,
-                                             int index) {
+                                             const uint8_t* const* source_regions,
+                                             const TokenCopyGroups& groups, int index) {
   const Shape& shape = group.shape;
   const int source = index % shape.world;
   const int token = index / shape.world;
   ReceivedToken received{-1, token, -1, -1, 0.0f};
-  if (groups.group >= groups.block_groups || token >= sources[source].tokens) {
+  if (groups.group >= groups.block_groups || token >= layout.tokens_from[source]) {
     return received;
   }
   received.source = source;
@@ -1252,9 +1244,9 @@ __device__ ReceivedToken copy_received_token(const GroupView& group, const Dispa
   if (((mask >> (token % kChunkTokens)) & 1) == 0) {
     return received;
   }
-  received.row = token_row(group, layout, token_bases, source, token);
+  received.row = token_row(group, layout, token_bases, source, token, mask);
   const std::size_t at = static_cast<std::size_t>(received.row);
-  const uint8_t* message = sources[source].region + DispatchRegion::message_offset(shape, token);
+  const uint8_t* message = source_regions[source] + DispatchRegion::message_offset(shape, token);
   const auto step = static_cast<uint32_t>(groups.row_threads);
   copy_row_part<PerTokenTuning::kVectorsInFlight>(
       reinterpret_cast<const Vector16*>(message),
@@ -1330,18 +1322,18 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
   __shared__ uint32_t bases[kTokenBaseEntries];
   count_received_tokens(group, args, ranked, bases);
   const uint32_t* token_bases = ranked.total <= kTokenBaseEntries ? bases : nullptr;
-  __shared__ ReceivedSource sources[kMaxWorld];
+  __shared__ const uint8_t* source_regions[kMaxWorld];  // where each source's messages are read
   for (int source = threadIdx.x; source < shape.world; source += blockDim.x) {
-    sources[source] = {group.peers.read_window(PeerRegion::kDispatch, source), layout->tokens_from[source]};
+    source_regions[source] = group.peers.read_window(PeerRegion::kDispatch, source);
   }
   const uint64_t generation = rank_chunks<PerTokenTuning::kDispatchThreads>(group, layout, ranked);
-  __syncthreads();  // sources
+  __syncthreads();  // source_regions
   const TokenCopyGroups groups = token_copy_groups(shape);
   const int items = shape.world * ranked.tokens;
   const int stride = static_cast<int>(gridDim.x) * groups.block_groups;
   int index = static_cast<int>(blockIdx.x) * groups.block_groups + groups.group;
   const ReceivedToken first =
-      index < items ? copy_received_token(group, args, ranked, token_bases, sources, groups, index)
+      index < items ? copy_received_token(group, args, ranked, token_bases, source_regions, groups, index)
                     : ReceivedToken{-1, 0, -1, -1, 0.0f};
   if (!finish_layout<PerTokenTuning::kDispatchThreads>(group, args, layout, ranked, generation, true)) {
     invalidate_per_token(shape, args);
@@ -1350,7 +1342,7 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
   keep_slots(group, args, ranked, groups, first);
   for (index += stride; index < items; index += stride) {
     keep_slots(group, args, ranked, groups,
-               copy_received_token(group, args, ranked, token_bases, sources, groups, index));
+               copy_received_token(group, args, ranked, token_bases, source_regions, groups, index));
   }
 }
 
