@@ -311,10 +311,11 @@ enum class ExpertRows {
 // stride apart, else hidden), against the reference's outputs; every output poisoned first. `by_caller`:
 // the combine is combine_send, then the receive through FactorsAndResidual with `epilogue`'s values,
 // after the same receive with CombineArgs' own epilogue beside it was refused. `rows`: where the expert
-// rows are combined from.
+// rows are combined from. `tokens_in_buffer` (bf16): the tokens are written into the group's dispatch
+// input buffer and dispatched from there.
 void check_call_on(Groups& groups, const EpConfig& config, const Call& call, bool split,
                    const rocep::testing::EpilogueData* epilogue, bool by_caller = false,
-                   ExpertRows rows = ExpertRows::kOwnMemory) {
+                   ExpertRows rows = ExpertRows::kOwnMemory, bool tokens_in_buffer = false) {
   const std::size_t stride = epilogue != nullptr ? epilogue->stride : static_cast<std::size_t>(config.hidden);
   const int tokens = call.inputs.num_tokens;
   HostOutputs expected(config);
@@ -328,8 +329,14 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
       poisoned(static_cast<std::size_t>(config.max_tokens_per_rank) * stride * sizeof(bf16_bits));
   rocep::CombineArgs args = groups.device.combine();
   args.out = out.get();
-  rocep::testing::dispatch_on(groups.group, groups.device.inputs(false), groups.outputs.view(groups.sizes),
-                              split, groups.stream.get());
+  rocep::DispatchInputs inputs = groups.device.inputs(false);
+  if (tokens_in_buffer) {  // the last call is done: the buffer may be written
+    ROCEP_GPU_CHECK(hipMemcpy(groups.group.dispatch_input_buffer(), call.inputs.tokens.data(),
+                              call.inputs.tokens.size() * sizeof(bf16_bits), hipMemcpyHostToDevice));
+    inputs.tokens = groups.group.dispatch_input_buffer();
+  }
+  rocep::testing::dispatch_on(groups.group, inputs, groups.outputs.view(groups.sizes), split,
+                              groups.stream.get());
   if (rows != ExpertRows::kOwnMemory) {
     // The buffer may be written once this rank's dispatch is done: no peer reads it any more.
     ROCEP_GPU_CHECK(hipStreamSynchronize(static_cast<hipStream_t>(groups.stream.get())));
@@ -363,17 +370,21 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
 }
 
 // Calls of counts[i] tokens of fresh inputs (seed + i) on one group, uniformly routed, every second one
-// split, checked as check_call_on does. `rows_of(call)`: where this rank's expert rows are for each.
+// split, checked as check_call_on does. `rows_of(call)`: where this rank's expert rows are for each;
+// `tokens_in_buffer_of(call)`: whether its tokens are in the dispatch input buffer.
 void check_calls_on(
     Groups& groups, const EpConfig& config, uint64_t seed, const std::vector<int>& counts,
-    const std::function<ExpertRows(int)>& rows_of = [](int) { return ExpertRows::kOwnMemory; }) {
+    const std::function<ExpertRows(int)>& rows_of = [](int) { return ExpertRows::kOwnMemory; },
+    const std::function<bool(int)>& tokens_in_buffer_of = [](int) { return false; }) {
   for (std::size_t i = 0; i < counts.size(); ++i) {
     const bool split = i % 2 == 1;
     const ExpertRows rows = rows_of(static_cast<int>(i));
+    const bool tokens_in_buffer = tokens_in_buffer_of(static_cast<int>(i));
     SCOPED_TRACE("call " + std::to_string(i) + (split ? ", split" : ", fused") +
-                 (rows == ExpertRows::kInBuffer ? ", rows in the combine input buffer" : ""));
+                 (rows == ExpertRows::kInBuffer ? ", rows in the combine input buffer" : "") +
+                 (tokens_in_buffer ? ", tokens in the dispatch input buffer" : ""));
     check_call_on(groups, config, make_call(config, Routing::kUniform, seed + i, counts[i]), split, nullptr,
-                  false, rows);
+                  false, rows, tokens_in_buffer);
   }
 }
 
@@ -526,6 +537,24 @@ TEST_F(GpuPerToken, ChunkedCombinesMatchTheReference) {
       check_call_on(groups, config, make_call(config, Routing::kUniform, seed + i, counts[i]), split,
                     with_epilogue ? &epilogue : nullptr);
     }
+  }
+}
+
+// Tokens written into the dispatch input buffer (bf16: nothing staged, the peers read them there) give the
+// reference's outputs over calls of one group whose counts and data change, fused and split, with every
+// rank's tokens in the buffer in some calls and only some ranks' in others, at the decode shape (hidden
+// 7168, top-8 of 256 experts) and a smaller one.
+TEST_F(GpuPerToken, TokensInTheDispatchInputBufferMatchTheReference) {
+  const int rank = world_rank();
+  for (const EpConfig& config : {per_token(make_config(7168, 8, 256 / world_size(), 512, 16)),
+                                 per_token(make_config(2048, 8, 64 / world_size(), 1024, 16))}) {
+    Groups groups(config);
+    const uint64_t seed = shared_seed();
+    SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
+    check_calls_on(
+        groups, config, seed, {128, 128, 256, 257, rank % 2 == 0 ? 200 : 60, 3, 512, 96, 96, 0, 50},
+        [](int) { return ExpertRows::kOwnMemory; },
+        [rank](int call) { return call != 5 && (call < 8 || (call + rank) % 2 == 0); });
   }
 }
 
