@@ -75,10 +75,12 @@ __device__ inline void fence_acq_rel_system() {
 #endif
 }
 
-// Whether a peer GPU's loads of this GPU's memory see every store of a kernel that has ended, with no fence
-// in a later kernel. NVIDIA: such loads are served by this GPU's L2, which every store of an ended kernel
-// has reached. AMD: not assumed (the L2 of one XCD may hold what an ended kernel wrote until a
-// system-scope release writes it back), so a signal after such stores keeps its fence.
+// Whether every store of a kernel that has ended is seen by the peers with no fence in a later kernel: a
+// peer's loads of this GPU's memory, and the peer's own loads of what the kernel stored into the peer's
+// memory. NVIDIA: a kernel ends once its stores are performed, its stores into a peer's memory included,
+// and a peer's loads of this GPU's memory are served by this GPU's L2, which those stores have reached.
+// AMD: not assumed (the L2 of one XCD may hold what an ended kernel wrote until a system-scope release
+// writes it back), so a signal after such stores keeps its fence.
 #if defined(ROCEP_PLATFORM_NVIDIA)
 inline constexpr bool kEndedKernelsVisibleToPeers = true;
 #else
