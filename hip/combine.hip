@@ -595,8 +595,9 @@ __device__ bool send_rows_per_token(const GroupView& group, const rocep::device:
     }
   }
   any_whole = any_whole && !pulled;
-  const bool words_held = kEndedKernelsVisibleToPeers && pulled && !any_chunked &&
-                          group.state->peers_hold_pulled_words != 0;  // block 0 only reaches here
+  // The state is read only where the rows are pulled, which only block 0 reaches here.
+  const bool words_held =
+      kEndedKernelsVisibleToPeers && pulled && !any_chunked && group.state->peers_hold_pulled_words != 0;
   if (words_held) {
     return true;
   }
