@@ -3,14 +3,15 @@
 // per call, the spread of the per-rank medians (each rank's own times), bytes that crossed to other ranks,
 // and the resulting GB/s. --iterations counts the timed calls of each kind.
 //
-// Scaled dispatch formats (--formats=fp8,...) quantise the bf16 tokens inside dispatch; their remote bytes
-// are the payload and scales that travel. Combine always moves bf16.
+// Scaled dispatch formats (--formats=fp8,...) quantise the bf16 tokens inside dispatch (--inputs=copied) or
+// take them already quantised (--inputs=quantised); their remote bytes are the payload and scales that
+// travel. Combine moves bf16 unless --combine=fp8.
 //
 //   mpirun -np 2 rocep_bench [--tokens=128,4096] [--formats=bf16,fp8,mxfp8,mxfp4,nvfp4] [--hidden=7168]
 //                            [--top_k=8] [--experts=256] [--iterations=20] [--sms=default,all,N]
 //                            [--cases=fused,split,concurrent,graph] [--concurrent_tokens=4096]
 //                            [--layouts=expanded,per-token] [--combine=bf16|fp8] [--local_only=0|1]
-//                            [--inputs=copied,input_buffer] [--max_tokens=N] [benchmark flags]
+//                            [--inputs=copied,input_buffer,quantised] [--max_tokens=N] [benchmark flags]
 //
 // --combine: EpConfig::combine_dtype of every case (fp8: the per-token layout's rows cross ranks as fp8
 // block-128; the header line's config says which).
@@ -18,7 +19,9 @@
 // its tokens to its own experts only, so nothing crosses (remote bytes 0; logical bytes its own rows).
 // --inputs=input_buffer also times bf16 dispatch from tokens written into EpGroup::dispatch_input_buffer(),
 // and the per-token bf16 combine from expert outputs in EpGroup::combine_input_buffer(), in the fused,
-// split and graph cases.
+// split and graph cases. --inputs=quantised times the scaled formats' dispatch from tokens quantised
+// beforehand (on the host, by the CPU reference's codec) and passed with DispatchInputs::token_scales, as a
+// server whose previous kernel quantises them hands them over: the send copies payloads and scales.
 // --sms: the SM budgets (EpConfig::num_sms) every case runs at: default (the library's share), all, or N
 // multiprocessors; each row names its budget and the multiprocessors it resolved to.
 // The concurrent case (GPU only, at each budget that leaves multiprocessors over): dispatch + combine of
@@ -51,6 +54,7 @@
 #include "bench/statistics.hpp"
 #include "hip/bf16.hpp"
 #include "host/bootstrap.hpp"
+#include "host/codecs.hpp"
 #include "host/node.hpp"
 #include "rocep/mpi.hpp"
 #include "rocep/rocep.hpp"
@@ -73,6 +77,11 @@ using rocep::bench::flag_value;
 using rocep::bench::median;
 using rocep::bench::parse_positive;
 
+// Where dispatch's tokens come from: a buffer of the caller's, bf16 (dispatch stages them, quantising them
+// for a scaled format); the group's input buffer (EpGroup::dispatch_input_buffer, bf16 only); or a buffer of
+// the caller's holding them already quantised, with their scales (scaled formats only).
+enum class TokenInputs { kCopied, kInputBuffer, kQuantised };
+
 struct BenchOptions {
   std::vector<int> tokens{128, 1024};
   std::vector<rocep::TokenFormat> formats{rocep::TokenFormat::kBf16};
@@ -87,9 +96,7 @@ struct BenchOptions {
   bool concurrent = true;
   bool graph = false;            // the decode pair inside one graph of kGraphPairs pairs (--cases=graph)
   int concurrent_tokens = 4096;  // tokens per rank of the concurrent case (a prefill step)
-  // Where bf16 tokens come from: false = a buffer of the caller's (dispatch stages them), true = the group's
-  // input buffer (EpGroup::dispatch_input_buffer); other formats always take the first.
-  std::vector<bool> input_buffer{false};
+  std::vector<TokenInputs> inputs{TokenInputs::kCopied};           // --inputs
   std::vector<rocep::Layout> layouts{rocep::Layout::kExpanded};    // EpConfig::layout of every case
   rocep::CombineDtype combine_dtype = rocep::CombineDtype::kBf16;  // EpConfig::combine_dtype of every case
   bool local_only = false;                                         // EpConfig::local_only of every case
@@ -197,17 +204,19 @@ BenchOptions parse_options(int& argc, char** argv) {
   if (take_flag(argc, argv, "concurrent_tokens", value))
     options.concurrent_tokens = parse_positive(value, "concurrent_tokens");
   if (take_flag(argc, argv, "inputs", value)) {
-    options.input_buffer.clear();
+    options.inputs.clear();
     std::stringstream list(value);
     for (std::string item; std::getline(list, item, ',');) {
-      if (item != "copied" && item != "input_buffer") {
-        throw rocep::ConfigError("--inputs: '" + item + "' is invalid: allowed are copied, input_buffer");
+      if (item != "copied" && item != "input_buffer" && item != "quantised") {
+        throw rocep::ConfigError("--inputs: '" + item +
+                                 "' is invalid: allowed are copied, input_buffer, quantised");
       }
-      options.input_buffer.push_back(item == "input_buffer");
+      options.inputs.push_back(item == "copied"         ? TokenInputs::kCopied
+                               : item == "input_buffer" ? TokenInputs::kInputBuffer
+                                                        : TokenInputs::kQuantised);
     }
   }
-  if (options.tokens.empty() || options.formats.empty() || options.input_buffer.empty() ||
-      options.sms.empty()) {
+  if (options.tokens.empty() || options.formats.empty() || options.inputs.empty() || options.sms.empty()) {
     throw rocep::ConfigError("--tokens, --formats, --inputs and --sms each need at least one item");
   }
   return options;
@@ -439,7 +448,7 @@ class CaseMemory {
 // the GPU. Dispatch writes its outputs; combine reduces the dispatched rows (bf16: the dispatched rows
 // themselves, an identity expert).
 struct CaseCalls {
-  CaseCalls(rocep::EpGroup& group, int num_tokens, bool in_input_buffer);
+  CaseCalls(rocep::EpGroup& group, int num_tokens, TokenInputs token_inputs);
   Workload workload;
   CaseMemory memory;
   rocep::DispatchInputs inputs{};
@@ -447,7 +456,7 @@ struct CaseCalls {
   rocep::CombineArgs combine_args{};
 };
 
-CaseCalls::CaseCalls(rocep::EpGroup& group, int num_tokens, bool in_input_buffer)
+CaseCalls::CaseCalls(rocep::EpGroup& group, int num_tokens, TokenInputs token_inputs)
     : workload(make_workload(group.config(), num_tokens, group.rank(), group.world_size(), 12345u)),
       memory(group.backend() == rocep::Backend::kGpu) {
   const rocep::EpConfig& config = group.config();
@@ -458,6 +467,7 @@ CaseCalls::CaseCalls(rocep::EpGroup& group, int num_tokens, bool in_input_buffer
   auto* recv_weights = memory.make<float>(rows);
   inputs = {memory.make(workload.tokens), memory.make(workload.topk_ids), memory.make(workload.topk_weights),
             num_tokens, nullptr};
+  const bool in_input_buffer = token_inputs == TokenInputs::kInputBuffer;
   if (in_input_buffer) {
     // Written once: the calls only read it, as a server's previous layer would have written it there.
     memory.copy_in(group.dispatch_input_buffer(), workload.tokens.data(),
@@ -465,7 +475,25 @@ CaseCalls::CaseCalls(rocep::EpGroup& group, int num_tokens, bool in_input_buffer
     inputs.tokens = group.dispatch_input_buffer();
   }
   // nvfp4: a global scale that keeps the block scales of values in [-4, 4] inside e4m3's range.
-  inputs.global_scale = memory.make(std::vector<float>{448.0f * 6.0f / 4.0f});
+  const float global_scale = 448.0f * 6.0f / 4.0f;
+  inputs.global_scale = memory.make(std::vector<float>{global_scale});
+  if (token_inputs == TokenInputs::kQuantised) {
+    const std::size_t payload_bytes = rocep::format_payload_bytes(config.dispatch_format, config.hidden);
+    const std::size_t scale_bytes = rocep::format_scale_bytes(config.dispatch_format, config.hidden);
+    std::vector<uint8_t> payloads(std::max<std::size_t>(std::size_t{1} * num_tokens * payload_bytes, 1));
+    std::vector<uint8_t> scales(std::max<std::size_t>(std::size_t{1} * num_tokens * scale_bytes, 1));
+    std::vector<float> values(config.hidden);
+    for (int token = 0; token < num_tokens; ++token) {
+      for (int i = 0; i < config.hidden; ++i) {
+        values[i] = rocep::bf16_to_float(workload.tokens[std::size_t{1} * token * config.hidden + i]);
+      }
+      rocep::reference::quantize_row(config.dispatch_format, config.fp8_encoding, values.data(),
+                                     config.hidden, global_scale, payloads.data() + token * payload_bytes,
+                                     scales.data() + token * scale_bytes);
+    }
+    inputs.tokens = memory.make(payloads);
+    inputs.token_scales = memory.make(scales);
+  }
   if (config.layout == rocep::Layout::kPerToken) {
     // A row per received token; sorted_token_ids and its blocks sized by the expanded row bound.
     const std::size_t token_rows = config.max_recv_tokens(group.world_size());
@@ -545,12 +573,12 @@ struct Step {
 constexpr int kRepeats = 8;
 
 void run_case(benchmark::State& state, const std::string& name, Sequence sequence, rocep::EpConfig config,
-              int num_tokens, bool in_input_buffer) {
+              int num_tokens, TokenInputs token_inputs) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   rocep::EpGroup group(MPI_COMM_WORLD, config);
   const bool on_gpu = group.backend() == rocep::Backend::kGpu;
-  const CaseCalls case_calls(group, num_tokens, in_input_buffer);
+  const CaseCalls case_calls(group, num_tokens, token_inputs);
   const Workload& workload = case_calls.workload;
   const rocep::DispatchInputs& inputs = case_calls.inputs;
   const rocep::DispatchOutputs& outputs = case_calls.outputs;
@@ -667,11 +695,11 @@ inline constexpr int kGraphPairs = 20;
 // events; a pair's time is the graph's over kGraphPairs, the slowest rank's. Without the per-call events of
 // run_case, it is what a server replaying graphs sees of each pair.
 void run_graph_case(benchmark::State& state, const std::string& name, rocep::EpConfig config, int num_tokens,
-                    bool in_input_buffer) {
+                    TokenInputs token_inputs) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
-  const CaseCalls calls(group, num_tokens, in_input_buffer);
+  const CaseCalls calls(group, num_tokens, token_inputs);
   const rocep::Stream stream;
   for (int warm_up = 0; warm_up < 3; ++warm_up) {
     group.dispatch(calls.inputs, calls.outputs, stream.get());
@@ -733,7 +761,7 @@ void run_concurrent_case(benchmark::State& state, const std::string& name, rocep
   rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
   rocep::MpiBootstrap bootstrap(MPI_COMM_WORLD);
   const rocep::testing::SmSplit split = rocep::testing::sm_split(bootstrap, config.num_sms);
-  const CaseCalls calls(group, num_tokens, /*in_input_buffer=*/false);
+  const CaseCalls calls(group, num_tokens, TokenInputs::kCopied);
   const rocep::Stream communication;
   const rocep::Stream compute;
   const std::function<void()> step = [&] {
@@ -917,9 +945,11 @@ int main(int argc, char** argv) {
           format_config.dispatch_format = format;
           format_config.num_sms = options.sms[budget];
           format_config.validate(world);
-          for (const bool input_buffer : options.input_buffer) {
-            if (input_buffer && format != rocep::TokenFormat::kBf16) {
-              continue;
+          for (const TokenInputs token_inputs : options.inputs) {
+            const bool bf16 = format == rocep::TokenFormat::kBf16;
+            if ((token_inputs == TokenInputs::kInputBuffer && !bf16) ||
+                (token_inputs == TokenInputs::kQuantised && bf16)) {
+              continue;  // the input buffer holds bf16 tokens; bf16 has nothing to quantise
             }
             for (const int tokens : options.tokens) {
               rocep::EpConfig case_config = format_config;
@@ -927,7 +957,9 @@ int main(int argc, char** argv) {
               const std::string max_tokens =
                   options.max_tokens > tokens ? "/max_tokens:" + std::to_string(options.max_tokens) : "";
               const std::string name = std::string("/") + rocep::to_string(format) +
-                                       (input_buffer ? "/input_buffer" : "") +
+                                       (token_inputs == TokenInputs::kInputBuffer ? "/input_buffer"
+                                        : token_inputs == TokenInputs::kQuantised ? "/quantised"
+                                                                                  : "") +
                                        "/tokens:" + std::to_string(tokens) + max_tokens + sms;
               for (const Sequence sequence : {Sequence::kFused, Sequence::kSplit}) {
                 if (!(sequence == Sequence::kFused ? options.fused : options.split)) {
@@ -936,7 +968,7 @@ int main(int argc, char** argv) {
                 // A fixed iteration count: every rank must run the same number of collective calls.
                 const std::string case_name = (sequence == Sequence::kFused ? "fused" : "split") + name;
                 benchmark::RegisterBenchmark(case_name.c_str(), run_case, name, sequence, case_config, tokens,
-                                             input_buffer)
+                                             token_inputs)
                     ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
                     ->UseManualTime()
                     ->Unit(benchmark::kMicrosecond);
@@ -944,7 +976,7 @@ int main(int argc, char** argv) {
 #if defined(ROCEP_GPU_BUILD)
               if (options.graph) {
                 benchmark::RegisterBenchmark(("graph" + name).c_str(), run_graph_case, name, case_config,
-                                             tokens, input_buffer)
+                                             tokens, token_inputs)
                     ->Iterations(options.iterations)
                     ->UseManualTime()
                     ->Unit(benchmark::kMicrosecond);

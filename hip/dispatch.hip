@@ -352,11 +352,41 @@ __device__ void quantize_rows(const uint8_t* const* from, uint8_t* const* to, in
   }
 }
 
+// The scales of a run of `count` tokens that arrived quantised, contiguous at `scales` (the caller's rows),
+// into their messages after the payloads (to[i] + payload_bytes), in Units (words where the scales are
+// whole words, else bytes): every thread loads up to kAtOnce units before it stores any, so that a run's
+// scales take one round trip of the memory rather than one per unit.
+template <typename Unit>
+__device__ void copy_run_scales(const uint8_t* scales, uint8_t* const* to, int count, const Shape& shape) {
+  constexpr int kAtOnce = 4;
+  const uint32_t units = shape.scale_bytes / sizeof(Unit);  // a token's
+  const uint32_t total = static_cast<uint32_t>(count) * units;
+  const auto* from = reinterpret_cast<const Unit*>(scales);
+  for (uint32_t first = threadIdx.x; first < total; first += kAtOnce * blockDim.x) {
+    Unit staged[kAtOnce];
+#pragma unroll
+    for (int i = 0; i < kAtOnce; ++i) {
+      if (first + i * blockDim.x < total) {
+        staged[i] = from[first + i * blockDim.x];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kAtOnce; ++i) {
+      const uint32_t unit = first + i * blockDim.x;
+      if (unit < total) {
+        const uint32_t token = unit / units;
+        reinterpret_cast<Unit*>(to[token] + shape.payload_bytes)[unit - token * units] = staged[i];
+      }
+    }
+  }
+}
+
 // This rank's tokens [0, num_tokens) into its own region, in runs of tokens_per_run consecutive tokens
-// (run r by block r % gridDim.x): bf16 tokens as they are, with PerTokenTuning::kVectorsInFlight loads in
-// flight per thread, or (`quantize`) bf16 tokens quantised into the group's scaled format,
-// PerTokenTuning::kQuantizedRowsAtOnce rows per batch of loads. Each run is then shared as one range. The
-// per-token send's staging, which a small grid otherwise waits on token by token.
+// (run r by block r % gridDim.x): bf16 tokens, or tokens that arrived quantised with their scales
+// (args.token_scales), as they are, with PerTokenTuning::kVectorsInFlight loads in flight per thread; or
+// (`quantize`) bf16 tokens quantised into the group's scaled format, PerTokenTuning::kQuantizedRowsAtOnce
+// rows per batch of loads. Each run is then shared as one range. The per-token send's staging, which a
+// small grid otherwise waits on token by token.
 __device__ void stage_token_batches(const GroupView& group, const DispatchSendArgs& args, int num_tokens,
                                     bool quantize) {
   const Shape& shape = group.shape;
@@ -380,6 +410,14 @@ __device__ void stage_token_batches(const GroupView& group, const DispatchSendAr
       quantize_rows(from, to, count, shape, global_scale);
     } else {
       copy_rows<PerTokenTuning::kVectorsInFlight>(from, to, count, shape.payload_bytes / kVectorBytes);
+    }
+    if (args.token_scales != nullptr) {
+      const uint8_t* scales = args.token_scales + static_cast<std::size_t>(first) * shape.scale_bytes;
+      if (shape.scale_bytes % 4 == 0 && reinterpret_cast<uintptr_t>(args.token_scales) % 4 == 0) {
+        copy_run_scales<uint32_t>(scales, to, count, shape);
+      } else {
+        copy_run_scales<uint8_t>(scales, to, count, shape);
+      }
     }
     share_tokens(group, args, first, count);
   }
@@ -424,18 +462,16 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
   };
   int first = static_cast<int>(blockIdx.x) * tokens;
   BatchSlot slot = load_batch_slot(shape, args, first, batch_count(first));
-  bool staged_in_batches = false;
-  if constexpr (kPerToken) {
-    const bool quantize = shape.format != Format::kBf16 && args.token_scales == nullptr;
-    if (!args.tokens_in_place && (shape.format == Format::kBf16 || quantize)) {
-      stage_token_batches(group, args, num_tokens, quantize);
-      staged_in_batches = true;
+  if (!args.tokens_in_place) {
+    if constexpr (kPerToken) {
+      stage_token_batches(group, args, num_tokens,
+                          shape.format != Format::kBf16 && args.token_scales == nullptr);
+    } else {
+      for (int staged = static_cast<int>(blockIdx.x); staged < num_tokens; staged += stride) {
+        stage_token(group, args, staged);
+        share_tokens(group, args, staged, 1);
+      }
     }
-  }
-  for (int staged = args.tokens_in_place || staged_in_batches ? num_tokens : static_cast<int>(blockIdx.x);
-       staged < num_tokens; staged += stride) {
-    stage_token(group, args, staged);
-    share_tokens(group, args, staged, 1);
   }
   for (; first < end; first += stride * tokens) {
     const BatchSlot next =
@@ -1219,9 +1255,10 @@ struct ReceivedToken {
 };
 
 // Item `index` of the receive (the sources interleaved: source index % world, token index / world), by the
-// calling group: the token's message copied into its row (payload, then the scales of scaled formats) if
-// it names an expert here. Its rows need only the token masks (token_row); its slots (keep_slots) need the
-// whole layout.
+// calling group: the token's message copied into its row (payload, then, kScaled, the scales of a scaled
+// format) if it names an expert here. Its rows need only the token masks (token_row); its slots
+// (keep_slots) need the whole layout.
+template <bool kScaled>
 __device__ ReceivedToken copy_received_token(const GroupView& group, const DispatchRecvArgs& args,
                                              const RankedRows& layout, const uint32_t* token_bases,
                                              const uint8_t* const* source_regions,
@@ -1248,20 +1285,32 @@ __device__ ReceivedToken copy_received_token(const GroupView& group, const Dispa
   const std::size_t at = static_cast<std::size_t>(received.row);
   const uint8_t* message = source_regions[source] + DispatchRegion::message_offset(shape, token);
   const auto step = static_cast<uint32_t>(groups.row_threads);
-  copy_row_part<PerTokenTuning::kVectorsInFlight>(
-      reinterpret_cast<const Vector16*>(message),
-      reinterpret_cast<Vector16*>(args.recv_tokens + at * shape.payload_bytes), 0,
-      shape.payload_bytes / kVectorBytes, groups.lane, step);
-  // Scales row-major after the payload in the message, and so in their rows: words where they are whole.
-  const uint8_t* from = message + shape.payload_bytes;
+  const uint32_t payload_vectors = shape.payload_bytes / kVectorBytes;
+  auto* payload_row = reinterpret_cast<Vector16*>(args.recv_tokens + at * shape.payload_bytes);
+  const auto* from = reinterpret_cast<const Vector16*>(message);
+  if constexpr (!kScaled) {
+    copy_row_part<PerTokenTuning::kVectorsInFlight>(from, payload_row, 0, payload_vectors, groups.lane, step);
+    return received;
+  }
+  // Scales row-major after the payload in the message, and so in their rows: loaded with the payload where
+  // their rows are whole vectors (every format at a hidden that is a multiple of 512), so that one round
+  // trip of the link brings both; else after it, words where they are whole.
   uint8_t* to = args.recv_scales + at * shape.scale_bytes;
+  if (shape.scale_bytes % kVectorBytes == 0 && reinterpret_cast<uintptr_t>(to) % kVectorBytes == 0) {
+    copy_split_row<PerTokenTuning::kVectorsInFlight>(
+        from, payload_row, reinterpret_cast<Vector16*>(to), payload_vectors, 0,
+        payload_vectors + shape.scale_bytes / kVectorBytes, groups.lane, step);
+    return received;
+  }
+  copy_row_part<PerTokenTuning::kVectorsInFlight>(from, payload_row, 0, payload_vectors, groups.lane, step);
+  const uint8_t* scales = message + shape.payload_bytes;
   if (shape.scale_bytes % 4 == 0) {
     for (uint32_t unit = groups.lane; unit < shape.scale_bytes / 4; unit += step) {
-      reinterpret_cast<uint32_t*>(to)[unit] = reinterpret_cast<const uint32_t*>(from)[unit];
+      reinterpret_cast<uint32_t*>(to)[unit] = reinterpret_cast<const uint32_t*>(scales)[unit];
     }
   } else {
     for (uint32_t unit = groups.lane; unit < shape.scale_bytes; unit += step) {
-      to[unit] = from[unit];
+      to[unit] = scales[unit];
     }
   }
   return received;
@@ -1307,6 +1356,7 @@ __device__ inline void invalidate_per_token(const Shape& shape, const DispatchRe
 // the layout (rank_chunks, finish_layout) and keeps its slots after, so that the barrier's wait passes
 // under the copy. The padding of sorted_token_ids comes with the layout's offsets, and block_expert_ids
 // with the pairs (keep_slot).
+template <bool kScaled>
 __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
                                   RowLayout* layout) {
   const Shape& shape = group.shape;
@@ -1332,9 +1382,9 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
   const int items = shape.world * ranked.tokens;
   const int stride = static_cast<int>(gridDim.x) * groups.block_groups;
   int index = static_cast<int>(blockIdx.x) * groups.block_groups + groups.group;
-  const ReceivedToken first =
-      index < items ? copy_received_token(group, args, ranked, token_bases, source_regions, groups, index)
-                    : ReceivedToken{-1, 0, -1, -1, 0.0f};
+  const ReceivedToken first = index < items ? copy_received_token<kScaled>(group, args, ranked, token_bases,
+                                                                           source_regions, groups, index)
+                                            : ReceivedToken{-1, 0, -1, -1, 0.0f};
   if (!finish_layout<PerTokenTuning::kDispatchThreads>(group, args, layout, ranked, generation, true)) {
     invalidate_per_token(shape, args);
     return;
@@ -1342,13 +1392,24 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
   keep_slots(group, args, ranked, groups, first);
   for (index += stride; index < items; index += stride) {
     keep_slots(group, args, ranked, groups,
-               copy_received_token(group, args, ranked, token_bases, source_regions, groups, index));
+               copy_received_token<kScaled>(group, args, ranked, token_bases, source_regions, groups, index));
   }
 }
 
+template <bool kScaled>
 __device__ void receive_per_token_kernel(const GroupView& group, const DispatchRecvArgs& args) {
   __shared__ RowLayout layout;
-  receive_per_token(group, args, group.block_calls[blockIdx.x].dispatches + 1, &layout);
+  receive_per_token<kScaled>(group, args, group.block_calls[blockIdx.x].dispatches + 1, &layout);
+}
+
+template <bool kScaled>
+__device__ void dispatch_per_token_kernel(const GroupView& group, const DispatchSendArgs& send_args,
+                                          const DispatchRecvArgs& recv_args) {
+  const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
+  __shared__ RowLayout layout;
+  send_tokens<true>(group, send_args, layout.masks);
+  __syncthreads();  // the send's scratch is the receive's masks
+  receive_per_token<kScaled>(group, recv_args, sequence, &layout);
 }
 
 template <bool kScalesLater>
@@ -1428,17 +1489,26 @@ extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
     ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token)(GroupView group, DispatchRecvArgs args) {
-  receive_per_token_kernel(group, args);
+  receive_per_token_kernel<false>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
     ROCEP_EP_KERNEL(rocep_dispatch_per_token)(GroupView group, DispatchSendArgs send_args,
                                               DispatchRecvArgs recv_args) {
-  const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
-  __shared__ RowLayout layout;
-  send_tokens<true>(group, send_args, layout.masks);
-  __syncthreads();  // the send's scratch is the receive's masks
-  receive_per_token(group, recv_args, sequence, &layout);
+  dispatch_per_token_kernel<false>(group, send_args, recv_args);
+}
+
+// The same for scaled formats: separate kernels, so that the copy of the scales with the payloads adds
+// nothing to the bf16 kernels' registers (in the same kernels, the bf16 receive spilled).
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
+    ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token_scaled)(GroupView group, DispatchRecvArgs args) {
+  receive_per_token_kernel<true>(group, args);
+}
+
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
+    ROCEP_EP_KERNEL(rocep_dispatch_per_token_scaled)(GroupView group, DispatchSendArgs send_args,
+                                                     DispatchRecvArgs recv_args) {
+  dispatch_per_token_kernel<true>(group, send_args, recv_args);
 }
 
 // The same for receives that scales_laid_out_later: separate kernels, so that the pass leaves the others'
@@ -1469,7 +1539,9 @@ hipError_t EpKernels<kCompiledTransport>::load_dispatch_kernels(bool per_token, 
   const std::initializer_list<const void*> by_token = {
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_send_per_token)),
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token)),
-      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token))};
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token_scaled)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token_scaled))};
   int unused = 1 << 30;  // the other layout's kernels are loaded too, but their residency is not the group's
   constexpr int kPerTokenThreads = PerTokenTuning::kDispatchThreads;
   hipError_t status = per_token ? load_kernels(by_token, resident_blocks, kPerTokenThreads)
@@ -1513,8 +1585,10 @@ hipError_t EpKernels<kCompiledTransport>::launch_dispatch_recv(const GroupView& 
                                                                const DispatchRecvArgs& args,
                                                                const LaunchGrid& grid, hipStream_t stream) {
   if (group.shape.per_token != 0) {
-    return launch_kernel<PerTokenTuning::kDispatchThreads>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token),
-                                                           grid, Residency::kWholeGrid, stream, group, args);
+    return launch_kernel<PerTokenTuning::kDispatchThreads>(
+        group.shape.scale_bytes != 0 ? &ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token_scaled)
+                                     : &ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token),
+        grid, Residency::kWholeGrid, stream, group, args);
   }
   const hipError_t status =
       launch_kernel(scales_laid_out_later(group.shape) ? &ROCEP_EP_KERNEL(rocep_dispatch_recv_scale_runs)
@@ -1529,9 +1603,10 @@ hipError_t EpKernels<kCompiledTransport>::launch_dispatch(const GroupView& group
                                                           const DispatchRecvArgs& recv_args,
                                                           const LaunchGrid& grid, hipStream_t stream) {
   if (group.shape.per_token != 0) {
-    return launch_kernel<PerTokenTuning::kDispatchThreads>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token), grid,
-                                                           Residency::kWholeGrid, stream, group, send_args,
-                                                           recv_args);
+    return launch_kernel<PerTokenTuning::kDispatchThreads>(
+        group.shape.scale_bytes != 0 ? &ROCEP_EP_KERNEL(rocep_dispatch_per_token_scaled)
+                                     : &ROCEP_EP_KERNEL(rocep_dispatch_per_token),
+        grid, Residency::kWholeGrid, stream, group, send_args, recv_args);
   }
   const hipError_t status =
       launch_kernel(scales_laid_out_later(group.shape) ? &ROCEP_EP_KERNEL(rocep_dispatch_scale_runs)

@@ -110,11 +110,16 @@ __device__ inline int row_copy_threads(uint32_t vectors) {
   return min((wanted + kWaveSize - 1) / kWaveSize * kWaveSize, static_cast<int>(blockDim.x));
 }
 
-// Vectors [first, end) of a row, `step` apart per thread from the thread's `lane`, each thread loading
-// kInFlight vectors before it stores any of them.
+// Vectors [first, end) of a row whose vectors below `split` go to `head` and the others to `tail` from
+// `split` on (a message's payload and scales, stored into two rows), `step` apart per thread from the
+// thread's `lane`, each thread loading its kInFlight vectors of both parts before it stores any: where the
+// row fits the threads' loads, one round trip of the memory (or the link) copies both parts.
 template <int kInFlight>
-__device__ inline void copy_row_part(const Vector16* source, Vector16* destination, uint32_t first,
-                                     uint32_t end, uint32_t lane, uint32_t step) {
+__device__ inline void copy_split_row(const Vector16* source, Vector16* head, Vector16* tail, uint32_t split,
+                                      uint32_t first, uint32_t end, uint32_t lane, uint32_t step) {
+  // Vector `index` past the split lies `beyond` bytes further from head + index than it would in head.
+  const auto beyond =
+      static_cast<uintptr_t>(reinterpret_cast<uintptr_t>(tail) - reinterpret_cast<uintptr_t>(head + split));
   for (uint32_t at = first + lane; at < end; at += kInFlight * step) {
     Vector16 staged[kInFlight];
 #pragma unroll
@@ -125,11 +130,21 @@ __device__ inline void copy_row_part(const Vector16* source, Vector16* destinati
     }
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
-      if (at + i * step < end) {
-        destination[at + i * step] = staged[i];
+      const uint32_t index = at + i * step;
+      if (index < end) {
+        *reinterpret_cast<Vector16*>(reinterpret_cast<uintptr_t>(head + index) +
+                                     (index < split ? 0 : beyond)) = staged[i];
       }
     }
   }
+}
+
+// Vectors [first, end) of a row, `step` apart per thread from the thread's `lane`, each thread loading
+// kInFlight vectors before it stores any of them.
+template <int kInFlight>
+__device__ inline void copy_row_part(const Vector16* source, Vector16* destination, uint32_t first,
+                                     uint32_t end, uint32_t lane, uint32_t step) {
+  copy_split_row<kInFlight>(source, destination, destination, end, first, end, lane, step);
 }
 
 // Copies `count` rows of `vectors` 16-byte vectors each, from[i] to to[i] (shared memory), with every

@@ -558,6 +558,33 @@ TEST_F(GpuPerToken, TokensInTheDispatchInputBufferMatchTheReference) {
   }
 }
 
+// Tokens that arrive already quantised (payloads and scales copied by the send, a run of tokens at a time)
+// give the reference's outputs over calls of one group whose counts and data change, fused and split,
+// alternating with calls quantised in dispatch, so that staged payloads or scales left by an earlier call
+// show; at the decode shape in fp8 block-128, and at a hidden whose scales are not a whole number of 16-byte
+// vectors (2176: 68 bytes a token) in fp8 block-128 and mxfp4.
+TEST_F(GpuPerToken, AlreadyQuantisedTokensAcrossCallsMatchTheReference) {
+  const int world = world_size();
+  const int rank = world_rank();
+  for (const EpConfig& config :
+       {per_token(make_config(7168, 8, 256 / world, 256, 16), rocep::TokenFormat::kFp8Block128),
+        per_token(make_config(2176, 8, 64 / world, 320, 8), rocep::TokenFormat::kFp8Block128),
+        per_token(make_config(2176, 4, 32 / world, 320, 8), rocep::TokenFormat::kMxfp4)}) {
+    Groups groups(config);
+    const uint64_t seed = shared_seed();
+    SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
+    const std::vector<int> counts{config.max_tokens_per_rank, 1, rank % 2 == 0 ? 200 : 33, 0, 129, 129, 64};
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      const bool split = i % 2 == 1;
+      const bool pass_through = i % 3 != 2;
+      SCOPED_TRACE("call " + std::to_string(i) + (split ? ", split" : ", fused") +
+                   (pass_through ? ", already quantised" : ", quantised in dispatch"));
+      check_call_on(groups, config, make_call(config, Routing::kUniform, seed + i, counts[i], pass_through),
+                    split, nullptr);
+    }
+  }
+}
+
 // Expert rows written into the combine input buffer (within one node: loaded by the peers from there;
 // across nodes: the staging rows, put from without a copy) give the reference's outputs, over calls of one
 // group whose counts and data change (chunked and not, fused and split), with every rank's rows in the
