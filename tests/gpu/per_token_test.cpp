@@ -369,22 +369,28 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
   rocep::testing::expect_strided_rows_match(out, combined, tokens, config.hidden, stride);
 }
 
+// Where one call of check_calls_on takes its inputs from.
+struct CallInputs {
+  ExpertRows rows = ExpertRows::kOwnMemory;  // this rank's expert rows
+  bool tokens_in_buffer = false;             // bf16: the tokens in the dispatch input buffer
+  bool pass_through = false;                 // scaled formats: the tokens already quantised
+};
+
 // Calls of counts[i] tokens of fresh inputs (seed + i) on one group, uniformly routed, every second one
-// split, checked as check_call_on does. `rows_of(call)`: where this rank's expert rows are for each;
-// `tokens_in_buffer_of(call)`: whether its tokens are in the dispatch input buffer.
+// split, checked as check_call_on does; `inputs_of(call)`: where each takes its inputs from.
 void check_calls_on(
     Groups& groups, const EpConfig& config, uint64_t seed, const std::vector<int>& counts,
-    const std::function<ExpertRows(int)>& rows_of = [](int) { return ExpertRows::kOwnMemory; },
-    const std::function<bool(int)>& tokens_in_buffer_of = [](int) { return false; }) {
+    const std::function<CallInputs(int)>& inputs_of = [](int) { return CallInputs{}; }) {
   for (std::size_t i = 0; i < counts.size(); ++i) {
     const bool split = i % 2 == 1;
-    const ExpertRows rows = rows_of(static_cast<int>(i));
-    const bool tokens_in_buffer = tokens_in_buffer_of(static_cast<int>(i));
+    const CallInputs inputs = inputs_of(static_cast<int>(i));
     SCOPED_TRACE("call " + std::to_string(i) + (split ? ", split" : ", fused") +
-                 (rows == ExpertRows::kInBuffer ? ", rows in the combine input buffer" : "") +
-                 (tokens_in_buffer ? ", tokens in the dispatch input buffer" : ""));
-    check_call_on(groups, config, make_call(config, Routing::kUniform, seed + i, counts[i]), split, nullptr,
-                  false, rows, tokens_in_buffer);
+                 (inputs.rows == ExpertRows::kInBuffer ? ", rows in the combine input buffer" : "") +
+                 (inputs.tokens_in_buffer ? ", tokens in the dispatch input buffer" : "") +
+                 (inputs.pass_through ? ", already quantised" : ""));
+    check_call_on(groups, config,
+                  make_call(config, Routing::kUniform, seed + i, counts[i], inputs.pass_through), split,
+                  nullptr, false, inputs.rows, inputs.tokens_in_buffer);
   }
 }
 
@@ -551,10 +557,12 @@ TEST_F(GpuPerToken, TokensInTheDispatchInputBufferMatchTheReference) {
     Groups groups(config);
     const uint64_t seed = shared_seed();
     SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
-    check_calls_on(
-        groups, config, seed, {128, 128, 256, 257, rank % 2 == 0 ? 200 : 60, 3, 512, 96, 96, 0, 50},
-        [](int) { return ExpertRows::kOwnMemory; },
-        [rank](int call) { return call != 5 && (call < 8 || (call + rank) % 2 == 0); });
+    check_calls_on(groups, config, seed,
+                   {128, 128, 256, 257, rank % 2 == 0 ? 200 : 60, 3, 512, 96, 96, 0, 50}, [rank](int call) {
+                     CallInputs inputs;
+                     inputs.tokens_in_buffer = call != 5 && (call < 8 || (call + rank) % 2 == 0);
+                     return inputs;
+                   });
   }
 }
 
@@ -573,15 +581,12 @@ TEST_F(GpuPerToken, AlreadyQuantisedTokensAcrossCallsMatchTheReference) {
     Groups groups(config);
     const uint64_t seed = shared_seed();
     SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
-    const std::vector<int> counts{config.max_tokens_per_rank, 1, rank % 2 == 0 ? 200 : 33, 0, 129, 129, 64};
-    for (std::size_t i = 0; i < counts.size(); ++i) {
-      const bool split = i % 2 == 1;
-      const bool pass_through = i % 3 != 2;
-      SCOPED_TRACE("call " + std::to_string(i) + (split ? ", split" : ", fused") +
-                   (pass_through ? ", already quantised" : ", quantised in dispatch"));
-      check_call_on(groups, config, make_call(config, Routing::kUniform, seed + i, counts[i], pass_through),
-                    split, nullptr);
-    }
+    check_calls_on(groups, config, seed,
+                   {config.max_tokens_per_rank, 1, rank % 2 == 0 ? 200 : 33, 0, 129, 129, 64}, [](int call) {
+                     CallInputs inputs;
+                     inputs.pass_through = call % 3 != 2;
+                     return inputs;
+                   });
   }
 }
 
@@ -601,9 +606,11 @@ TEST_F(GpuPerToken, RowsInTheCombineInputBufferMatchTheReference) {
   // signal may then skip what the peers already hold), then calls 9 and 10 alternating by rank.
   check_calls_on(groups, config, seed, {1536, rank % 2 == 0 ? 1100 : 700, 3, 1300, 1200, 5, 1536, 6, 9, 4, 7},
                  [rank](int call) {
-                   return call == 0 || call == 3 || call == 7 || call == 8 || (call + rank) % 2 == 0
-                              ? ExpertRows::kInBuffer
-                              : ExpertRows::kBesideTheBuffer;
+                   CallInputs inputs;
+                   inputs.rows = call == 0 || call == 3 || call == 7 || call == 8 || (call + rank) % 2 == 0
+                                     ? ExpertRows::kInBuffer
+                                     : ExpertRows::kBesideTheBuffer;
+                   return inputs;
                  });
   rocep::testing::dispatch_on(groups.group, groups.device.inputs(false), groups.outputs.view(groups.sizes),
                               false, groups.stream.get());
