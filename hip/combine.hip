@@ -637,8 +637,9 @@ __device__ bool send_rows_per_token(const GroupView& group, const rocep::device:
     const int other = unit % others;
     const int source = other + (other >= shape.rank ? 1 : 0);
     const int tokens = group.signals->tokens_from[source];
-    return Unit{source, tokens,
-                chunked_combine(shape, tokens) ? unit / others * combine_chunk_tokens(tokens) : tokens};
+    return Unit{
+        source, tokens,
+        chunked_combine(shape, tokens) ? unit / others * combine_chunk_tokens(shape, tokens) : tokens};
   };
   const auto flag = [&](int unit, int source) {
     group.peers.flag_store(PeerRegion::kCombine, source,
@@ -658,7 +659,7 @@ __device__ bool send_rows_per_token(const GroupView& group, const rocep::device:
     if (at.first >= at.tokens) {
       continue;  // the same in every thread
     }
-    send_tokens_of(at.source, at.first, combine_chunk_tokens(at.tokens), at.tokens);
+    send_tokens_of(at.source, at.first, combine_chunk_tokens(shape, at.tokens), at.tokens);
     __syncthreads();  // every thread's rows before the flag
     if (threadIdx.x == 0) {
       flag(unit, at.source);

@@ -363,7 +363,7 @@ __device__ void receive_rows_per_token(const GroupView& group, const rocep::devi
   constexpr int kListEntries = PerTokenTuning::kBatchTokens * (kMaxWorld + 1);
   const int vectors = shape.hidden / kLanes;
   const int tokens = group.state->sent_tokens;
-  const int chunk_tokens = combine_chunk_tokens(tokens);
+  const int chunk_tokens = combine_chunk_tokens(shape, tokens);
   const int lists = shape.world + 1;
   const int pass_tokens = kListEntries / lists;  // at least kBatchTokens, and a chunk
   __shared__ const Vector16* inputs[kListEntries];

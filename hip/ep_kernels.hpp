@@ -112,8 +112,11 @@ struct DispatchRecvArgs {
 // measured no faster: docs/performance.md). Where every rank's grid has kCombineSplitBlocks blocks or more, a
 // fused combine of a chunked call (chunked_combine) splits them: kCombineSenderPercent of them send and the
 // rest receive (hip/combine.hip), kCombineSenderPercentOverShmem where the group has SHMEM peers (whose puts
-// take the senders' multiprocessors over NVLink). One set for every architecture until one is measured to
-// want another (docs/performance.md, per-token layout).
+// take the senders' multiprocessors over NVLink); its chunks hold up to kCombineChunkTokens tokens, or
+// kFineCombineChunkTokens where every rank's grid has kFineCombineChunkBlocks blocks or more: the last
+// chunk's sums, after the last flag, are then shorter, while the extra waits and lists are shared by many
+// receivers (combine_chunk_tokens). One set for every architecture until one is measured to want another
+// (docs/performance.md, per-token layout).
 struct PerTokenTuning {
   static constexpr int kDispatchThreads = 512;
   static constexpr int kBatchTokens = 32;
@@ -129,7 +132,18 @@ struct PerTokenTuning {
   static constexpr int kCombineSplitBlocks = 16;
   static constexpr int kCombineSenderPercent = 42;
   static constexpr int kCombineSenderPercentOverShmem = 60;
+  static constexpr int kCombineChunkTokens = 32;
+  static constexpr int kFineCombineChunkTokens = 16;
+  static constexpr int kFineCombineChunkBlocks = 48;
+  // The most tokens of a chunked combine's chunk (Shape::combine_chunk_tokens) in a group whose smallest
+  // grid has `blocks` blocks.
+  static constexpr int combine_chunk_tokens(int blocks) {
+    return blocks >= kFineCombineChunkBlocks ? kFineCombineChunkTokens : kCombineChunkTokens;
+  }
 };
+static_assert(PerTokenTuning::kCombineChunkTokens <= kMaxCombineChunkTokens &&
+                  PerTokenTuning::kFineCombineChunkTokens <= kMaxCombineChunkTokens,
+              "a chunk holds at most kMaxCombineChunkTokens tokens");
 
 // The consecutive tokens a block takes at a time where `blocks` blocks share `tokens`: up to
 // PerTokenTuning::kBatchTokens, fewer when the tokens are few, so that every block gets some.

@@ -65,6 +65,9 @@ struct Shape {
   // 1: every rank's grid is large enough to split a fused per-token combine into senders and receivers
   // (PerTokenTuning::kCombineSplitBlocks), so chunked_combine calls are chunked
   int32_t split_combine;
+  // The most tokens of a chunk of a chunked combine (combine_chunk_tokens), agreed at creation from the
+  // group's smallest grid (PerTokenTuning::combine_chunk_tokens); at least 1, at most kMaxCombineChunkTokens
+  int32_t combine_chunk_tokens;
   // 1: the per-token combine's rows cross ranks as fp8 block-128 messages (EpConfig::combine_dtype): the
   // payload, then a float32 scale per 128 elements, in the rows of the combine region
   int32_t combine_fp8;
@@ -170,15 +173,16 @@ struct ReceivedScales {
   ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) { return offset(shape, shape.world, 0); }
 };
 
-// The per-token combine cuts a chunked call's T tokens into chunks of combine_chunk_tokens(T) (at most
-// kMaxCombineChunkTokens) tokens, at least kCombineChunks of them when T allows: rank r's rows of chunk c are
-// flagged to the chunk's owner on their own, so that its receive sums chunk c while later chunks still
-// cross. Both ends derive the chunking from T alone (the count the owner dispatched).
+// The per-token combine cuts a chunked call's T tokens into chunks of combine_chunk_tokens(shape, T) (at
+// most Shape::combine_chunk_tokens) tokens, at least kCombineChunks of them when T allows: rank r's rows of
+// chunk c are flagged to the chunk's owner on their own, so that its receive sums chunk c while later
+// chunks still cross. Both ends derive the chunking from the group's Shape and T alone (the count the owner
+// dispatched).
 inline constexpr int kCombineChunks = 32;
-inline constexpr int kMaxCombineChunkTokens = 32;
-ROCEP_HOST_DEVICE inline int combine_chunk_tokens(int tokens) {
+inline constexpr int kMaxCombineChunkTokens = 32;  // the most Shape::combine_chunk_tokens may be
+ROCEP_HOST_DEVICE inline int combine_chunk_tokens(const Shape& shape, int tokens) {
   const int spread = (tokens + kCombineChunks - 1) / kCombineChunks;
-  return spread < 1 ? 1 : (spread > kMaxCombineChunkTokens ? kMaxCombineChunkTokens : spread);
+  return spread < 1 ? 1 : (spread > shape.combine_chunk_tokens ? shape.combine_chunk_tokens : spread);
 }
 // Whether a call of T tokens is chunked: only where every rank's receive can overlap the sends (the group's
 // split_combine), and not for smaller calls (decode), sent in one piece per grid and released by its
@@ -189,7 +193,7 @@ ROCEP_HOST_DEVICE inline bool chunked_combine(const Shape& shape, int tokens) {
 }
 // The most chunks of any call of the group (T <= max_tokens).
 ROCEP_HOST_DEVICE inline int max_combine_chunks(const Shape& shape) {
-  const int large = (shape.max_tokens + kMaxCombineChunkTokens - 1) / kMaxCombineChunkTokens;
+  const int large = (shape.max_tokens + shape.combine_chunk_tokens - 1) / shape.combine_chunk_tokens;
   return large > kCombineChunks ? large : kCombineChunks;
 }
 

@@ -140,10 +140,13 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
   const int32_t blocks = grid_.blocks;
   std::vector<int32_t> grids(static_cast<std::size_t>(world.size()));
   world.all_gather(&blocks, grids.data(), sizeof(blocks));
-  const bool grids_split =
-      *std::min_element(grids.begin(), grids.end()) >= device::PerTokenTuning::kCombineSplitBlocks;
+  const int32_t smallest_grid = *std::min_element(grids.begin(), grids.end());
   // Local-only: no rows cross, so a fused combine's blocks all receive.
-  shape.split_combine = grids_split && !config.local_only && shape.node_sums == 0 ? 1 : 0;
+  shape.split_combine = smallest_grid >= device::PerTokenTuning::kCombineSplitBlocks && !config.local_only &&
+                                shape.node_sums == 0
+                            ? 1
+                            : 0;
+  shape.combine_chunk_tokens = device::PerTokenTuning::combine_chunk_tokens(smallest_grid);
 
   const std::size_t dispatch_bytes = device::DispatchRegion::bytes(shape);
   const std::size_t combine_bytes = device::CombineRegion::bytes(shape);

@@ -291,6 +291,7 @@ TEST(CombineRegionTest, PulledRowsAndInputRowsFollowTheChunkFlagsAligned) {
         shape.hidden = hidden;
         shape.top_k = 8;
         shape.per_token = 1;
+        shape.combine_chunk_tokens = rocep::device::kMaxCombineChunkTokens;
         const std::size_t flags_end =
             CombineRegion::chunk_flag_offset(shape, rocep::device::max_combine_chunks(shape), 0);
         EXPECT_EQ(CombineRegion::bytes(shape), flags_end);

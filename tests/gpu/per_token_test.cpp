@@ -522,12 +522,15 @@ TEST_F(GpuPerToken, CombineEpilogueMatchesTheReference) {
 // and a fused one splits its blocks into senders and receivers (hip/combine.hip): one group over calls that
 // cross that count both ways (ranks on either side of it in one call), with new data each time, fused and
 // split, with and without an epilogue; at the default budget, on 8 multiprocessors (no chunks), and with
-// the rows crossing in fp8.
+// the rows crossing in fp8; and on the whole share, whose grid, where it has
+// PerTokenTuning::kFineCombineChunkBlocks blocks or more, cuts smaller chunks (Shape::combine_chunk_tokens).
 TEST_F(GpuPerToken, ChunkedCombinesMatchTheReference) {
   for (const auto& [sms, combine_dtype] :
        {std::pair{EpConfig::kDefaultSms, rocep::CombineDtype::kBf16},
         std::pair{8, rocep::CombineDtype::kBf16},
-        std::pair{EpConfig::kDefaultSms, rocep::CombineDtype::kFp8Block128}}) {
+        std::pair{EpConfig::kDefaultSms, rocep::CombineDtype::kFp8Block128},
+        std::pair{EpConfig::kAllSms, rocep::CombineDtype::kBf16},
+        std::pair{EpConfig::kAllSms, rocep::CombineDtype::kFp8Block128}}) {
     EpConfig config = per_token(make_config(2048, 8, 64 / world_size(), 1536, 16, sms));
     config.combine_dtype = combine_dtype;
     Groups groups(config);
