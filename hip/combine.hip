@@ -550,10 +550,15 @@ __device__ bool send_rows_per_token(const GroupView& group, const rocep::device:
   fp8_rows.format = Format::kFp8Block128;
   fp8_rows.payload_bytes = static_cast<uint32_t>(shape.hidden);
   const std::size_t sent_bytes = kFp8 ? fp8_combine_message_bytes(shape) : row_bytes;
+  const bool gather_scales = static_cast<int>(gridDim.x) >= PerTokenTuning::kGatheredScalesBlocks;
   const auto copy_listed = [&](int source, int first) {
     if constexpr (kFp8) {
-      quantize_rows_to_messages<Format::kFp8Block128, PerTokenTuning::kQuantizedRowsAtOnce>(from, to, count,
-                                                                                            fp8_rows, 1.0f);
+      constexpr int kRows = PerTokenTuning::kQuantizedRowsAtOnce;
+      if (gather_scales) {
+        quantize_rows_to_messages<Format::kFp8Block128, kRows, true>(from, to, count, fp8_rows, 1.0f);
+      } else {
+        quantize_rows_to_messages<Format::kFp8Block128, kRows>(from, to, count, fp8_rows, 1.0f);
+      }
     } else if (count > 0 && from[0] != to[0]) {  // the same in every row: staged by the caller already
       copy_rows<PerTokenTuning::kCombineVectorsInFlight>(from, to, count,
                                                          static_cast<uint32_t>(row_bytes / kVectorBytes));

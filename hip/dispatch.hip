@@ -86,16 +86,20 @@ __device__ void store_token(uint8_t* message, const uint8_t* row, const uint8_t*
   if (quantize) {
     switch (shape.format) {
       case Format::kFp8Block128:
-        quantize_to_message<Format::kFp8Block128>(message, row, shape, global_scale, head.vector[0]);
+        quantize_to_message<Format::kFp8Block128>(message, row, shape, global_scale, head.vector[0],
+                                                  message + shape.payload_bytes);
         break;
       case Format::kMxfp8:
-        quantize_to_message<Format::kMxfp8>(message, row, shape, global_scale, head.vector[0]);
+        quantize_to_message<Format::kMxfp8>(message, row, shape, global_scale, head.vector[0],
+                                            message + shape.payload_bytes);
         break;
       case Format::kMxfp4:
-        quantize_to_message<Format::kMxfp4>(message, row, shape, global_scale, head.vector[0]);
+        quantize_to_message<Format::kMxfp4>(message, row, shape, global_scale, head.vector[0],
+                                            message + shape.payload_bytes);
         break;
       default:
-        quantize_to_message<Format::kNvfp4>(message, row, shape, global_scale, head.vector[0]);
+        quantize_to_message<Format::kNvfp4>(message, row, shape, global_scale, head.vector[0],
+                                            message + shape.payload_bytes);
     }
     return;
   }

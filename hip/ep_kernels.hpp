@@ -135,6 +135,10 @@ struct PerTokenTuning {
   static constexpr int kCombineChunkTokens = 32;
   static constexpr int kFineCombineChunkTokens = 16;
   static constexpr int kFineCombineChunkBlocks = 48;
+  // Grids of this many blocks or more send fp8 combine messages with their scales gathered into whole
+  // vectors (quantize_rows_to_messages): there the link bounds the send, on smaller grids the quantisation,
+  // which the gathering's barriers slow (docs/performance.md).
+  static constexpr int kGatheredScalesBlocks = 128;
   // The most tokens of a chunked combine's chunk (Shape::combine_chunk_tokens) in a group whose smallest
   // grid has `blocks` blocks.
   static constexpr int combine_chunk_tokens(int blocks) {
