@@ -482,14 +482,20 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
 // --- the per-token layout -------------------------------------------------------------------------------
 
 // The blocks of a fused per-token combine of a chunked call that send, the others receiving: PerTokenTuning's
-// share of the grid (of kCombineSplitBlocks or more), the larger one where the group has SHMEM peers, whose
-// puts take their senders' multiprocessors where the link is NVLink (docs/scale-out.md). The links fill
-// from a few multiprocessors; the receive's sums, bound by each multiprocessor's instructions, take the
-// rest.
-__device__ inline int combine_senders(const GroupView& group, int blocks) {
-  const bool puts = kCompiledTransport == Transport::kShmem && group.peers.shmem_peers != 0;
+// share of the grid (of kCombineSplitBlocks or more); where the group has SHMEM peers, whose puts take their
+// senders' multiprocessors where the link is NVLink (docs/scale-out.md), a larger one, larger still where
+// the senders stage the rows before they put them than where the caller wrote them into the staging rows
+// (the combine input buffer). The links fill from a few multiprocessors; the receive's sums, bound by each
+// multiprocessor's instructions, take the rest.
+__device__ inline int combine_senders(const GroupView& group, const rocep::device::CombineArgs& args,
+                                      int blocks) {
+  if (kCompiledTransport != Transport::kShmem || group.peers.shmem_peers == 0) {
+    return blocks * PerTokenTuning::kCombineSenderPercent / 100;
+  }
+  const bool staged = reinterpret_cast<const uint8_t*>(args.expert_outputs) == group.peers.combine_staging;
   return blocks *
-         (puts ? PerTokenTuning::kCombineSenderPercentOverShmem : PerTokenTuning::kCombineSenderPercent) /
+         (staged ? PerTokenTuning::kCombineSenderPercentOverShmemStaged
+                 : PerTokenTuning::kCombineSenderPercentOverShmem) /
          100;
 }
 
@@ -819,7 +825,7 @@ __device__ void combine_kernel_per_token(const GroupView& group, const rocep::de
   const uint64_t sequence = group.block_calls[block].combines + 1;
   const bool chunked = chunked_combine(group.shape, group.state->sent_tokens);
   const bool split_roles = chunked && (kFp8 || !rows_pulled(group, args));
-  const int senders = split_roles ? combine_senders(group, blocks) : blocks;
+  const int senders = split_roles ? combine_senders(group, args, blocks) : blocks;
   bool words_held = false;
   if (block < senders) {
     words_held = send_rows_per_token<kFp8>(group, args, sequence, block, senders);

@@ -112,10 +112,11 @@ struct DispatchRecvArgs {
 // measured no faster: docs/performance.md). Where every rank's grid has kCombineSplitBlocks blocks or more, a
 // fused combine of a chunked call (chunked_combine) splits them: kCombineSenderPercent of them send and the
 // rest receive (hip/combine.hip), kCombineSenderPercentOverShmem where the group has SHMEM peers (whose puts
-// take the senders' multiprocessors over NVLink); its chunks hold up to kCombineChunkTokens tokens, or
-// kFineCombineChunkTokens where every rank's grid has kFineCombineChunkBlocks blocks or more: the last
-// chunk's sums, after the last flag, are then shorter, while the extra waits and lists are shared by many
-// receivers (combine_chunk_tokens). One set for every architecture until one is measured to want another
+// take the senders' multiprocessors over NVLink; kCombineSenderPercentOverShmemStaged where the caller wrote
+// its rows into the staging rows, so that the senders only put); its chunks hold up to kCombineChunkTokens
+// tokens, or kFineCombineChunkTokens where every rank's grid has kFineCombineChunkBlocks blocks or more: the
+// last chunk's sums, after the last flag, are then shorter, while the extra waits and lists are shared by
+// many receivers (combine_chunk_tokens). One set for every architecture until one is measured to want another
 // (docs/performance.md, per-token layout).
 struct PerTokenTuning {
   static constexpr int kDispatchThreads = 512;
@@ -132,6 +133,7 @@ struct PerTokenTuning {
   static constexpr int kCombineSplitBlocks = 16;
   static constexpr int kCombineSenderPercent = 42;
   static constexpr int kCombineSenderPercentOverShmem = 60;
+  static constexpr int kCombineSenderPercentOverShmemStaged = 48;  // the caller's rows already staged
   static constexpr int kCombineChunkTokens = 32;
   static constexpr int kFineCombineChunkTokens = 16;
   static constexpr int kFineCombineChunkBlocks = 48;

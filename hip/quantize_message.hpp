@@ -84,8 +84,8 @@ __device__ inline void quantize_rows_to_messages(const uint8_t* const* from, uin
   static_assert(!kGatherScales || format == Format::kFp8Block128, "gathered scales are whole words");
   const uint32_t vectors = static_cast<uint32_t>(shape.hidden) / kElementsPerThread;
   const bool has_vector = threadIdx.x < vectors;
-  __shared__ alignas(kVectorBytes)
-      uint8_t gathered[kGatherScales ? kRowsAtOnce : 1][kGatherScales ? kGatheredScaleBytes : 4];
+  __shared__ Vector16
+      gathered[kGatherScales ? kRowsAtOnce : 1][kGatherScales ? kGatheredScaleBytes / kVectorBytes : 1];
   const uint32_t row_scale_bytes =
       static_cast<uint32_t>(shape.hidden / block_elements(format) * scale_bytes(format));
   const bool gather =
@@ -110,8 +110,9 @@ __device__ inline void quantize_rows_to_messages(const uint8_t* const* from, uin
 #pragma unroll
     for (int j = 0; j < kRowsAtOnce; ++j) {
       if (base + j < count) {
-        quantize_to_message<format>(to[base + j], from[base + j], shape, global_scale, first[j],
-                                    gather ? gathered[j] : to[base + j] + shape.payload_bytes);
+        quantize_to_message<format>(
+            to[base + j], from[base + j], shape, global_scale, first[j],
+            gather ? reinterpret_cast<uint8_t*>(gathered[j]) : to[base + j] + shape.payload_bytes);
       }
     }
     if (!gather) {
@@ -122,8 +123,9 @@ __device__ inline void quantize_rows_to_messages(const uint8_t* const* from, uin
     const uint32_t row_vectors = (row_scale_bytes + kVectorBytes - 1) / kVectorBytes;
     for (uint32_t i = threadIdx.x; i < static_cast<uint32_t>(rows) * row_vectors; i += blockDim.x) {
       const uint32_t j = i / row_vectors;
-      const uint32_t at = (i - j * row_vectors) * kVectorBytes;
-      const Vector16 value = *reinterpret_cast<const Vector16*>(&gathered[j][at]);
+      const uint32_t vector = i - j * row_vectors;
+      const uint32_t at = vector * kVectorBytes;
+      const Vector16 value = gathered[j][vector];
       uint8_t* scales = to[base + j] + shape.payload_bytes + at;
       if (at + kVectorBytes <= row_scale_bytes) {
         *reinterpret_cast<Vector16*>(scales) = value;
