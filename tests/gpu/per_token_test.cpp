@@ -523,16 +523,23 @@ TEST_F(GpuPerToken, CombineEpilogueMatchesTheReference) {
 // cross that count both ways (ranks on either side of it in one call), with new data each time, fused and
 // split, with and without an epilogue; at the default budget, on 8 multiprocessors (no chunks), and with
 // the rows crossing in fp8; and on the whole share, whose grid, where it has
-// PerTokenTuning::kFineCombineChunkBlocks blocks or more, cuts smaller chunks (Shape::combine_chunk_tokens).
+// PerTokenTuning::kFineCombineChunkBlocks blocks or more, cuts smaller chunks (Shape::combine_chunk_tokens)
+// and, with kGatheredScalesBlocks or more, stores fp8 scales gathered into vectors: at hidden 2048 whole
+// vectors, at 2176 (17 scales, 68 bytes a row) a last part-vector too.
 TEST_F(GpuPerToken, ChunkedCombinesMatchTheReference) {
-  for (const auto& [sms, combine_dtype] :
-       {std::pair{EpConfig::kDefaultSms, rocep::CombineDtype::kBf16},
-        std::pair{8, rocep::CombineDtype::kBf16},
-        std::pair{EpConfig::kDefaultSms, rocep::CombineDtype::kFp8Block128},
-        std::pair{EpConfig::kAllSms, rocep::CombineDtype::kBf16},
-        std::pair{EpConfig::kAllSms, rocep::CombineDtype::kFp8Block128}}) {
-    EpConfig config = per_token(make_config(2048, 8, 64 / world_size(), 1536, 16, sms));
-    config.combine_dtype = combine_dtype;
+  struct Case {
+    int sms;
+    rocep::CombineDtype combine_dtype;
+    int hidden;
+  };
+  for (const Case& c : {Case{EpConfig::kDefaultSms, rocep::CombineDtype::kBf16, 2048},
+                        Case{8, rocep::CombineDtype::kBf16, 2048},
+                        Case{EpConfig::kDefaultSms, rocep::CombineDtype::kFp8Block128, 2048},
+                        Case{EpConfig::kAllSms, rocep::CombineDtype::kBf16, 2048},
+                        Case{EpConfig::kAllSms, rocep::CombineDtype::kFp8Block128, 2048},
+                        Case{EpConfig::kAllSms, rocep::CombineDtype::kFp8Block128, 2176}}) {
+    EpConfig config = per_token(make_config(c.hidden, 8, 64 / world_size(), 1536, 16, c.sms));
+    config.combine_dtype = c.combine_dtype;
     Groups groups(config);
     const uint64_t seed = shared_seed();
     SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
