@@ -482,15 +482,9 @@ CaseCalls::CaseCalls(rocep::EpGroup& group, int num_tokens, TokenInputs token_in
     const std::size_t scale_bytes = rocep::format_scale_bytes(config.dispatch_format, config.hidden);
     std::vector<uint8_t> payloads(std::max<std::size_t>(std::size_t{1} * num_tokens * payload_bytes, 1));
     std::vector<uint8_t> scales(std::max<std::size_t>(std::size_t{1} * num_tokens * scale_bytes, 1));
-    std::vector<float> values(config.hidden);
-    for (int token = 0; token < num_tokens; ++token) {
-      for (int i = 0; i < config.hidden; ++i) {
-        values[i] = rocep::bf16_to_float(workload.tokens[std::size_t{1} * token * config.hidden + i]);
-      }
-      rocep::reference::quantize_row(config.dispatch_format, config.fp8_encoding, values.data(),
-                                     config.hidden, global_scale, payloads.data() + token * payload_bytes,
-                                     scales.data() + token * scale_bytes);
-    }
+    rocep::reference::quantize_bf16_rows(config.dispatch_format, config.fp8_encoding, workload.tokens.data(),
+                                         num_tokens, config.hidden, global_scale, payloads.data(),
+                                         scales.data());
     inputs.tokens = memory.make(payloads);
     inputs.token_scales = memory.make(scales);
   }

@@ -290,6 +290,19 @@ void quantize_row(TokenFormat format, Fp8Encoding encoding, const float* values,
   }
 }
 
+void quantize_bf16_rows(TokenFormat format, Fp8Encoding encoding, const uint16_t* bits, int rows, int columns,
+                        float global_scale, uint8_t* payloads, uint8_t* scales) {
+  const std::size_t payload_bytes = format_payload_bytes(format, columns);
+  const std::size_t scale_bytes = format_scale_bytes(format, columns);
+  std::vector<float> values(static_cast<std::size_t>(columns));
+  for (int row = 0; row < rows; ++row) {
+    const uint16_t* row_bits = bits + static_cast<std::size_t>(row) * columns;
+    std::transform(row_bits, row_bits + columns, values.begin(), bf16_to_float);
+    quantize_row(format, encoding, values.data(), columns, global_scale, payloads + row * payload_bytes,
+                 scales + row * scale_bytes);
+  }
+}
+
 void dequantize_row(TokenFormat format, Fp8Encoding encoding, const uint8_t* payload, const uint8_t* scales,
                     int columns, float global_scale, float* values) {
   const int block_size = checked_block_elements("dequantize_row", format, encoding, columns);

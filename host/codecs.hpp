@@ -33,6 +33,12 @@ float decode_e8m0(uint8_t code);
 // block-128) an encoding that is not kE4m3fn or kE4m3fnuz.
 void quantize_row(TokenFormat format, Fp8Encoding encoding, const float* values, int columns,
                   float global_scale, uint8_t* payload, uint8_t* scales);
+// `rows` rows of `columns` bf16 values (their bits, row-major) quantised as quantize_row quantises each:
+// row r's payload at payloads + r * format_payload_bytes(format, columns), its scales at scales + r *
+// format_scale_bytes(format, columns). The tokens of a dispatch that quantises them, as a caller that
+// quantises before dispatch would pass them (DispatchInputs::token_scales).
+void quantize_bf16_rows(TokenFormat format, Fp8Encoding encoding, const uint16_t* bits, int rows, int columns,
+                        float global_scale, uint8_t* payloads, uint8_t* scales);
 // The inverse, up to rounding: values[i] = element * scale (nvfp4: element * sf / global_scale).
 void dequantize_row(TokenFormat format, Fp8Encoding encoding, const uint8_t* payload, const uint8_t* scales,
                     int columns, float global_scale, float* values);

@@ -1174,14 +1174,8 @@ TEST(ReferenceEpFormats, RowsAreTheSourceTokensQuantisedInTheFormatLayout) {
     auto quantised = [&](const RankInputs& in, std::vector<uint8_t>& payloads, std::vector<uint8_t>& scales) {
       payloads.assign(std::max<std::size_t>(in.num_tokens * payload_bytes, 1), 0);
       scales.assign(std::max<std::size_t>(in.num_tokens * scale_bytes, 1), 0);
-      std::vector<float> values(hidden);
-      for (int token = 0; token < in.num_tokens; ++token) {
-        std::transform(in.tokens.begin() + token * hidden, in.tokens.begin() + (token + 1) * hidden,
-                       values.begin(), rocep::bf16_to_float);
-        rocep::reference::quantize_row(c.format, c.encoding, values.data(), hidden, global_scale,
-                                       payloads.data() + token * payload_bytes,
-                                       scales.data() + token * scale_bytes);
-      }
+      rocep::reference::quantize_bf16_rows(c.format, c.encoding, in.tokens.data(), in.num_tokens, hidden,
+                                           global_scale, payloads.data(), scales.data());
     };
 
     ReferenceEp ep(world_bootstrap(), problem.config);
