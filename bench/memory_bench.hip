@@ -128,8 +128,9 @@ __global__ void __launch_bounds__(rocep::device::PerTokenTuning::kCombineThreads
     const int count = min(kBatch, (num_rows - first + stride - 1) / stride);
     if constexpr (kQuantize) {
       rocep::device::quantize_rows_to_messages<rocep::device::Format::kFp8Block128,
-                                               PerTokenTuning::kQuantizedRowsAtOnce>(from, to, count, shape,
-                                                                                     1.0f);
+                                               PerTokenTuning::kCombineThreads,
+                                               PerTokenTuning::kCombineQuantizedSlices>(from, to, count,
+                                                                                        shape, 1.0f);
     } else {
       rocep::device::copy_rows<PerTokenTuning::kCombineVectorsInFlight>(
           from, to, count, static_cast<uint32_t>(row_bytes / kVectorBytes));

@@ -482,15 +482,19 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
 // --- the per-token layout -------------------------------------------------------------------------------
 
 // The blocks of a fused per-token combine of a chunked call that send, the others receiving: PerTokenTuning's
-// share of the grid (of kCombineSplitBlocks or more); where the group has SHMEM peers, whose puts take their
-// senders' multiprocessors where the link is NVLink (docs/scale-out.md), a larger one, larger still where
-// the senders stage the rows before they put them than where the caller wrote them into the staging rows
-// (the combine input buffer). The links fill from a few multiprocessors; the receive's sums, bound by each
-// multiprocessor's instructions, take the rest.
+// share of the grid (of kCombineSplitBlocks or more), a smaller one where the rows cross in fp8 (each row's
+// sum, which dequantises it, takes a receiver longer than its quantisation takes a sender); where the group
+// has SHMEM peers, whose puts take their senders' multiprocessors where the link is NVLink
+// (docs/scale-out.md), a larger one, larger still where the senders stage the rows before they put them than
+// where the caller wrote them into the staging rows (the combine input buffer). The links fill from a few
+// multiprocessors; the receive's sums, bound by each multiprocessor's instructions, take the rest.
 __device__ inline int combine_senders(const GroupView& group, const rocep::device::CombineArgs& args,
                                       int blocks) {
   if (kCompiledTransport != Transport::kShmem || group.peers.shmem_peers == 0) {
-    return blocks * PerTokenTuning::kCombineSenderPercent / 100;
+    return blocks *
+           (group.shape.combine_fp8 != 0 ? PerTokenTuning::kCombineSenderPercentFp8
+                                         : PerTokenTuning::kCombineSenderPercent) /
+           100;
   }
   const bool staged = reinterpret_cast<const uint8_t*>(args.expert_outputs) == group.peers.combine_staging;
   return blocks *
@@ -548,7 +552,7 @@ __device__ bool send_rows_per_token(const GroupView& group, const rocep::device:
     }
   };
   // The listed rows (all bound for `source`) as they are, or (combine_fp8) quantised to fp8 block-128
-  // messages by the whole block, PerTokenTuning::kQuantizedRowsAtOnce rows per batch of loads; then handed
+  // messages by the whole block, PerTokenTuning::kCombineQuantizedSlices slices at a time; then handed
   // over: bf16 rows as one range per run of consecutive listed tokens (their rows are consecutive too: a
   // row per received token of `source`, in token order), fp8 messages (each shorter than its row slot) one
   // by one. `first`: the batch's first token.
@@ -556,15 +560,10 @@ __device__ bool send_rows_per_token(const GroupView& group, const rocep::device:
   fp8_rows.format = Format::kFp8Block128;
   fp8_rows.payload_bytes = static_cast<uint32_t>(shape.hidden);
   const std::size_t sent_bytes = kFp8 ? fp8_combine_message_bytes(shape) : row_bytes;
-  const bool gather_scales = static_cast<int>(gridDim.x) >= PerTokenTuning::kGatheredScalesBlocks;
   const auto copy_listed = [&](int source, int first) {
     if constexpr (kFp8) {
-      constexpr int kRows = PerTokenTuning::kQuantizedRowsAtOnce;
-      if (gather_scales) {
-        quantize_rows_to_messages<Format::kFp8Block128, kRows, true>(from, to, count, fp8_rows, 1.0f);
-      } else {
-        quantize_rows_to_messages<Format::kFp8Block128, kRows>(from, to, count, fp8_rows, 1.0f);
-      }
+      quantize_rows_to_messages<Format::kFp8Block128, PerTokenTuning::kCombineThreads,
+                                PerTokenTuning::kCombineQuantizedSlices>(from, to, count, fp8_rows, 1.0f);
     } else if (count > 0 && from[0] != to[0]) {  // the same in every row: staged by the caller already
       copy_rows<PerTokenTuning::kCombineVectorsInFlight>(from, to, count,
                                                          static_cast<uint32_t>(row_bytes / kVectorBytes));

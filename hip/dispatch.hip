@@ -337,19 +337,21 @@ __device__ void stage_token(const GroupView& group, const DispatchSendArgs& args
 // Quantises bf16 rows from[i] into messages to[i] (i < count) in the group's scaled format.
 __device__ void quantize_rows(const uint8_t* const* from, uint8_t* const* to, int count, const Shape& shape,
                               float global_scale) {
-  constexpr int kRows = PerTokenTuning::kQuantizedRowsAtOnce;
+  constexpr int kThreads = PerTokenTuning::kDispatchThreads;
+  constexpr int kSlices = PerTokenTuning::kDispatchQuantizedSlices;
   switch (shape.format) {
     case Format::kFp8Block128:
-      quantize_rows_to_messages<Format::kFp8Block128, kRows>(from, to, count, shape, global_scale);
+      quantize_rows_to_messages<Format::kFp8Block128, kThreads, kSlices>(from, to, count, shape,
+                                                                         global_scale);
       break;
     case Format::kMxfp8:
-      quantize_rows_to_messages<Format::kMxfp8, kRows>(from, to, count, shape, global_scale);
+      quantize_rows_to_messages<Format::kMxfp8, kThreads, kSlices>(from, to, count, shape, global_scale);
       break;
     case Format::kMxfp4:
-      quantize_rows_to_messages<Format::kMxfp4, kRows>(from, to, count, shape, global_scale);
+      quantize_rows_to_messages<Format::kMxfp4, kThreads, kSlices>(from, to, count, shape, global_scale);
       break;
     default:
-      quantize_rows_to_messages<Format::kNvfp4, kRows>(from, to, count, shape, global_scale);
+      quantize_rows_to_messages<Format::kNvfp4, kThreads, kSlices>(from, to, count, shape, global_scale);
   }
 }
 
@@ -385,9 +387,9 @@ __device__ void copy_run_scales(const uint8_t* scales, uint8_t* const* to, int c
 // This rank's tokens [0, num_tokens) into its own region, in runs of tokens_per_run consecutive tokens
 // (run r by block r % gridDim.x): bf16 tokens, or tokens that arrived quantised with their scales
 // (args.token_scales), as they are, with PerTokenTuning::kVectorsInFlight loads in flight per thread; or
-// (`quantize`) bf16 tokens quantised into the group's scaled format, PerTokenTuning::kQuantizedRowsAtOnce
-// rows per batch of loads. Each run is then shared as one range. The per-token send's staging, which a
-// small grid otherwise waits on token by token.
+// (`quantize`) bf16 tokens quantised into the group's scaled format, PerTokenTuning::kDispatchQuantizedSlices
+// slices of 16 elements per block at a time. Each run is then shared as one range. The per-token send's
+// staging, which a small grid otherwise waits on token by token.
 __device__ void stage_token_batches(const GroupView& group, const DispatchSendArgs& args, int num_tokens,
                                     bool quantize) {
   const Shape& shape = group.shape;
@@ -429,8 +431,9 @@ __device__ void stage_token_batches(const GroupView& group, const DispatchSendAr
 // (send_batch_ids); and blocks over this rank's tokens, each staged once into this rank's own region (unless
 // the caller wrote them there), whether or not any rank wants it, while a block's first batch of ids is
 // loaded. Block 0 first tells every peer the token count, and the grid's last block then signals the peers'
-// dispatch_arrived[rank] words. `scratch`: shared, kBlockRankingMasks words.
-template <bool kPerToken>
+// dispatch_arrived[rank] words. `scratch`: shared, kBlockRankingMasks words. kMayQuantize: false where the
+// kernel serves bf16 groups only (the per-token bf16 dispatch), so that it carries no quantisation.
+template <bool kPerToken, bool kMayQuantize = true>
 __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args,
                             unsigned long long* scratch) {
   const Shape& shape = group.shape;
@@ -466,7 +469,7 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
   if (!args.tokens_in_place) {
     if constexpr (kPerToken) {
       stage_token_batches(group, args, num_tokens,
-                          shape.format != Format::kBf16 && args.token_scales == nullptr);
+                          kMayQuantize && shape.format != Format::kBf16 && args.token_scales == nullptr);
     } else {
       for (int staged = static_cast<int>(blockIdx.x); staged < num_tokens; staged += stride) {
         stage_token(group, args, staged);
@@ -1408,7 +1411,7 @@ __device__ void dispatch_per_token_kernel(const GroupView& group, const Dispatch
                                           const DispatchRecvArgs& recv_args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
   __shared__ RowLayout layout;
-  send_tokens<true>(group, send_args, layout.masks);
+  send_tokens<true, kScaled>(group, send_args, layout.masks);
   __syncthreads();  // the send's scratch is the receive's masks
   receive_per_token<kScaled>(group, recv_args, sequence, &layout);
 }
@@ -1485,7 +1488,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
     ROCEP_EP_KERNEL(rocep_dispatch_send_per_token)(GroupView group, DispatchSendArgs args) {
   __shared__ unsigned long long scratch[kBlockRankingMasks];
-  send_tokens<true>(group, args, scratch);
+  send_tokens<true, false>(group, args, scratch);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
@@ -1499,8 +1502,14 @@ extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
   dispatch_per_token_kernel<false>(group, send_args, recv_args);
 }
 
-// The same for scaled formats: separate kernels, so that the copy of the scales with the payloads adds
-// nothing to the bf16 kernels' registers (in the same kernels, the bf16 receive spilled).
+// The same for scaled formats: separate kernels, so that the quantisation and the copy of the scales with the
+// payloads add nothing to the bf16 kernels' registers (in the same kernels, the bf16 calls spilled).
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
+    ROCEP_EP_KERNEL(rocep_dispatch_send_per_token_scaled)(GroupView group, DispatchSendArgs args) {
+  __shared__ unsigned long long scratch[kBlockRankingMasks];
+  send_tokens<true>(group, args, scratch);
+}
+
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
     ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token_scaled)(GroupView group, DispatchRecvArgs args) {
   receive_per_token_kernel<true>(group, args);
@@ -1541,6 +1550,7 @@ hipError_t EpKernels<kCompiledTransport>::load_dispatch_kernels(bool per_token, 
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_send_per_token)),
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token)),
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_send_per_token_scaled)),
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token_scaled)),
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token_scaled))};
   int unused = 1 << 30;  // the other layout's kernels are loaded too, but their residency is not the group's
@@ -1561,7 +1571,9 @@ hipError_t EpKernels<kCompiledTransport>::launch_dispatch_send(const GroupView& 
                                                                const LaunchGrid& grid, hipStream_t stream) {
   if (group.shape.per_token != 0) {
     return launch_kernel<PerTokenTuning::kDispatchThreads>(
-        &ROCEP_EP_KERNEL(rocep_dispatch_send_per_token), grid, Residency::kBlockByBlock, stream, group, args);
+        group.shape.scale_bytes != 0 ? &ROCEP_EP_KERNEL(rocep_dispatch_send_per_token_scaled)
+                                     : &ROCEP_EP_KERNEL(rocep_dispatch_send_per_token),
+        grid, Residency::kBlockByBlock, stream, group, args);
   }
   return launch_kernel(&ROCEP_EP_KERNEL(rocep_dispatch_send), grid, Residency::kBlockByBlock, stream, group,
                        args);

@@ -104,19 +104,21 @@ struct DispatchRecvArgs {
 // block per multiprocessor of the budget, of kDispatchThreads or kCombineThreads threads: more threads keep
 // more loads in flight at once, within a register file that then gives each thread fewer registers. The
 // dispatch send and the combine send copy kBatchTokens tokens a block at a time (their rows found first,
-// then every vector of all of them loaded before any is stored), the dispatch receive a token a group of
-// threads at a time, each group on its own; each thread keeps kVectorsInFlight (dispatch) or
+// then every vector of all of them loaded before any is stored, or kDispatchQuantizedSlices /
+// kCombineQuantizedSlices slices of them loaded at a time where they are quantised), the dispatch receive a
+// token a group of threads at a time, each group on its own; each thread keeps kVectorsInFlight (dispatch) or
 // kCombineVectorsInFlight (the combine send) 16-byte vectors in flight; the combine receive sums each token's
 // row by kTokenThreads threads, kSummedVectors vectors per thread at once (kSummedFp8Vectors where the rows
 // cross in fp8, within the 64 registers of a 1024-thread block), one input after another (two inputs at once
 // measured no faster: docs/performance.md). Where every rank's grid has kCombineSplitBlocks blocks or more, a
 // fused combine of a chunked call (chunked_combine) splits them: kCombineSenderPercent of them send and the
-// rest receive (hip/combine.hip), kCombineSenderPercentOverShmem where the group has SHMEM peers (whose puts
-// take the senders' multiprocessors over NVLink; kCombineSenderPercentOverShmemStaged where the caller wrote
-// its rows into the staging rows, so that the senders only put); its chunks hold up to kCombineChunkTokens
-// tokens, or kFineCombineChunkTokens where every rank's grid has kFineCombineChunkBlocks blocks or more: the
-// last chunk's sums, after the last flag, are then shorter, while the extra waits and lists are shared by
-// many receivers (combine_chunk_tokens). One set for every architecture until one is measured to want another
+// rest receive (hip/combine.hip), kCombineSenderPercentFp8 where the rows cross in fp8,
+// kCombineSenderPercentOverShmem where the group has SHMEM peers (whose puts take the senders'
+// multiprocessors over NVLink; kCombineSenderPercentOverShmemStaged where the caller wrote its rows into the
+// staging rows, so that the senders only put); its chunks hold up to kCombineChunkTokens tokens, or
+// kFineCombineChunkTokens where every rank's grid has kFineCombineChunkBlocks blocks or more: the last
+// chunk's sums, after the last flag, are then shorter, while the extra waits and lists are shared by many
+// receivers (combine_chunk_tokens). One set for every architecture until one is measured to want another
 // (docs/performance.md, per-token layout).
 struct PerTokenTuning {
   static constexpr int kDispatchThreads = 512;
@@ -129,18 +131,18 @@ struct PerTokenTuning {
   static constexpr int kTokenThreads = kWaveSize;
   static constexpr int kSummedVectors = 4;
   static constexpr int kSummedFp8Vectors = 2;
-  static constexpr int kQuantizedRowsAtOnce = 4;  // rows per batch of loads (quantize_rows_to_messages)
+  // Slices of 16 elements (32 bytes of bf16) a block loads before it quantises any
+  // (quantize_rows_to_messages): two a thread in the dispatch send, two in the combine send.
+  static constexpr int kDispatchQuantizedSlices = 1024;
+  static constexpr int kCombineQuantizedSlices = 2048;
   static constexpr int kCombineSplitBlocks = 16;
   static constexpr int kCombineSenderPercent = 42;
+  static constexpr int kCombineSenderPercentFp8 = 36;  // rows crossing in fp8: quantised by the senders
   static constexpr int kCombineSenderPercentOverShmem = 60;
   static constexpr int kCombineSenderPercentOverShmemStaged = 48;  // the caller's rows already staged
   static constexpr int kCombineChunkTokens = 32;
   static constexpr int kFineCombineChunkTokens = 16;
   static constexpr int kFineCombineChunkBlocks = 48;
-  // Grids of this many blocks or more send fp8 combine messages with their scales gathered into whole
-  // vectors (quantize_rows_to_messages): there the link bounds the send, on smaller grids the quantisation,
-  // which the gathering's barriers slow (docs/performance.md).
-  static constexpr int kGatheredScalesBlocks = 128;
   // The most tokens of a chunked combine's chunk (Shape::combine_chunk_tokens) in a group whose smallest
   // grid has `blocks` blocks.
   static constexpr int combine_chunk_tokens(int blocks) {

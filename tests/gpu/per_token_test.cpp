@@ -523,9 +523,10 @@ TEST_F(GpuPerToken, CombineEpilogueMatchesTheReference) {
 // cross that count both ways (ranks on either side of it in one call), with new data each time, fused and
 // split, with and without an epilogue; at the default budget, on 8 multiprocessors (no chunks), and with
 // the rows crossing in fp8; and on the whole share, whose grid, where it has
-// PerTokenTuning::kFineCombineChunkBlocks blocks or more, cuts smaller chunks (Shape::combine_chunk_tokens)
-// and, with kGatheredScalesBlocks or more, stores fp8 scales gathered into vectors: at hidden 2048 whole
-// vectors, at 2176 (17 scales, 68 bytes a row) a last part-vector too.
+// PerTokenTuning::kFineCombineChunkBlocks blocks or more, cuts smaller chunks (Shape::combine_chunk_tokens).
+// fp8 rows store each four blocks' scales as one vector where the four lie in one row
+// (quantize_rows_to_messages): at hidden 2048 every block's, at 2176 (17 scales, 68 bytes a row) the last
+// block's, and some spanning two rows, one by one.
 TEST_F(GpuPerToken, ChunkedCombinesMatchTheReference) {
   struct Case {
     int sms;
