@@ -321,7 +321,7 @@ __device__ void send_batch_ids(const GroupView& group, int first_token, int toke
 // from bf16), or copied as it is with its scales.
 __device__ void stage_token(const GroupView& group, const DispatchSendArgs& args, int token) {
   const Shape& shape = group.shape;
-  const bool quantize = shape.format != Format::kBf16 && args.token_scales == nullptr;
+  const bool quantize = quantizes(shape, args);
   const std::size_t row_bytes = quantize ? static_cast<std::size_t>(shape.hidden) * 2 : shape.payload_bytes;
   const uint8_t* row = args.tokens + static_cast<std::size_t>(token) * row_bytes;
   StagedVectors head;
@@ -431,8 +431,9 @@ __device__ void stage_token_batches(const GroupView& group, const DispatchSendAr
 // (send_batch_ids); and blocks over this rank's tokens, each staged once into this rank's own region (unless
 // the caller wrote them there), whether or not any rank wants it, while a block's first batch of ids is
 // loaded. Block 0 first tells every peer the token count, and the grid's last block then signals the peers'
-// dispatch_arrived[rank] words. `scratch`: shared, kBlockRankingMasks words. kMayQuantize: false where the
-// kernel serves bf16 groups only (the per-token bf16 dispatch), so that it carries no quantisation.
+// dispatch_arrived[rank] words. `scratch`: shared, kBlockRankingMasks words. kMayQuantize: false in the
+// per-token kernels launched where the send does not quantise (quantizes), so that they carry no
+// quantisation.
 template <bool kPerToken, bool kMayQuantize = true>
 __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args,
                             unsigned long long* scratch) {
@@ -468,8 +469,7 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
   BatchSlot slot = load_batch_slot(shape, args, first, batch_count(first));
   if (!args.tokens_in_place) {
     if constexpr (kPerToken) {
-      stage_token_batches(group, args, num_tokens,
-                          kMayQuantize && shape.format != Format::kBf16 && args.token_scales == nullptr);
+      stage_token_batches(group, args, num_tokens, kMayQuantize && quantizes(shape, args));
     } else {
       for (int staged = static_cast<int>(blockIdx.x); staged < num_tokens; staged += stride) {
         stage_token(group, args, staged);
@@ -1406,12 +1406,13 @@ __device__ void receive_per_token_kernel(const GroupView& group, const DispatchR
   receive_per_token<kScaled>(group, args, group.block_calls[blockIdx.x].dispatches + 1, &layout);
 }
 
-template <bool kScaled>
+// kQuantizes: the send may quantise bf16 tokens (send_tokens' kMayQuantize).
+template <bool kScaled, bool kQuantizes>
 __device__ void dispatch_per_token_kernel(const GroupView& group, const DispatchSendArgs& send_args,
                                           const DispatchRecvArgs& recv_args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
   __shared__ RowLayout layout;
-  send_tokens<true, kScaled>(group, send_args, layout.masks);
+  send_tokens<true, kQuantizes>(group, send_args, layout.masks);
   __syncthreads();  // the send's scratch is the receive's masks
   receive_per_token<kScaled>(group, recv_args, sequence, &layout);
 }
@@ -1499,13 +1500,16 @@ extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
     ROCEP_EP_KERNEL(rocep_dispatch_per_token)(GroupView group, DispatchSendArgs send_args,
                                               DispatchRecvArgs recv_args) {
-  dispatch_per_token_kernel<false>(group, send_args, recv_args);
+  dispatch_per_token_kernel<false, false>(group, send_args, recv_args);
 }
 
-// The same for scaled formats: separate kernels, so that the quantisation and the copy of the scales with the
-// payloads add nothing to the bf16 kernels' registers (in the same kernels, the bf16 calls spilled).
+// The same for scaled formats: separate kernels, so that the copy of the scales with the payloads adds
+// nothing to the bf16 kernels' registers (in the same kernels, the bf16 receive spilled); and where the
+// tokens are quantised in the kernel, kernels of their own again, so that the quantisation's registers (its
+// loads of a step: the scaled fused kernel spills there) tax neither the bf16 calls nor those of tokens that
+// arrive quantised (`_quantizing`).
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
-    ROCEP_EP_KERNEL(rocep_dispatch_send_per_token_scaled)(GroupView group, DispatchSendArgs args) {
+    ROCEP_EP_KERNEL(rocep_dispatch_send_per_token_quantizing)(GroupView group, DispatchSendArgs args) {
   __shared__ unsigned long long scratch[kBlockRankingMasks];
   send_tokens<true>(group, args, scratch);
 }
@@ -1518,7 +1522,13 @@ extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
     ROCEP_EP_KERNEL(rocep_dispatch_per_token_scaled)(GroupView group, DispatchSendArgs send_args,
                                                      DispatchRecvArgs recv_args) {
-  dispatch_per_token_kernel<true>(group, send_args, recv_args);
+  dispatch_per_token_kernel<true, false>(group, send_args, recv_args);
+}
+
+extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
+    ROCEP_EP_KERNEL(rocep_dispatch_per_token_quantizing)(GroupView group, DispatchSendArgs send_args,
+                                                         DispatchRecvArgs recv_args) {
+  dispatch_per_token_kernel<true, true>(group, send_args, recv_args);
 }
 
 // The same for receives that scales_laid_out_later: separate kernels, so that the pass leaves the others'
@@ -1550,9 +1560,10 @@ hipError_t EpKernels<kCompiledTransport>::load_dispatch_kernels(bool per_token, 
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_send_per_token)),
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token)),
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token)),
-      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_send_per_token_scaled)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_send_per_token_quantizing)),
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token_scaled)),
-      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token_scaled))};
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token_scaled)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token_quantizing))};
   int unused = 1 << 30;  // the other layout's kernels are loaded too, but their residency is not the group's
   constexpr int kPerTokenThreads = PerTokenTuning::kDispatchThreads;
   hipError_t status = per_token ? load_kernels(by_token, resident_blocks, kPerTokenThreads)
@@ -1571,7 +1582,7 @@ hipError_t EpKernels<kCompiledTransport>::launch_dispatch_send(const GroupView& 
                                                                const LaunchGrid& grid, hipStream_t stream) {
   if (group.shape.per_token != 0) {
     return launch_kernel<PerTokenTuning::kDispatchThreads>(
-        group.shape.scale_bytes != 0 ? &ROCEP_EP_KERNEL(rocep_dispatch_send_per_token_scaled)
+        quantizes(group.shape, args) ? &ROCEP_EP_KERNEL(rocep_dispatch_send_per_token_quantizing)
                                      : &ROCEP_EP_KERNEL(rocep_dispatch_send_per_token),
         grid, Residency::kBlockByBlock, stream, group, args);
   }
@@ -1617,8 +1628,10 @@ hipError_t EpKernels<kCompiledTransport>::launch_dispatch(const GroupView& group
                                                           const LaunchGrid& grid, hipStream_t stream) {
   if (group.shape.per_token != 0) {
     return launch_kernel<PerTokenTuning::kDispatchThreads>(
-        group.shape.scale_bytes != 0 ? &ROCEP_EP_KERNEL(rocep_dispatch_per_token_scaled)
-                                     : &ROCEP_EP_KERNEL(rocep_dispatch_per_token),
+        quantizes(group.shape, send_args)
+            ? &ROCEP_EP_KERNEL(rocep_dispatch_per_token_quantizing)
+            : (group.shape.scale_bytes != 0 ? &ROCEP_EP_KERNEL(rocep_dispatch_per_token_scaled)
+                                            : &ROCEP_EP_KERNEL(rocep_dispatch_per_token)),
         grid, Residency::kWholeGrid, stream, group, send_args, recv_args);
   }
   const hipError_t status =

@@ -80,6 +80,11 @@ struct DispatchSendArgs {
   bool tokens_in_place;                 // `tokens` is this rank's region's message area: nothing to stage
 };
 
+// Whether a dispatch send quantises its tokens: bf16 tokens staged into a scaled format.
+ROCEP_HOST_DEVICE inline bool quantizes(const Shape& shape, const DispatchSendArgs& args) {
+  return shape.format != Format::kBf16 && args.token_scales == nullptr && !args.tokens_in_place;
+}
+
 struct DispatchRecvArgs {
   uint8_t* recv_tokens;
   uint8_t* recv_scales;  // scaled formats: the tensor of scale_rows rows (formats.hpp layouts)
