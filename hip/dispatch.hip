@@ -1406,13 +1406,13 @@ __device__ void receive_per_token_kernel(const GroupView& group, const DispatchR
   receive_per_token<kScaled>(group, args, group.block_calls[blockIdx.x].dispatches + 1, &layout);
 }
 
-// kQuantizes: the send may quantise bf16 tokens (send_tokens' kMayQuantize).
-template <bool kScaled, bool kQuantizes>
+// kMayQuantize: the send may quantise bf16 tokens (send_tokens').
+template <bool kScaled, bool kMayQuantize>
 __device__ void dispatch_per_token_kernel(const GroupView& group, const DispatchSendArgs& send_args,
                                           const DispatchRecvArgs& recv_args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
   __shared__ RowLayout layout;
-  send_tokens<true, kQuantizes>(group, send_args, layout.masks);
+  send_tokens<true, kMayQuantize>(group, send_args, layout.masks);
   __syncthreads();  // the send's scratch is the receive's masks
   receive_per_token<kScaled>(group, recv_args, sequence, &layout);
 }
