@@ -305,11 +305,16 @@ __device__ inline bool wait_for_rows(const GroupView& group, uint64_t sequence, 
 
 // Whether this rank's per-token combine leaves its rows where its peers load them: where the group's
 // combines pull (Shape::pulled_combine) and the caller wrote the expert outputs into the combine input
-// buffer (this rank's CombineRegion input rows, which the peers have mapped).
+// buffer (this rank's CombineRegion input rows, which the peers have mapped), unless the call is chunked
+// (chunked_combine of the count this rank dispatched) on a grid of PerTokenTuning::kPushedBufferBlocks
+// blocks or more: its rows are then pushed from the buffer as from any expert outputs. Each rank decides
+// for its own call and tells its peers (Signals::combine_pulled).
 __device__ inline bool rows_pulled(const GroupView& group, const rocep::device::CombineArgs& args) {
   return group.shape.pulled_combine != 0 &&
          reinterpret_cast<const uint8_t*>(args.expert_outputs) ==
-             group.combine_region + CombineRegion::input_rows_offset(group.shape);
+             group.combine_region + CombineRegion::input_rows_offset(group.shape) &&
+         !(static_cast<int>(gridDim.x) >= PerTokenTuning::kPushedBufferBlocks &&
+           chunked_combine(group.shape, group.state->sent_tokens));
 }
 
 // Whether every other rank's rows of this rank's tokens are pulled from its combine input buffer

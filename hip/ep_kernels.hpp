@@ -148,6 +148,9 @@ struct PerTokenTuning {
   static constexpr int kCombineChunkTokens = 32;
   static constexpr int kFineCombineChunkTokens = 16;
   static constexpr int kFineCombineChunkBlocks = 48;
+  // Grids of this many blocks or more push a chunked combine's rows from the combine input buffer rather
+  // than leave them to be pulled (rows_pulled): with many senders the push pipelines better.
+  static constexpr int kPushedBufferBlocks = 96;
   // The most tokens of a chunked combine's chunk (Shape::combine_chunk_tokens) in a group whose smallest
   // grid has `blocks` blocks.
   static constexpr int combine_chunk_tokens(int blocks) {

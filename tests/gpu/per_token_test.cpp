@@ -606,9 +606,10 @@ TEST_F(GpuPerToken, AlreadyQuantisedTokensAcrossCallsMatchTheReference) {
 // group whose counts and data change (chunked and not, fused and split), with every rank's rows in the
 // buffer in some calls and only some ranks' in others (the others' buffers poisoned, so that a stale
 // load shows); a pointer into the buffer anywhere but at its start is refused on every rank, and the
-// group goes on; a group created with EpConfig::combine_input_buffer = false has no buffer.
-TEST_F(GpuPerToken, RowsInTheCombineInputBufferMatchTheReference) {
-  const EpConfig config = per_token(make_config(2048, 8, 64 / world_size(), 1536, 16));
+// group goes on; a group created with EpConfig::combine_input_buffer = false has no buffer. At the default
+// budget and on the whole share, whose chunked calls push their rows from the buffer
+// (PerTokenTuning::kPushedBufferBlocks), each rank deciding for its own call.
+void check_rows_in_the_combine_input_buffer(const EpConfig& config) {
   Groups groups(config);
   const uint64_t seed = shared_seed();
   SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
@@ -638,6 +639,12 @@ TEST_F(GpuPerToken, RowsInTheCombineInputBufferMatchTheReference) {
   Groups groups_without(without);
   EXPECT_THROW(groups_without.group.combine_input_buffer(), rocep::ConfigError);
   check_calls_on(groups_without, without, seed + 100, {1536, 3});
+}
+
+TEST_F(GpuPerToken, RowsInTheCombineInputBufferMatchTheReference) {
+  for (const int sms : {EpConfig::kDefaultSms, EpConfig::kAllSms}) {
+    check_rows_in_the_combine_input_buffer(per_token(make_config(2048, 8, 64 / world_size(), 1536, 16, sms)));
+  }
 }
 
 // Local-only mode (EpConfig::local_only): each rank lays out only its own experts' pairs of its own tokens,
