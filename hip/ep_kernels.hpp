@@ -123,8 +123,9 @@ struct DispatchRecvArgs {
 // staging rows, so that the senders only put); its chunks hold up to kCombineChunkTokens tokens, or
 // kFineCombineChunkTokens where every rank's grid has kFineCombineChunkBlocks blocks or more: the last
 // chunk's sums, after the last flag, are then shorter, while the extra waits and lists are shared by many
-// receivers (combine_chunk_tokens). One set for every architecture until one is measured to want another
-// (docs/performance.md, per-token layout).
+// receivers (combine_chunk_tokens); on grids of kPushedBufferBlocks blocks or more a chunked combine pushes
+// its rows from the combine input buffer rather than leave them to be pulled (rows_pulled). One set for
+// every architecture until one is measured to want another (docs/performance.md, per-token layout).
 struct PerTokenTuning {
   static constexpr int kDispatchThreads = 512;
   static constexpr int kBatchTokens = 32;
@@ -148,8 +149,6 @@ struct PerTokenTuning {
   static constexpr int kCombineChunkTokens = 32;
   static constexpr int kFineCombineChunkTokens = 16;
   static constexpr int kFineCombineChunkBlocks = 48;
-  // Grids of this many blocks or more push a chunked combine's rows from the combine input buffer rather
-  // than leave them to be pulled (rows_pulled): with many senders the push pipelines better.
   static constexpr int kPushedBufferBlocks = 96;
   // The most tokens of a chunked combine's chunk (Shape::combine_chunk_tokens) in a group whose smallest
   // grid has `blocks` blocks.
