@@ -607,8 +607,9 @@ TEST_F(GpuPerToken, AlreadyQuantisedTokensAcrossCallsMatchTheReference) {
 // buffer in some calls and only some ranks' in others (the others' buffers poisoned, so that a stale
 // load shows); a pointer into the buffer anywhere but at its start is refused on every rank, and the
 // group goes on; a group created with EpConfig::combine_input_buffer = false has no buffer. At the default
-// budget and on the whole share, whose chunked calls push their rows from the buffer
-// (PerTokenTuning::kPushedBufferBlocks), each rank deciding for its own call.
+// budget and on the whole share, where a grid of PerTokenTuning::kPushedBufferBlocks blocks or more (the
+// whole of a GPU with one rank) pushes the rows of its chunked calls from the buffer, each rank deciding
+// for its own call.
 void check_rows_in_the_combine_input_buffer(const EpConfig& config) {
   Groups groups(config);
   const uint64_t seed = shared_seed();
