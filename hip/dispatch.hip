@@ -84,19 +84,18 @@ __device__ inline int requested_tokens(const DispatchSendArgs& args) {
 __device__ void store_token(uint8_t* message, const uint8_t* row, const uint8_t* token_scales, bool quantize,
                             const Shape& shape, float global_scale, const StagedVectors& head) {
   if (quantize) {
-    uint8_t* const scales = message + shape.payload_bytes;
     switch (shape.format) {
       case Format::kFp8Block128:
-        quantize_to_message<Format::kFp8Block128>(message, row, shape, global_scale, head.vector[0], scales);
+        quantize_to_message<Format::kFp8Block128>(message, row, shape, global_scale, head.vector[0]);
         break;
       case Format::kMxfp8:
-        quantize_to_message<Format::kMxfp8>(message, row, shape, global_scale, head.vector[0], scales);
+        quantize_to_message<Format::kMxfp8>(message, row, shape, global_scale, head.vector[0]);
         break;
       case Format::kMxfp4:
-        quantize_to_message<Format::kMxfp4>(message, row, shape, global_scale, head.vector[0], scales);
+        quantize_to_message<Format::kMxfp4>(message, row, shape, global_scale, head.vector[0]);
         break;
       default:
-        quantize_to_message<Format::kNvfp4>(message, row, shape, global_scale, head.vector[0], scales);
+        quantize_to_message<Format::kNvfp4>(message, row, shape, global_scale, head.vector[0]);
     }
     return;
   }

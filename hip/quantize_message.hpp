@@ -13,19 +13,31 @@
 
 namespace rocep::device {
 
-// Quantises one bf16 token row into the dispatch format and stores its payload into `message` and its
-// scales, row-major, at `scales` (the message's own, message + payload_bytes, or a copy the caller stores
-// there later). `first` is the thread's first vector of the row, loaded by the caller ahead of time.
+// Stores the scale of scale block `block` of a row into the row's scales, row-major at `scales`: a float32
+// (fp8 block-128) or one byte (the other scaled formats).
+template <Format format>
+__device__ inline void store_block_scale(uint8_t* scales, uint32_t block, uint32_t scale) {
+  uint8_t* at = scales + static_cast<std::size_t>(block) * scale_bytes(format);
+  if constexpr (format == Format::kFp8Block128) {
+    *reinterpret_cast<uint32_t*>(at) = scale;
+  } else {
+    *at = static_cast<uint8_t>(scale);
+  }
+}
+
+// Quantises one bf16 token row into the dispatch format and stores it into `message`: the payload, then
+// the scales row-major. `first` is the thread's first vector of the row, loaded by the caller ahead of time.
 // Every thread of the block runs the same iterations (quantize_elements shuffles across lanes); lanes past
 // the row quantise zeros and store nothing. One vector per step with the next one in flight, not unrolled:
 // four staged vectors took the send kernels from 64 to 96 registers on sm_90.
 template <Format format>
 __device__ inline void quantize_to_message(uint8_t* message, const uint8_t* row, const Shape& shape,
-                                           float global_scale, Vector16 first, uint8_t* scales) {
+                                           float global_scale, Vector16 first) {
   const auto* vectors = reinterpret_cast<const Vector16*>(row);
   const uint32_t num_vectors = static_cast<uint32_t>(shape.hidden) / kElementsPerThread;
   constexpr int lanes = block_elements(format) / kElementsPerThread;
   constexpr int code_bytes = elements_payload_bytes(format, kElementsPerThread);
+  uint8_t* const scales = message + shape.payload_bytes;
   Vector16 next = first;
 #pragma unroll 1
   for (uint32_t base = 0; base < num_vectors; base += blockDim.x) {
@@ -56,12 +68,7 @@ __device__ inline void quantize_to_message(uint8_t* message, const uint8_t* row,
     if (v % lanes != 0) {
       continue;
     }
-    uint8_t* scale = scales + static_cast<std::size_t>(v / lanes) * scale_bytes(format);
-    if constexpr (format == Format::kFp8Block128) {
-      *reinterpret_cast<uint32_t*>(scale) = q.scale;
-    } else {
-      *scale = static_cast<uint8_t>(q.scale);
-    }
+    store_block_scale<format>(scales, v / lanes, q.scale);
   }
 }
 
@@ -173,12 +180,7 @@ __device__ inline void quantize_rows_to_messages(const uint8_t* const* from, uin
           }
         }
         if (own_scale) {
-          uint8_t* scale = scales + static_cast<std::size_t>(at / lanes) * scale_bytes(format);
-          if constexpr (format == Format::kFp8Block128) {
-            *reinterpret_cast<uint32_t*>(scale) = q.scale;
-          } else {
-            *scale = static_cast<uint8_t>(q.scale);
-          }
+          store_block_scale<format>(scales, at / lanes, q.scale);
         }
       }
       advance(&row, &at);
