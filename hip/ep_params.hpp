@@ -117,41 +117,52 @@ ROCEP_HOST_DEVICE inline int sent_chunks(int tokens) {
   return (tokens + kChunkTokens - 1) / kChunkTokens;
 }
 
-// One rank's dispatch region: what every source rank s stores there for its token t.
-//   ids     [world][T][top_k] int32: expert ids that concern this rank, -1 elsewhere
-//   weights [world][T][top_k] float32
-//   masks   [world][chunks_per_source][local_experts] uint64: bit t % kChunkTokens of masks[s][t /
-//           kChunkTokens][e] is set when token t of s names this rank's local expert e (zero for tokens
-//           past s's count in its last chunk; chunks past sent_chunks of s's count are not written and
-//           never read): the receiver ranks its rows from them without reading the ids
-//   token masks [world][chunks_per_source] uint64, per-token layout only: bit t % kChunkTokens of [s][t /
+// One rank's dispatch region: a block per source rank s of what s stores there for its token t, then this
+// rank's own messages. A source's block is contiguous, so that a sender on another node stages what it
+// stores into a peer's region in an outbox of one block (host/shmem_regions.hpp):
+//   ids     [T][top_k] int32: expert ids that concern this rank, -1 elsewhere
+//   weights [T][top_k] float32
+//   masks   [chunks_per_source][local_experts] uint64: bit t % kChunkTokens of masks[t / kChunkTokens][e] is
+//           set when token t of s names this rank's local expert e (zero for tokens past s's count in its
+//           last chunk; chunks past sent_chunks of s's count are not written and never read): the receiver
+//           ranks its rows from them without reading the ids
+//   token masks [chunks_per_source] uint64, per-token layout only: bit t % kChunkTokens of [t /
 //           kChunkTokens] is set when token t of s names any expert of this rank (written and read as the
 //           masks)
+// and after the blocks of all sources:
 //   message [T][message_bytes]: this rank's own tokens, staged there by its send (the payload, then the
 //           scales row-major), or written there by the caller (bf16, EpGroup::dispatch_input_buffer); the
 //           receivers read them from there (pull).
 // Tokens are stored at their own index t (no compaction), so a sender needs no prefix sum and the receiver
 // reads the sources in (rank, token) order directly.
 struct DispatchRegion {
+  // A multiple of 8: the ids and weights take 8 bytes per slot, so the masks are 8-byte aligned.
+  ROCEP_HOST_DEVICE static std::size_t source_bytes(const Shape& shape) {
+    const auto slots = static_cast<std::size_t>(shape.max_tokens) * shape.top_k;
+    return slots * (sizeof(int32_t) + sizeof(float)) +
+           static_cast<std::size_t>(chunks_per_source(shape)) * (shape.local_experts + 1) * sizeof(uint64_t);
+  }
+  ROCEP_HOST_DEVICE static std::size_t source_offset(const Shape& shape, int source) {
+    return static_cast<std::size_t>(source) * source_bytes(shape);
+  }
   ROCEP_HOST_DEVICE static std::size_t ids_offset(const Shape& shape, int source, int token) {
-    return (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k * sizeof(int32_t);
+    return source_offset(shape, source) + static_cast<std::size_t>(token) * shape.top_k * sizeof(int32_t);
   }
   ROCEP_HOST_DEVICE static std::size_t weights_offset(const Shape& shape, int source, int token) {
-    return ids_offset(shape, shape.world, 0) +
-           (static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k * sizeof(float);
+    return ids_offset(shape, source, shape.max_tokens) +
+           static_cast<std::size_t>(token) * shape.top_k * sizeof(float);
   }
   ROCEP_HOST_DEVICE static std::size_t masks_offset(const Shape& shape, int source, int chunk) {
-    return (2 * ids_offset(shape, shape.world, 0) + 7) / 8 * 8 +
-           (static_cast<std::size_t>(source) * chunks_per_source(shape) + chunk) * shape.local_experts *
-               sizeof(uint64_t);
+    return weights_offset(shape, source, shape.max_tokens) +
+           static_cast<std::size_t>(chunk) * shape.local_experts * sizeof(uint64_t);
   }
   ROCEP_HOST_DEVICE static std::size_t token_masks_offset(const Shape& shape, int source, int chunk) {
-    return masks_offset(shape, shape.world, 0) +
-           (static_cast<std::size_t>(source) * chunks_per_source(shape) + chunk) * sizeof(uint64_t);
+    return masks_offset(shape, source, chunks_per_source(shape)) +
+           static_cast<std::size_t>(chunk) * sizeof(uint64_t);
   }
   // 16-byte aligned: messages are read and written in 16-byte vectors.
   ROCEP_HOST_DEVICE static std::size_t message_offset(const Shape& shape, int token) {
-    return (token_masks_offset(shape, shape.world, 0) + 15) / 16 * 16 +
+    return (source_offset(shape, shape.world) + 15) / 16 * 16 +
            static_cast<std::size_t>(token) * shape.message_bytes;
   }
   ROCEP_HOST_DEVICE static std::size_t bytes(const Shape& shape) {

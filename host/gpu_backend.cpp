@@ -205,7 +205,8 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
     // Across nodes: the engine's symmetric memory, peers of other nodes reached by puts (hip/transport.hpp).
     run_agreed(world, "allocating the group's symmetric memory in the SHMEM engine", [&] {
       shmem_ = std::make_unique<ShmemRegions>(
-          world, layout, dispatch_bytes, device::DispatchRegion::message_offset(shape, 0), combine_bytes,
+          world, layout, dispatch_bytes, device::DispatchRegion::message_offset(shape, 0),
+          device::DispatchRegion::source_bytes(shape), combine_bytes,
           shape.per_token != 0
               ? static_cast<std::size_t>(shape.max_tokens) * device::CombineRegion::row_bytes(shape)
               : 0,
@@ -232,7 +233,8 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
     view_.peers.own_signals = view_.signals;
     view_.peers.dispatch_images = shmem_->dispatch_images();
     view_.peers.combine_staging = shmem_->combine_staging();
-    view_.peers.dispatch_region_bytes = dispatch_bytes;
+    view_.peers.dispatch_messages_offset = device::DispatchRegion::message_offset(shape, 0);
+    view_.peers.dispatch_image_bytes = dispatch_bytes - view_.peers.dispatch_messages_offset;
     view_.peers.rank = rank_;
     memory_bytes_ += shmem_->bytes();
   }

@@ -13,20 +13,33 @@ namespace rocep {
 
 #if defined(ROCEP_HAVE_SHMEM)
 
+namespace {
+
+// The address `offset` bytes before `memory`: a window or image that the device addresses from `offset` on
+// only (hip/transport.hpp), so that every byte it reaches lies in `memory`'s allocation. Integer arithmetic:
+// the address itself may lie before the allocation.
+void* addressed_from(uint8_t* memory, std::size_t offset) {
+  return reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(memory) - offset);
+}
+
+}  // namespace
+
 ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t dispatch_bytes,
-                           std::size_t dispatch_window_bytes, std::size_t combine_bytes,
-                           std::size_t combine_slice_bytes, std::size_t node_sum_bytes,
-                           std::size_t signal_bytes)
+                           std::size_t dispatch_messages_offset, std::size_t dispatch_source_bytes,
+                           std::size_t combine_bytes, std::size_t combine_slice_bytes,
+                           std::size_t node_sum_bytes, std::size_t signal_bytes)
     : engine_(ShmemEngine::join(world)) {
   const int ranks = world.size();
   const auto world_bytes = static_cast<std::size_t>(ranks);
+  const std::size_t image_bytes = dispatch_bytes - dispatch_messages_offset;
   dispatch_region_ = static_cast<uint8_t*>(allocate(dispatch_bytes));
   combine_region_ = static_cast<uint8_t*>(allocate(combine_bytes));
   signals_ = allocate(signal_bytes);
-  dispatch_images_ = static_cast<uint8_t*>(allocate(world_bytes * dispatch_bytes));
-  // A peer's dispatch outbox holds what this rank stores through its write window: ids, weights and masks,
-  // all before the messages (the messages are shared, not written into peers' regions).
-  auto* dispatch_outboxes = static_cast<uint8_t*>(allocate(world_bytes * dispatch_window_bytes));
+  dispatch_images_ = static_cast<uint8_t*>(allocate(world_bytes * image_bytes));
+  // A peer's dispatch outbox holds what this rank stores into the peer's region: its own source block there
+  // (ids, weights and masks; the messages are shared, not written into peers' regions).
+  auto* dispatch_outboxes = static_cast<uint8_t*>(allocate(world_bytes * dispatch_source_bytes));
+  const std::size_t own_block_offset = static_cast<std::size_t>(world.rank()) * dispatch_source_bytes;
   // Combine: expanded, an outbox per peer, addressed as the peer's region (at p for peer p); per-token, the
   // staging rows instead, [world][max_tokens_per_rank] rows of combine_slice_bytes / max_tokens_per_rank
   // bytes, where the rows for every peer lie at their own rows of the expert outputs.
@@ -59,7 +72,8 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size
       signal_pointers_.push_back(signals);
     } else {
       shmem_peers_ |= uint64_t{1} << peer;
-      dispatch_windows_.push_back(dispatch_outboxes + slot * dispatch_window_bytes);
+      dispatch_windows_.push_back(
+          addressed_from(dispatch_outboxes + slot * dispatch_source_bytes, own_block_offset));
       combine_windows_.push_back(combine_outboxes != nullptr ? combine_outboxes + slot * combine_bytes
                                                              : nullptr);
       signal_pointers_.push_back(nullptr);
@@ -87,13 +101,14 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size
         share_peers_ |= uint64_t{1} << peer;
       }
       const int holder = message_holder(layout, peer, layout.node);
-      void* image = dispatch_images_ + slot * dispatch_bytes;
-      void* source = holder == world.rank() ? image : shmem::peer_pointer(image, holder);
+      void* image = dispatch_images_ + slot * image_bytes;
+      auto* source =
+          static_cast<uint8_t*>(holder == world.rank() ? image : shmem::peer_pointer(image, holder));
       if (source == nullptr) {
         throw ConfigError("EpGroup: rank " + std::to_string(holder) +
                           " is on this node, but the SHMEM engine maps no memory of it here");
       }
-      dispatch_sources_.push_back(source);
+      dispatch_sources_.push_back(addressed_from(source, dispatch_messages_offset));
       held_signals_.push_back(holder == world.rank() ? nullptr : signal_pointers_[holder]);
     } else {
       dispatch_sources_.push_back(dispatch_windows_[slot]);
@@ -118,7 +133,7 @@ void* ShmemRegions::allocate(std::size_t bytes) {
 #else  // a build without an engine: groups stay within one node
 
 ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t, std::size_t, std::size_t,
-                           std::size_t, std::size_t, std::size_t) {
+                           std::size_t, std::size_t, std::size_t, std::size_t) {
   throw ConfigError(
       "EpGroup: backend gpu needs every rank on one node in a build without a SHMEM engine (" +
       std::to_string(layout.num_nodes) + " nodes for " + std::to_string(world.size()) +

@@ -1,15 +1,15 @@
 // The peer-visible memory of a group whose ranks span nodes (docs/scale-out.md): the group's dispatch and
 // combine regions and its signals in the SHMEM engine's symmetric memory, with what the transport needs
 // for each peer on another node (hip/transport.hpp): a dispatch outbox per peer, an image of every rank's
-// dispatch region, and the combine's staging: per-token, the staging rows (world x max_tokens_per_rank
+// dispatch messages, and the combine's staging: per-token, the staging rows (world x max_tokens_per_rank
 // rows, the expert outputs' own rows); expanded, a combine outbox per peer. Symmetric bytes per rank:
-// (1 + world) x the dispatch region (its own and the images), world x the dispatch region's ids, weights
-// and masks, the signals, and the combine region with its staging: per-token, 2 x world slices of
-// max_tokens_per_rank rows, and where the combine sums nodes first its node sums (device::NodeSums, a slice
-// per source held); expanded, (1 + world) x the region, which grows as world x max(world, top_k) x
-// max_tokens_per_rank rows (docs/scale-out.md). Peers of this rank's node are reached through the engine's
-// mapping of their symmetric memory, with plain loads and stores as over IPC. Compiled only into builds
-// with an engine (ROCEP_SHMEM).
+// (1 + world) x the dispatch messages (its own and the images), 2 x the dispatch region's ids, weights and
+// masks (its own sources' blocks, and one block per peer in the outboxes), the signals, and the combine
+// region with its staging: per-token, 2 x world slices of max_tokens_per_rank rows, and where the combine
+// sums nodes first its node sums (device::NodeSums, a slice per source held); expanded, (1 + world) x the
+// region, which grows as world x max(world, top_k) x max_tokens_per_rank rows (docs/scale-out.md). Peers
+// of this rank's node are reached through the engine's mapping of their symmetric memory, with plain loads
+// and stores as over IPC. Compiled only into builds with an engine (ROCEP_SHMEM).
 #pragma once
 
 #include <cstddef>
@@ -30,15 +30,18 @@ class ShmemRegions {
   // process lives) and allocates the regions, zeroing the combine region and the signals. Throws ConfigError
   // when a rank of this node is not mapped by the engine, GpuRuntimeError when the engine's heap is too
   // small (NVSHMEM_SYMMETRIC_SIZE / ROCSHMEM_HEAP_SIZE) or it refused to start.
-  // A dispatch window (the outbox for a peer) spans [0, dispatch_window_bytes) of the region: where this
-  // rank stores into a peer's dispatch region. combine_slice_bytes > 0 (per-token: max_tokens_per_rank
-  // rows): the combine stages its rows for peers on other nodes in combine_staging, world slices, and the
-  // combine windows of those peers are null; 0 (expanded): each such peer's combine window is an outbox
-  // addressed as the peer's whole region (the unweighted combine stores anywhere in it).
+  // The dispatch region (device::DispatchRegion) has its messages from dispatch_messages_offset on and a
+  // block of dispatch_source_bytes per source before them: a peer's dispatch window (the outbox for it)
+  // holds this rank's block only, and an image of a rank's region its messages only, each addressed as
+  // the region is. combine_slice_bytes > 0 (per-token: max_tokens_per_rank rows): the combine stages its
+  // rows for peers on other nodes in combine_staging, world slices, and the combine windows of those peers
+  // are null; 0 (expanded): each such peer's combine window is an outbox addressed as the peer's whole
+  // region (the unweighted combine stores anywhere in it).
   // node_sum_bytes > 0: the combine sums each node's rows first (device::NodeSums, that many bytes).
   ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t dispatch_bytes,
-               std::size_t dispatch_window_bytes, std::size_t combine_bytes, std::size_t combine_slice_bytes,
-               std::size_t node_sum_bytes, std::size_t signal_bytes);
+               std::size_t dispatch_messages_offset, std::size_t dispatch_source_bytes,
+               std::size_t combine_bytes, std::size_t combine_slice_bytes, std::size_t node_sum_bytes,
+               std::size_t signal_bytes);
   // Frees the symmetric memory, a collective of the engine, unless leaked.
   ~ShmemRegions();
   ShmemRegions(const ShmemRegions&) = delete;
@@ -47,20 +50,22 @@ class ShmemRegions {
   uint8_t* dispatch_region() const { return dispatch_region_; }
   uint8_t* combine_region() const { return combine_region_; }
   void* signals() const { return signals_; }
+  // Rank r's messages at dispatch_images() + r x (dispatch_bytes - dispatch_messages_offset).
   uint8_t* dispatch_images() const { return dispatch_images_; }
   // Per-token groups: the combine's staging rows (PeerTransport::combine_staging); null for expanded ones.
   uint8_t* combine_staging() const { return combine_staging_; }
   // Bit r: rank r is on another node, reached by puts.
   uint64_t shmem_peers() const { return shmem_peers_; }
-  // [world] each: where this rank stores into rank r's region (its own memory, a same-node peer's as
-  // mapped by the engine, or the outbox for a peer on another node), and rank r's signals (null for a peer
-  // on another node).
+  // [world] each: where this rank stores into rank r's region, addressed as the region (its own memory, a
+  // same-node peer's as mapped by the engine, or the outbox for a peer on another node, whose dispatch
+  // window reaches this rank's source block only), and rank r's signals (null for a peer on another node).
   const std::vector<void*>& dispatch_windows() const { return dispatch_windows_; }
   const std::vector<void*>& combine_windows() const { return combine_windows_; }
   const std::vector<void*>& signal_pointers() const { return signal_pointers_; }
   // The dispatch messages crossing once per node (PeerTransport::share_peers): bit r, rank r holds this
-  // rank's messages on its node; [world]: where this rank reads rank r's messages, and the Signals of the
-  // node-mate holding them (mapped; null where r is on this node or this rank holds them).
+  // rank's messages on its node; [world]: where this rank reads rank r's messages (addressed as r's region,
+  // from dispatch_messages_offset on), and the Signals of the node-mate holding them (mapped; null where r
+  // is on this node or this rank holds them).
   uint64_t share_peers() const { return share_peers_; }
   const std::vector<void*>& dispatch_sources() const { return dispatch_sources_; }
   const std::vector<void*>& held_signals() const { return held_signals_; }

@@ -481,8 +481,9 @@ inline void check_against_reference(const EpConfig& config, Routing routing, boo
                                     (chunks + 1) * config.num_local_experts(world) * sizeof(uint32_t) +
                                     3 * (std::size_t{2} << 20) + 4096;
     // With ranks on other nodes (ROCEP_GPUS_PER_NODE set and below the world size; empty is unset, as for
-    // the library), the SHMEM engine's images of every rank's dispatch region and the outboxes for the peers
-    // add world x the regions, and less than world x the bookkeeping on top (host/shmem_regions.hpp).
+    // the library), the SHMEM engine's images of every rank's dispatch messages and the combine outboxes for
+    // the peers add world x the regions, and the dispatch outboxes one source block per peer on top
+    // (host/shmem_regions.hpp).
     const char* gpus_per_node = std::getenv("ROCEP_GPUS_PER_NODE");
     const bool across_nodes =
         gpus_per_node != nullptr && *gpus_per_node != '\0' && std::atoi(gpus_per_node) < world;
