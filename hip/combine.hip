@@ -159,6 +159,11 @@ __device__ inline int most_tokens_sent(const Signals* signals, int world) {
   return most;
 }
 
+// Where this rank's weighted partial of `token` lies in its owner's combine region: row [rank][token].
+__device__ inline std::size_t partial_row_offset(const Shape& shape, int token) {
+  return (static_cast<std::size_t>(shape.rank) * shape.max_tokens + token) * CombineRegion::row_bytes(shape);
+}
+
 // (source, token) pairs of `total` that each block of a combine send takes first, fixed by its index: about
 // three quarters of them over the blocks, at least one. The blocks then claim the rest one at a time
 // (LocalState::combine_claims), so that every block keeps working to the end: with every block's pairs
@@ -243,15 +248,15 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
     __syncthreads();
     const std::size_t row_bytes = CombineRegion::row_bytes(shape);
     if (weighted && input_count > 0) {
-      const std::size_t partial_row = static_cast<std::size_t>(shape.rank) * shape.max_tokens + token;
+      const std::size_t partial_offset = partial_row_offset(shape, token);
+      uint8_t* partial = group.peers.row_window(source, partial_offset, token * row_bytes);
       if (kFp8 && source != shape.rank) {
-        reduce_rows_to_fp8(reinterpret_cast<uint8_t*>(region + partial_row * shape.hidden), inputs, weights,
-                           input_count, shape);
+        reduce_rows_to_fp8(partial, inputs, weights, input_count, shape);
       } else {
-        reduce_rows(reinterpret_cast<Vector16*>(region + partial_row * shape.hidden), inputs, weights,
-                    input_count, vectors, threadIdx.x, blockDim.x);
+        reduce_rows(reinterpret_cast<Vector16*>(partial), inputs, weights, input_count, vectors, threadIdx.x,
+                    blockDim.x);
       }
-      group.peers.publish_block(PeerRegion::kCombine, source, partial_row * row_bytes, row_bytes);
+      group.peers.publish_staged(source, token * row_bytes, partial_offset, row_bytes);
     } else {
       for (int j = 0; j < input_count; ++j) {
         copy_bytes16(destinations[j], inputs[j], row_bytes, threadIdx.x, blockDim.x);
@@ -325,15 +330,15 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
       const int list = b * shape.top_k;
       if (weighted) {
         if (input_counts[b] > 0) {
-          const std::size_t partial_row = static_cast<std::size_t>(shape.rank) * shape.max_tokens + token;
+          const std::size_t partial_offset = partial_row_offset(shape, token);
+          uint8_t* partial = group.peers.row_window(source, partial_offset, token * row_bytes);
           if (kFp8 && source != shape.rank) {
-            reduce_rows_to_fp8(reinterpret_cast<uint8_t*>(region + partial_row * shape.hidden), inputs + list,
-                               weights + list, input_counts[b], shape);
+            reduce_rows_to_fp8(partial, inputs + list, weights + list, input_counts[b], shape);
           } else {
-            reduce_rows(reinterpret_cast<Vector16*>(region + partial_row * shape.hidden), inputs + list,
-                        weights + list, input_counts[b], vectors, threadIdx.x, blockDim.x);
+            reduce_rows(reinterpret_cast<Vector16*>(partial), inputs + list, weights + list, input_counts[b],
+                        vectors, threadIdx.x, blockDim.x);
           }
-          group.peers.publish_block(PeerRegion::kCombine, source, partial_row * row_bytes, row_bytes);
+          group.peers.publish_staged(source, token * row_bytes, partial_offset, row_bytes);
         }
       } else {
         for (int slot = 0; slot < shape.top_k; ++slot) {

@@ -119,13 +119,19 @@ struct PeerTransport {
   ROCEP_DEVICE uint8_t* write_window(PeerRegion region, int peer) const {
     return region == PeerRegion::kDispatch ? dispatch_regions[peer] : combine_regions[peer];
   }
-  // Where the per-token combine send stores the expert-output row at `row_offset` of the expert outputs,
-  // bound for [offset, offset + a row) of `peer`'s combine region: IPC, the peer's region there; SHMEM, the
-  // same row of combine_staging, put from there by publish_staged.
+  // The rows a combine send stages for a SHMEM peer (row_window): per-token groups' combine_staging, else
+  // the peer's combine outbox.
+  ROCEP_DEVICE uint8_t* staged_rows_for(int peer) const {
+    return combine_staging != nullptr ? combine_staging : combine_regions[peer];
+  }
+  // Where a combine send stores a row bound for [offset, offset + a row) of `peer`'s combine region: IPC,
+  // the peer's region there; SHMEM, `row_offset` of the rows staged for the peer, put from there by
+  // publish_staged: per-token, combine_staging at the expert-output row's own offset; expanded, the peer's
+  // combine outbox at the token's row (a weighted partial; the unweighted rows go through write_window).
   ROCEP_DEVICE uint8_t* row_window(int peer, std::size_t offset, std::size_t row_offset) const {
 #if defined(ROCEP_HAVE_SHMEM)
     if (through_shmem(peer)) {
-      return combine_staging + row_offset;
+      return staged_rows_for(peer) + row_offset;
     }
 #else
     (void)row_offset;
@@ -170,14 +176,14 @@ struct PeerTransport {
 #endif
   }
   // By every thread of the block, after the block's stores through row_window: SHMEM puts
-  // [row_offset, row_offset + bytes) of combine_staging into [offset, offset + bytes) of `peer`'s combine
-  // region; `peer` is the same in every thread. IPC: the stores are already in the peer's memory.
+  // [row_offset, row_offset + bytes) of the rows staged for `peer` into [offset, offset + bytes) of its
+  // combine region; `peer` is the same in every thread. IPC: the stores are already in the peer's memory.
   __device__ void publish_staged(int peer, std::size_t row_offset, std::size_t offset,
                                  std::size_t bytes) const {
 #if defined(ROCEP_HAVE_SHMEM)
     if (through_shmem(peer)) {
       __syncthreads();
-      shmem::put_nbi_block(own_combine_region + offset, combine_staging + row_offset, bytes, peer);
+      shmem::put_nbi_block(own_combine_region + offset, staged_rows_for(peer) + row_offset, bytes, peer);
     }
 #else
     (void)peer, (void)row_offset, (void)offset, (void)bytes;

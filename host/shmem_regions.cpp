@@ -24,33 +24,30 @@ void* addressed_from(uint8_t* memory, std::size_t offset) {
 
 }  // namespace
 
-ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t dispatch_bytes,
-                           std::size_t dispatch_messages_offset, std::size_t dispatch_source_bytes,
-                           std::size_t combine_bytes, std::size_t combine_slice_bytes,
-                           std::size_t node_sum_bytes, std::size_t signal_bytes)
+ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, const ShmemRegionSizes& sizes)
     : engine_(ShmemEngine::join(world)) {
   const int ranks = world.size();
   const auto world_bytes = static_cast<std::size_t>(ranks);
-  const std::size_t image_bytes = dispatch_bytes - dispatch_messages_offset;
-  dispatch_region_ = static_cast<uint8_t*>(allocate(dispatch_bytes));
-  combine_region_ = static_cast<uint8_t*>(allocate(combine_bytes));
-  signals_ = allocate(signal_bytes);
+  const std::size_t image_bytes = sizes.dispatch - sizes.dispatch_messages_offset;
+  dispatch_region_ = static_cast<uint8_t*>(allocate(sizes.dispatch));
+  combine_region_ = static_cast<uint8_t*>(allocate(sizes.combine));
+  signals_ = allocate(sizes.signals);
   dispatch_images_ = static_cast<uint8_t*>(allocate(world_bytes * image_bytes));
   // A peer's dispatch outbox holds what this rank stores into the peer's region: its own source block there
   // (ids, weights and masks; the messages are shared, not written into peers' regions).
-  auto* dispatch_outboxes = static_cast<uint8_t*>(allocate(world_bytes * dispatch_source_bytes));
-  const std::size_t own_block_offset = static_cast<std::size_t>(world.rank()) * dispatch_source_bytes;
-  // Combine: expanded, an outbox per peer, addressed as the peer's region (at p for peer p); per-token, the
-  // staging rows instead, [world][max_tokens_per_rank] rows of combine_slice_bytes / max_tokens_per_rank
-  // bytes, where the rows for every peer lie at their own rows of the expert outputs.
-  auto* combine_outboxes =
-      combine_slice_bytes > 0 ? nullptr : static_cast<uint8_t*>(allocate(world_bytes * combine_bytes));
-  if (combine_slice_bytes > 0) {
-    combine_staging_ = static_cast<uint8_t*>(allocate(world_bytes * combine_slice_bytes));
+  auto* dispatch_outboxes = static_cast<uint8_t*>(allocate(world_bytes * sizes.dispatch_source_bytes));
+  const std::size_t own_block_offset = static_cast<std::size_t>(world.rank()) * sizes.dispatch_source_bytes;
+  // Combine: expanded, an outbox per peer; per-token, the staging rows instead, [world][max_tokens_per_rank]
+  // rows, where the rows for every peer lie at their own rows of the expert outputs.
+  auto* combine_outboxes = sizes.combine_outbox > 0
+                               ? static_cast<uint8_t*>(allocate(world_bytes * sizes.combine_outbox))
+                               : nullptr;
+  if (sizes.combine_slice > 0) {
+    combine_staging_ = static_cast<uint8_t*>(allocate(world_bytes * sizes.combine_slice));
   }
-  auto* node_sums = node_sum_bytes > 0 ? static_cast<uint8_t*>(allocate(node_sum_bytes)) : nullptr;
-  ROCEP_GPU_CHECK(hipMemset(combine_region_, 0, combine_bytes));
-  ROCEP_GPU_CHECK(hipMemset(signals_, 0, signal_bytes));
+  auto* node_sums = sizes.node_sums > 0 ? static_cast<uint8_t*>(allocate(sizes.node_sums)) : nullptr;
+  ROCEP_GPU_CHECK(hipMemset(combine_region_, 0, sizes.combine));
+  ROCEP_GPU_CHECK(hipMemset(signals_, 0, sizes.signals));
   ROCEP_GPU_CHECK(hipDeviceSynchronize());
   for (int peer = 0; peer < ranks; ++peer) {
     const auto slot = static_cast<std::size_t>(peer);
@@ -73,8 +70,8 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size
     } else {
       shmem_peers_ |= uint64_t{1} << peer;
       dispatch_windows_.push_back(
-          addressed_from(dispatch_outboxes + slot * dispatch_source_bytes, own_block_offset));
-      combine_windows_.push_back(combine_outboxes != nullptr ? combine_outboxes + slot * combine_bytes
+          addressed_from(dispatch_outboxes + slot * sizes.dispatch_source_bytes, own_block_offset));
+      combine_windows_.push_back(combine_outboxes != nullptr ? combine_outboxes + slot * sizes.combine_outbox
                                                              : nullptr);
       signal_pointers_.push_back(nullptr);
     }
@@ -108,7 +105,7 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size
         throw ConfigError("EpGroup: rank " + std::to_string(holder) +
                           " is on this node, but the SHMEM engine maps no memory of it here");
       }
-      dispatch_sources_.push_back(addressed_from(source, dispatch_messages_offset));
+      dispatch_sources_.push_back(addressed_from(source, sizes.dispatch_messages_offset));
       held_signals_.push_back(holder == world.rank() ? nullptr : signal_pointers_[holder]);
     } else {
       dispatch_sources_.push_back(dispatch_windows_[slot]);
@@ -132,8 +129,7 @@ void* ShmemRegions::allocate(std::size_t bytes) {
 
 #else  // a build without an engine: groups stay within one node
 
-ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t, std::size_t, std::size_t,
-                           std::size_t, std::size_t, std::size_t, std::size_t) {
+ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, const ShmemRegionSizes&) {
   throw ConfigError(
       "EpGroup: backend gpu needs every rank on one node in a build without a SHMEM engine (" +
       std::to_string(layout.num_nodes) + " nodes for " + std::to_string(world.size()) +

@@ -6,8 +6,9 @@
 // (1 + world) x the dispatch messages (its own and the images), 2 x the dispatch region's ids, weights and
 // masks (its own sources' blocks, and one block per peer in the outboxes), the signals, and the combine
 // region with its staging: per-token, 2 x world slices of max_tokens_per_rank rows, and where the combine
-// sums nodes first its node sums (device::NodeSums, a slice per source held); expanded, (1 + world) x the
-// region, which grows as world x max(world, top_k) x max_tokens_per_rank rows (docs/scale-out.md). Peers
+// sums nodes first its node sums (device::NodeSums, a slice per source held); expanded, the region of
+// max(world, top_k) x max_tokens_per_rank rows and world outboxes of top_k x max_tokens_per_rank rows
+// (docs/scale-out.md). Peers
 // of this rank's node are reached through the engine's mapping of their symmetric memory, with plain loads
 // and stores as over IPC. Compiled only into builds with an engine (ROCEP_SHMEM).
 #pragma once
@@ -24,24 +25,34 @@ namespace rocep {
 
 class ShmemEngine;
 
+// The sizes of a group's symmetric memory (every rank passes the same).
+struct ShmemRegionSizes {
+  // The dispatch region (device::DispatchRegion): its messages from messages_offset on, and a block of
+  // source_bytes per source before them. A peer's dispatch window (the outbox for it) holds this rank's
+  // block only, and an image of a rank's region its messages only, each addressed as the region is.
+  std::size_t dispatch = 0;
+  std::size_t dispatch_messages_offset = 0;
+  std::size_t dispatch_source_bytes = 0;
+  std::size_t combine = 0;  // the combine region (device::CombineRegion)
+  // Per-token (> 0: max_tokens_per_rank rows): the combine stages its rows for peers on other nodes in
+  // combine_staging, world slices of this many bytes, and the combine windows of those peers are null.
+  std::size_t combine_slice = 0;
+  // Expanded (> 0): each peer on another node has a combine outbox of this many bytes (max_tokens_per_rank
+  // x top_k rows), addressed as the peer's region: the unweighted combine stores its rows there at their
+  // own rows of the peer's region, the weighted one its partial of token t at row t (row_window).
+  std::size_t combine_outbox = 0;
+  // > 0: the combine sums each node's rows first (device::NodeSums, that many bytes).
+  std::size_t node_sums = 0;
+  std::size_t signals = 0;
+};
+
 class ShmemRegions {
  public:
   // Collective over `world` (every rank, the same sizes): joins the engine (one per process, kept while the
   // process lives) and allocates the regions, zeroing the combine region and the signals. Throws ConfigError
   // when a rank of this node is not mapped by the engine, GpuRuntimeError when the engine's heap is too
   // small (NVSHMEM_SYMMETRIC_SIZE / ROCSHMEM_HEAP_SIZE) or it refused to start.
-  // The dispatch region (device::DispatchRegion) has its messages from dispatch_messages_offset on and a
-  // block of dispatch_source_bytes per source before them: a peer's dispatch window (the outbox for it)
-  // holds this rank's block only, and an image of a rank's region its messages only, each addressed as
-  // the region is. combine_slice_bytes > 0 (per-token: max_tokens_per_rank rows): the combine stages its
-  // rows for peers on other nodes in combine_staging, world slices, and the combine windows of those peers
-  // are null; 0 (expanded): each such peer's combine window is an outbox addressed as the peer's whole
-  // region (the unweighted combine stores anywhere in it).
-  // node_sum_bytes > 0: the combine sums each node's rows first (device::NodeSums, that many bytes).
-  ShmemRegions(Bootstrap& world, const NodeLayout& layout, std::size_t dispatch_bytes,
-               std::size_t dispatch_messages_offset, std::size_t dispatch_source_bytes,
-               std::size_t combine_bytes, std::size_t combine_slice_bytes, std::size_t node_sum_bytes,
-               std::size_t signal_bytes);
+  ShmemRegions(Bootstrap& world, const NodeLayout& layout, const ShmemRegionSizes& sizes);
   // Frees the symmetric memory, a collective of the engine, unless leaked.
   ~ShmemRegions();
   ShmemRegions(const ShmemRegions&) = delete;
@@ -50,7 +61,7 @@ class ShmemRegions {
   uint8_t* dispatch_region() const { return dispatch_region_; }
   uint8_t* combine_region() const { return combine_region_; }
   void* signals() const { return signals_; }
-  // Rank r's messages at dispatch_images() + r x (dispatch_bytes - dispatch_messages_offset).
+  // Rank r's messages at dispatch_images() + r x (sizes.dispatch - sizes.dispatch_messages_offset).
   uint8_t* dispatch_images() const { return dispatch_images_; }
   // Per-token groups: the combine's staging rows (PeerTransport::combine_staging); null for expanded ones.
   uint8_t* combine_staging() const { return combine_staging_; }
@@ -64,8 +75,8 @@ class ShmemRegions {
   const std::vector<void*>& signal_pointers() const { return signal_pointers_; }
   // The dispatch messages crossing once per node (PeerTransport::share_peers): bit r, rank r holds this
   // rank's messages on its node; [world]: where this rank reads rank r's messages (addressed as r's region,
-  // from dispatch_messages_offset on), and the Signals of the node-mate holding them (mapped; null where r
-  // is on this node or this rank holds them).
+  // from sizes.dispatch_messages_offset on), and the Signals of the node-mate holding them (mapped; null
+  // where r is on this node or this rank holds them).
   uint64_t share_peers() const { return share_peers_; }
   const std::vector<void*>& dispatch_sources() const { return dispatch_sources_; }
   const std::vector<void*>& held_signals() const { return held_signals_; }

@@ -481,15 +481,17 @@ inline void check_against_reference(const EpConfig& config, Routing routing, boo
                                     (chunks + 1) * config.num_local_experts(world) * sizeof(uint32_t) +
                                     3 * (std::size_t{2} << 20) + 4096;
     // With ranks on other nodes (ROCEP_GPUS_PER_NODE set and below the world size; empty is unset, as for
-    // the library), the SHMEM engine's images of every rank's dispatch messages and the combine outboxes for
-    // the peers add world x the regions, and the dispatch outboxes one source block per peer on top
-    // (host/shmem_regions.hpp).
+    // the library), the SHMEM engine adds an image of every rank's dispatch messages and a combine outbox of
+    // top_k x T rows per peer, and bookkeeping twice more: the dispatch outboxes of one source block per
+    // peer, as many bytes as the region's ids, weights and masks (host/shmem_regions.hpp).
     const char* gpus_per_node = std::getenv("ROCEP_GPUS_PER_NODE");
     const bool across_nodes =
         gpus_per_node != nullptr && *gpus_per_node != '\0' && std::atoi(gpus_per_node) < world;
-    const std::size_t copies = across_nodes ? 1 + static_cast<std::size_t>(world) : 1;
-    EXPECT_GE(group.memory_bytes(), regions * copies);
-    EXPECT_LE(group.memory_bytes(), (regions + bookkeeping) * copies);
+    const std::size_t peer_copies = across_nodes ? static_cast<std::size_t>(world) * (1 + config.top_k) *
+                                                       tokens * hidden * sizeof(bf16_bits)
+                                                 : 0;
+    EXPECT_GE(group.memory_bytes(), regions + peer_copies);
+    EXPECT_LE(group.memory_bytes(), regions + peer_copies + (across_nodes ? 3 : 1) * bookkeeping);
   }
   Stream stream;
   const DeviceInputs device_inputs(inputs);
