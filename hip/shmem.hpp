@@ -25,6 +25,8 @@
 namespace rocep::shmem {
 
 #if defined(ROCEP_SHMEM_NVSHMEM)
+// The environment variable that sizes the engine's symmetric heap on every PE.
+inline constexpr const char* kHeapSizeVariable = "NVSHMEM_SYMMETRIC_SIZE";
 using UniqueId = nvshmemx_uniqueid_t;
 using InitAttributes = nvshmemx_init_attr_t;
 
@@ -100,6 +102,7 @@ __device__ inline void fence() {
 #endif
 
 #else  // rocSHMEM: the same calls under its names (compiled where rocSHMEM is installed; no CI here has it)
+inline constexpr const char* kHeapSizeVariable = "ROCSHMEM_HEAP_SIZE";
 using UniqueId = rocshmem_uniqueid_t;
 using InitAttributes = rocshmem_init_attr_t;
 

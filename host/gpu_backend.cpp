@@ -203,20 +203,8 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
     view_.combine_region = combine_region_.as<uint8_t>();
   } else {
     // Across nodes: the engine's symmetric memory, peers of other nodes reached by puts (hip/transport.hpp).
-    run_agreed(world, "allocating the group's symmetric memory in the SHMEM engine", [&] {
-      const std::size_t slice =
-          static_cast<std::size_t>(shape.max_tokens) * device::CombineRegion::row_bytes(shape);
-      ShmemRegionSizes sizes;
-      sizes.dispatch = dispatch_bytes;
-      sizes.dispatch_messages_offset = device::DispatchRegion::message_offset(shape, 0);
-      sizes.dispatch_source_bytes = device::DispatchRegion::source_bytes(shape);
-      sizes.combine = combine_bytes;
-      sizes.combine_slice = shape.per_token != 0 ? slice : 0;
-      sizes.combine_outbox = shape.per_token != 0 ? 0 : slice * static_cast<std::size_t>(shape.top_k);
-      sizes.node_sums = shape.node_sums != 0 ? device::NodeSums::bytes(shape) : 0;
-      sizes.signals = sizeof(device::Signals);
-      shmem_ = std::make_unique<ShmemRegions>(world, layout, sizes);
-    });
+    run_agreed(world, "allocating the group's symmetric memory in the SHMEM engine",
+               [&] { shmem_ = std::make_unique<ShmemRegions>(world, layout, ShmemRegionSizes::of(shape)); });
     for (const std::vector<void*>* table : {&shmem_->dispatch_windows(), &shmem_->combine_windows(),
                                             &shmem_->signal_pointers(), &shmem_->dispatch_sources()}) {
       tables.insert(tables.end(), table->begin(), table->end());

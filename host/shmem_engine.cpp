@@ -56,8 +56,8 @@ void* ShmemEngine::allocate(std::size_t bytes) {
   void* memory = shmem::symmetric_malloc(bytes);
   if (memory == nullptr && bytes > 0) {
     throw GpuRuntimeError("ShmemEngine: no " + std::to_string(bytes) +
-                          " bytes of symmetric memory left on PE " + std::to_string(pe_) +
-                          " (NVSHMEM_SYMMETRIC_SIZE sets the heap)");
+                          " bytes of symmetric memory left on PE " + std::to_string(pe_) + " (" +
+                          shmem::kHeapSizeVariable + " sets the heap)");
   }
   return memory;
 }

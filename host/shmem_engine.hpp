@@ -26,7 +26,7 @@ class ShmemEngine {
   int pe() const { return pe_; }
   int pes() const { return pes_; }
   // Symmetric memory: collective, every PE with the same size, in the same order. Throws GpuRuntimeError
-  // when the engine's heap is exhausted (NVSHMEM_SYMMETRIC_SIZE sets it).
+  // when the engine's heap is exhausted (shmem::kHeapSizeVariable sets it).
   void* allocate(std::size_t bytes);
   void release(void* memory);  // collective
   void barrier();              // every PE, on the host

@@ -1,5 +1,6 @@
 #include "shmem_regions.hpp"
 
+#include <stdexcept>
 #include <string>
 
 #include "gpu_check.hpp"
@@ -25,7 +26,7 @@ void* addressed_from(uint8_t* memory, std::size_t offset) {
 }  // namespace
 
 ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, const ShmemRegionSizes& sizes)
-    : engine_(ShmemEngine::join(world)) {
+    : engine_(ShmemEngine::join(world)), needed_bytes_(sizes.total(world.size())) {
   const int ranks = world.size();
   const auto world_bytes = static_cast<std::size_t>(ranks);
   const std::size_t image_bytes = sizes.dispatch - sizes.dispatch_messages_offset;
@@ -46,6 +47,10 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, const Shm
     combine_staging_ = static_cast<uint8_t*>(allocate(world_bytes * sizes.combine_slice));
   }
   auto* node_sums = sizes.node_sums > 0 ? static_cast<uint8_t*>(allocate(sizes.node_sums)) : nullptr;
+  if (bytes_ != needed_bytes_) {
+    throw std::logic_error("ShmemRegions: allocated " + std::to_string(bytes_) + " bytes, not the " +
+                           std::to_string(needed_bytes_) + " of ShmemRegionSizes::total");
+  }
   ROCEP_GPU_CHECK(hipMemset(combine_region_, 0, sizes.combine));
   ROCEP_GPU_CHECK(hipMemset(signals_, 0, sizes.signals));
   ROCEP_GPU_CHECK(hipDeviceSynchronize());
@@ -121,7 +126,15 @@ ShmemRegions::~ShmemRegions() {
 }
 
 void* ShmemRegions::allocate(std::size_t bytes) {
-  void* memory = engine_->allocate(bytes);
+  void* memory = nullptr;
+  try {
+    memory = engine_->allocate(bytes);
+  } catch (const GpuRuntimeError& error) {
+    throw GpuRuntimeError("EpGroup: the group needs " + std::to_string(needed_bytes_) +
+                          " bytes of symmetric memory on every PE (docs/scale-out.md); " +
+                          shmem::kHeapSizeVariable +
+                          " must hold them beside the engine's own: " + error.what());
+  }
   allocations_.push_back(memory);
   bytes_ += bytes;
   return memory;

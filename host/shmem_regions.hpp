@@ -20,38 +20,18 @@
 
 #include "node.hpp"
 #include "rocep/bootstrap.hpp"
+#include "shmem_sizes.hpp"
 
 namespace rocep {
 
 class ShmemEngine;
-
-// The sizes of a group's symmetric memory (every rank passes the same).
-struct ShmemRegionSizes {
-  // The dispatch region (device::DispatchRegion): its messages from messages_offset on, and a block of
-  // source_bytes per source before them. A peer's dispatch window (the outbox for it) holds this rank's
-  // block only, and an image of a rank's region its messages only, each addressed as the region is.
-  std::size_t dispatch = 0;
-  std::size_t dispatch_messages_offset = 0;
-  std::size_t dispatch_source_bytes = 0;
-  std::size_t combine = 0;  // the combine region (device::CombineRegion)
-  // Per-token (> 0: max_tokens_per_rank rows): the combine stages its rows for peers on other nodes in
-  // combine_staging, world slices of this many bytes, and the combine windows of those peers are null.
-  std::size_t combine_slice = 0;
-  // Expanded (> 0): each peer on another node has a combine outbox of this many bytes (max_tokens_per_rank
-  // x top_k rows), addressed as the peer's region: the unweighted combine stores its rows there at their
-  // own rows of the peer's region, the weighted one its partial of token t at row t (row_window).
-  std::size_t combine_outbox = 0;
-  // > 0: the combine sums each node's rows first (device::NodeSums, that many bytes).
-  std::size_t node_sums = 0;
-  std::size_t signals = 0;
-};
 
 class ShmemRegions {
  public:
   // Collective over `world` (every rank, the same sizes): joins the engine (one per process, kept while the
   // process lives) and allocates the regions, zeroing the combine region and the signals. Throws ConfigError
   // when a rank of this node is not mapped by the engine, GpuRuntimeError when the engine's heap is too
-  // small (NVSHMEM_SYMMETRIC_SIZE / ROCSHMEM_HEAP_SIZE) or it refused to start.
+  // small (naming sizes.total and NVSHMEM_SYMMETRIC_SIZE / ROCSHMEM_HEAP_SIZE) or it refused to start.
   ShmemRegions(Bootstrap& world, const NodeLayout& layout, const ShmemRegionSizes& sizes);
   // Frees the symmetric memory, a collective of the engine, unless leaked.
   ~ShmemRegions();
@@ -109,6 +89,7 @@ class ShmemRegions {
   std::vector<void*> held_signals_;
   std::vector<void*> node_sum_windows_;
   std::vector<void*> staged_rows_;
+  std::size_t needed_bytes_ = 0;  // ShmemRegionSizes::total: what the constructor allocates in all
   std::size_t bytes_ = 0;
 };
 

@@ -1,16 +1,20 @@
-// EpConfig validation, the per-format byte counts, the derived sizes (local experts, receive rows) and the
-// combine region's layout. No MPI: every rank runs the same checks on its own.
+// EpConfig validation, the per-format byte counts, the derived sizes (local experts, receive rows), the
+// combine region's layout and the symmetric memory of groups that span nodes. No MPI: every rank runs the
+// same checks on its own.
 #include "rocep/config.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <string>
 
 #include "hip/ep_params.hpp"
 #include "hip/scale_layout.hpp"
 #include "host/comm_policy.hpp"
+#include "host/shmem_sizes.hpp"
 #include "rocep/errors.hpp"
 
 namespace {
@@ -305,6 +309,57 @@ TEST(CombineRegionTest, PulledRowsAndInputRowsFollowTheChunkFlagsAligned) {
                       static_cast<std::size_t>(world) * tokens * CombineRegion::row_bytes(shape));
       }
     }
+  }
+}
+
+// A bf16 group's Shape as the GPU backend derives it, for the symmetric memory's sizes.
+rocep::device::Shape bf16_shape(int world, int tokens, int hidden, int top_k, int experts, bool per_token) {
+  rocep::device::Shape shape{};
+  shape.world = world;
+  shape.max_tokens = tokens;
+  shape.hidden = hidden;
+  shape.top_k = top_k;
+  shape.num_experts = experts;
+  shape.local_experts = experts / world;
+  shape.payload_bytes = static_cast<uint32_t>(hidden) * 2;
+  shape.message_bytes = shape.payload_bytes;
+  shape.per_token = per_token ? 1 : 0;
+  shape.split_combine = 1;
+  shape.combine_chunk_tokens = rocep::device::kMaxCombineChunkTokens;
+  return shape;
+}
+
+// Across nodes every PE holds, per-token: its dispatch messages and an image of every rank's, the combine
+// region and the staging rows (world x T rows each): (3 x world + 1) x T rows of bf16, with the ids,
+// weights and masks twice (the region's and one block per peer's outbox) and the chunk flags on top, under
+// 1% at hidden 7168, and nothing that grows with world squared times T. The experts add only their masks.
+// Expanded: the combine region of max(world, top_k) x T rows and a combine outbox of top_k x T rows per
+// peer instead.
+TEST(ShmemRegionSizesTest, GrowAsWorldTimesTokensAndNotWithTheExperts) {
+  constexpr int kTokens = 4096;
+  constexpr int kHidden = 7168;
+  constexpr int kTopK = 8;
+  const std::size_t row = std::size_t{kHidden} * 2;
+  for (const int world : {2, 8, 16, 64}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    const auto ranks = static_cast<std::size_t>(world);
+    const rocep::device::Shape per_token = bf16_shape(world, kTokens, kHidden, kTopK, 256, true);
+    const std::size_t rows = (3 * ranks + 1) * kTokens * row;
+    const std::size_t per_token_total = rocep::ShmemRegionSizes::of(per_token).total(world);
+    EXPECT_GE(per_token_total, rows);
+    EXPECT_LE(per_token_total, rows + rows / 100);
+
+    const rocep::device::Shape more_experts = bf16_shape(world, kTokens, kHidden, kTopK, 1024, true);
+    const std::size_t more_experts_total = rocep::ShmemRegionSizes::of(more_experts).total(world);
+    EXPECT_GT(more_experts_total, per_token_total);
+    EXPECT_LE(more_experts_total, per_token_total + per_token_total / 200);
+
+    const rocep::device::Shape expanded = bf16_shape(world, kTokens, kHidden, kTopK, 256, false);
+    const std::size_t expanded_rows =
+        (ranks + 1 + static_cast<std::size_t>(std::max(world, kTopK)) + ranks * kTopK) * kTokens * row;
+    const std::size_t expanded_total = rocep::ShmemRegionSizes::of(expanded).total(world);
+    EXPECT_GE(expanded_total, expanded_rows);
+    EXPECT_LE(expanded_total, expanded_rows + expanded_rows / 100);
   }
 }
 
