@@ -169,6 +169,10 @@ def check_input_buffers(boot, rank, world):
     tokens_buffer, rows_buffer = gpu.dispatch_input_buffer(), gpu.combine_input_buffer()
     if tokens_buffer.dtype != torch.bfloat16 or tuple(rows_buffer.shape) != (gpu.config.max_recv_tokens(world), HIDDEN):
         failures.append(f"input buffers: {tokens_buffer.dtype} {tuple(rows_buffer.shape)}")
+    buffers = (MAX_TOKENS + gpu.config.max_recv_tokens(world)) * HIDDEN * 2  # both input buffers, counted
+    if gpu.memory_bytes < buffers or cpu.memory_bytes != 0:
+        failures.append(f"memory_bytes: {gpu.memory_bytes} on the GPU (its input buffers {buffers}), "
+                        f"{cpu.memory_bytes} on the CPU reference")
     for step, n in enumerate([MAX_TOKENS, 33, 0, 90]):
         tokens, ids, weights, expert_rows = inputs(60 + step, rank, n, world, rows_buffer.shape[0])
         tokens_buffer[:n].copy_(tokens)

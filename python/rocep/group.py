@@ -142,6 +142,12 @@ class Group:
     def backend(self):
         return self._group.backend
 
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes the group allocated for itself on its device, outputs not included (EpGroup::memory_bytes:
+        its regions and bookkeeping, across nodes its symmetric memory; 0 on the CPU reference)."""
+        return self._group.memory_bytes
+
     def _empty(self, shape, dtype: str):
         """An output array of the group's library; bf16 as uint16 bits where the library has no bfloat16."""
         if self._arrays == "torch":

@@ -455,6 +455,7 @@ NB_MODULE(_rocep, m) {
       .def_prop_ro("backend", &rocep::EpGroup::backend)
       .def_prop_ro("num_local_experts", &rocep::EpGroup::num_local_experts)
       .def_prop_ro("max_recv_rows", &rocep::EpGroup::max_recv_rows)
+      .def_prop_ro("memory_bytes", &rocep::EpGroup::memory_bytes)
       // The addresses of the group's input buffers (EpGroup::dispatch_input_buffer, combine_input_buffer):
       // rocep.Group wraps them in arrays of its library.
       .def("dispatch_input_buffer_address",
