@@ -8,9 +8,9 @@
 // region with its staging: per-token, 2 x world slices of max_tokens_per_rank rows, and where the combine
 // sums nodes first its node sums (device::NodeSums, a slice per source held); expanded, the region of
 // max(world, top_k) x max_tokens_per_rank rows and world outboxes of top_k x max_tokens_per_rank rows
-// (docs/scale-out.md). Peers
-// of this rank's node are reached through the engine's mapping of their symmetric memory, with plain loads
-// and stores as over IPC. Compiled only into builds with an engine (ROCEP_SHMEM).
+// (docs/scale-out.md; ShmemRegionSizes::total sums them). Peers of this rank's node are reached through the
+// engine's mapping of their symmetric memory, with plain loads and stores as over IPC. Compiled only into
+// builds with an engine (ROCEP_SHMEM).
 #pragma once
 
 #include <cstddef>

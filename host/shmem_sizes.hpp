@@ -11,9 +11,11 @@
 namespace rocep {
 
 struct ShmemRegionSizes {
-  // The dispatch region (device::DispatchRegion): its messages from messages_offset on, and a block of
-  // source_bytes per source before them. A peer's dispatch window (the outbox for it) holds this rank's
-  // block only, and an image of a rank's region its messages only, each addressed as the region is.
+  // The dispatch region (device::DispatchRegion): its messages from dispatch_messages_offset on, and a block
+  // of dispatch_source_bytes per source before them. A peer's dispatch window (the outbox for it) holds
+  // this rank's block only, and an image of a rank's region its messages only, each addressed as the region
+  // is. An outbox, an image and a staging slice are allocated per rank of the group (world of each), used
+  // for the ranks on other nodes.
   std::size_t dispatch = 0;
   std::size_t dispatch_messages_offset = 0;
   std::size_t dispatch_source_bytes = 0;
@@ -21,9 +23,9 @@ struct ShmemRegionSizes {
   // Per-token (> 0: max_tokens_per_rank rows): the combine stages its rows for peers on other nodes in
   // combine_staging, world slices of this many bytes, and the combine windows of those peers are null.
   std::size_t combine_slice = 0;
-  // Expanded (> 0): each peer on another node has a combine outbox of this many bytes (max_tokens_per_rank
-  // x top_k rows), addressed as the peer's region: the unweighted combine stores its rows there at their
-  // own rows of the peer's region, the weighted one its partial of token t at row t (row_window).
+  // Expanded (> 0): a combine outbox per rank of this many bytes (max_tokens_per_rank x top_k rows),
+  // addressed as that rank's region: the unweighted combine stores its rows there at their own rows of the
+  // region, the weighted one its partial of token t at row t (row_window).
   std::size_t combine_outbox = 0;
   // > 0: the combine sums each node's rows first (device::NodeSums, that many bytes).
   std::size_t node_sums = 0;
