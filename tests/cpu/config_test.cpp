@@ -1,6 +1,6 @@
 // EpConfig validation, the per-format byte counts, the derived sizes (local experts, receive rows), the
-// combine region's layout and the symmetric memory of groups that span nodes. No MPI: every rank runs the
-// same checks on its own.
+// dispatch and combine regions' layouts and the symmetric memory of groups that span nodes. No MPI: every
+// rank runs the same checks on its own.
 #include "rocep/config.hpp"
 
 #include <gtest/gtest.h>
@@ -307,6 +307,46 @@ TEST(CombineRegionTest, PulledRowsAndInputRowsFollowTheChunkFlagsAligned) {
         EXPECT_EQ(CombineRegion::bytes(shape),
                   CombineRegion::input_rows_offset(shape) +
                       static_cast<std::size_t>(world) * tokens * CombineRegion::row_bytes(shape));
+      }
+    }
+  }
+}
+
+// A dispatch region keeps what source s stores there (ids, weights, masks, token masks of every token and
+// chunk) inside [source_offset(s), source_offset(s + 1)), the masks 8-byte aligned, and the messages after
+// every source's block, 16-byte aligned: a rank on another node stages its stores into a peer's region in
+// an outbox of one block (host/shmem_regions.hpp), addressed as the region from its own block on.
+TEST(DispatchRegionTest, EachSourcesIdsWeightsAndMasksLieInItsOwnBlock) {
+  using rocep::device::DispatchRegion;
+  for (const int world : {1, 2, 3, 8, 64}) {
+    for (const int tokens : {1, 63, 64, 65, 4096}) {
+      for (const int top_k : {1, 6, 8}) {
+        SCOPED_TRACE("world " + std::to_string(world) + ", T " + std::to_string(tokens) + ", top_k " +
+                     std::to_string(top_k));
+        rocep::device::Shape shape{};
+        shape.world = world;
+        shape.max_tokens = tokens;
+        shape.top_k = top_k;
+        shape.local_experts = 5;
+        shape.message_bytes = 7168 * 2;
+        const int chunks = rocep::device::chunks_per_source(shape);
+        for (int source = 0; source < world; ++source) {
+          const std::size_t begin = DispatchRegion::source_offset(shape, source);
+          const std::size_t end = DispatchRegion::source_offset(shape, source + 1);
+          EXPECT_EQ(end - begin, DispatchRegion::source_bytes(shape));
+          EXPECT_EQ(DispatchRegion::ids_offset(shape, source, 0), begin);
+          EXPECT_EQ(DispatchRegion::weights_offset(shape, source, 0),
+                    DispatchRegion::ids_offset(shape, source, tokens));
+          EXPECT_EQ(DispatchRegion::masks_offset(shape, source, 0),
+                    DispatchRegion::weights_offset(shape, source, tokens));
+          EXPECT_EQ(DispatchRegion::masks_offset(shape, source, 0) % 8, 0u);
+          EXPECT_EQ(DispatchRegion::token_masks_offset(shape, source, 0),
+                    DispatchRegion::masks_offset(shape, source, chunks));
+          EXPECT_EQ(DispatchRegion::token_masks_offset(shape, source, chunks), end);
+        }
+        EXPECT_GE(DispatchRegion::message_offset(shape, 0), DispatchRegion::source_offset(shape, world));
+        EXPECT_EQ(DispatchRegion::message_offset(shape, 0) % 16, 0u);
+        EXPECT_EQ(DispatchRegion::bytes(shape), DispatchRegion::message_offset(shape, tokens));
       }
     }
   }
