@@ -312,6 +312,23 @@ TEST(CombineRegionTest, PulledRowsAndInputRowsFollowTheChunkFlagsAligned) {
   }
 }
 
+// A bf16 group's Shape as the GPU backend derives it, for the regions' layouts and sizes.
+rocep::device::Shape bf16_shape(int world, int tokens, int hidden, int top_k, int experts, bool per_token) {
+  rocep::device::Shape shape{};
+  shape.world = world;
+  shape.max_tokens = tokens;
+  shape.hidden = hidden;
+  shape.top_k = top_k;
+  shape.num_experts = experts;
+  shape.local_experts = experts / world;
+  shape.payload_bytes = static_cast<uint32_t>(hidden) * 2;
+  shape.message_bytes = shape.payload_bytes;
+  shape.per_token = per_token ? 1 : 0;
+  shape.split_combine = 1;
+  shape.combine_chunk_tokens = rocep::device::kMaxCombineChunkTokens;
+  return shape;
+}
+
 // A dispatch region keeps what source s stores there (ids, weights, masks, token masks of every token and
 // chunk) inside [source_offset(s), source_offset(s + 1)), the masks 8-byte aligned, and the messages after
 // every source's block, 16-byte aligned: a rank on another node stages its stores into a peer's region in
@@ -323,12 +340,7 @@ TEST(DispatchRegionTest, EachSourcesIdsWeightsAndMasksLieInItsOwnBlock) {
       for (const int top_k : {1, 6, 8}) {
         SCOPED_TRACE("world " + std::to_string(world) + ", T " + std::to_string(tokens) + ", top_k " +
                      std::to_string(top_k));
-        rocep::device::Shape shape{};
-        shape.world = world;
-        shape.max_tokens = tokens;
-        shape.top_k = top_k;
-        shape.local_experts = 5;
-        shape.message_bytes = 7168 * 2;
+        const rocep::device::Shape shape = bf16_shape(world, tokens, 7168, top_k, 5 * world, true);
         const int chunks = rocep::device::chunks_per_source(shape);
         for (int source = 0; source < world; ++source) {
           const std::size_t begin = DispatchRegion::source_offset(shape, source);
@@ -350,23 +362,6 @@ TEST(DispatchRegionTest, EachSourcesIdsWeightsAndMasksLieInItsOwnBlock) {
       }
     }
   }
-}
-
-// A bf16 group's Shape as the GPU backend derives it, for the symmetric memory's sizes.
-rocep::device::Shape bf16_shape(int world, int tokens, int hidden, int top_k, int experts, bool per_token) {
-  rocep::device::Shape shape{};
-  shape.world = world;
-  shape.max_tokens = tokens;
-  shape.hidden = hidden;
-  shape.top_k = top_k;
-  shape.num_experts = experts;
-  shape.local_experts = experts / world;
-  shape.payload_bytes = static_cast<uint32_t>(hidden) * 2;
-  shape.message_bytes = shape.payload_bytes;
-  shape.per_token = per_token ? 1 : 0;
-  shape.split_combine = 1;
-  shape.combine_chunk_tokens = rocep::device::kMaxCombineChunkTokens;
-  return shape;
 }
 
 // Across nodes every PE holds, per-token: its dispatch messages and an image of every rank's, the combine
