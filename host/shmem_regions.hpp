@@ -2,15 +2,10 @@
 // combine regions and its signals in the SHMEM engine's symmetric memory, with what the transport needs
 // for each peer on another node (hip/transport.hpp): a dispatch outbox per peer, an image of every rank's
 // dispatch messages, and the combine's staging: per-token, the staging rows (world x max_tokens_per_rank
-// rows, the expert outputs' own rows); expanded, a combine outbox per peer. Symmetric bytes per rank:
-// (1 + world) x the dispatch messages (its own and the images), 2 x the dispatch region's ids, weights and
-// masks (its own sources' blocks, and one block per peer in the outboxes), the signals, and the combine
-// region with its staging: per-token, 2 x world slices of max_tokens_per_rank rows, and where the combine
-// sums nodes first its node sums (device::NodeSums, a slice per source held); expanded, the region of
-// max(world, top_k) x max_tokens_per_rank rows and world outboxes of top_k x max_tokens_per_rank rows
-// (docs/scale-out.md; ShmemRegionSizes::total sums them). Peers of this rank's node are reached through the
-// engine's mapping of their symmetric memory, with plain loads and stores as over IPC. Compiled only into
-// builds with an engine (ROCEP_SHMEM).
+// rows, the expert outputs' own rows); expanded, a combine outbox per peer; where the combine sums nodes
+// first, its node sums. Their sizes and their sum per rank: ShmemRegionSizes (host/shmem_sizes.hpp,
+// docs/scale-out.md). Peers of this rank's node are reached through the engine's mapping of their symmetric
+// memory, with plain loads and stores as over IPC. Compiled only into builds with an engine (ROCEP_SHMEM).
 #pragma once
 
 #include <cstddef>
