@@ -230,10 +230,13 @@ struct PeerTransport {
     __shared__ uint32_t bound;  // bit t: token t goes to the holder's node
     uint8_t* image = dispatch_images + static_cast<std::size_t>(rank) * dispatch_image_bytes +
                      (offset - dispatch_messages_offset);
-    for (int peer = 0; peer < kMaxWorld && (share_peers >> peer) != 0; ++peer) {
-      if (((share_peers >> peer) & 1u) == 0) {
-        continue;  // the same in every thread
-      }
+    // The holders in turn from bit `first` on, cyclically: rank r's block b starts at r + 1 + b, so that at
+    // any moment the ranks' blocks write to different holders rather than all to the lowest one first.
+    const unsigned first = (static_cast<unsigned>(rank) + 1u + blockIdx.x) % kMaxWorld;
+    const uint64_t turned =
+        first == 0 ? share_peers : (share_peers >> first) | (share_peers << (kMaxWorld - first));
+    for (uint64_t holders = turned; holders != 0; holders &= holders - 1) {  // the same in every thread
+      const int peer = static_cast<int>((__ffsll(static_cast<long long>(holders)) - 1 + first) % kMaxWorld);
       __syncthreads();  // the messages stored, and `bound` of the holder before read by every thread
       if (threadIdx.x == 0) {
         bound = 0;
