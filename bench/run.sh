@@ -17,12 +17,7 @@ build=${ROCEP_BUILD_DIR:-$root/build/bench}
 cmake -S "$root" -B "$build" -DROCEP_BUILD_TESTS=OFF ${ROCEP_CMAKE_ARGS:-}
 cmake --build "$build" -j "$(nproc)" --target rocep_bench
 
-gpus=0
-if command -v nvidia-smi >/dev/null 2>&1; then
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-elif command -v rocm-smi >/dev/null 2>&1; then
-  gpus=$(rocm-smi --showid 2>/dev/null | grep -c '^GPU\[' || true)
-fi
+gpus=$(bash "$root/.ci/count-gpus")
 ranks=${ROCEP_RANKS:-$((gpus >= 2 ? gpus : 2))}
 if [ "$gpus" -eq 0 ]; then
   echo "bench/run.sh: no GPU found: running the CPU reference backend on $ranks ranks"

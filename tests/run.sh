@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds rocep for the GPU platform found on this machine (or the CPU reference only) and runs every test:
-# CPU tests at 1-4 MPI ranks, GPU tests at 2 ranks (they report SKIPPED without a GPU), then the Python
-# package's tests (built into a venv of its own, on the CPU reference, pytest at 2 and 4 MPI ranks).
+# CPU tests at 1-4 MPI ranks, GPU tests at 2 ranks (they report SKIPPED without a GPU) and, with more GPUs,
+# at one rank per GPU, then the Python package's tests (built into a venv of its own, on the CPU reference,
+# pytest at 2 and 4 MPI ranks).
 #   ROCEP_BUILD_DIR   build folder (default: build/tests)
 #   ROCEP_CMAKE_ARGS  extra CMake arguments, e.g. -DROCEP_GPU_PLATFORM=none
 set -euo pipefail
@@ -12,6 +13,13 @@ build=${ROCEP_BUILD_DIR:-$root/build/tests}
 cmake -S "$root" -B "$build" -DROCEP_BUILD_BENCH=OFF ${ROCEP_CMAKE_ARGS:-}
 cmake --build "$build" -j "$(nproc)"
 ctest --test-dir "$build" --output-on-failure
+# ctest runs the GPU tests at 2 ranks; a machine with more GPUs also runs them on all of them, one rank each.
+gpus=$(bash "$root/.ci/count-gpus")
+if [ "$gpus" -gt 2 ] && [ -x "$build/tests/rocep_gpu_tests" ]; then
+  echo "GPU tests at $gpus ranks, one per GPU"
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    timeout 1200 mpirun --oversubscribe --bind-to none -np "$gpus" "$build/tests/rocep_gpu_tests"
+fi
 
 build=$(cd "$build" && pwd)  # absolute: the Python tests run from inside it
 # The Python module, built by CMake into a folder of its own (no network needed where numpy, pytest, mpi4py
