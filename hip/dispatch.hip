@@ -151,8 +151,8 @@ __device__ void share_tokens(const GroupView& group, const DispatchSendArgs& arg
   const uint64_t ranks = static_cast<int>(threadIdx.x) < count && group.peers.share_peers != 0
                              ? destination_ranks(shape, args, token)
                              : 0;
-  group.peers.share_tokens_block(DispatchRegion::message_offset(shape, first), shape.message_bytes, count,
-                                 ranks);
+  group.peers.share_tokens_block(shape.world, DispatchRegion::message_offset(shape, first),
+                                 shape.message_bytes, count, ranks);
 }
 
 // Tokens of one batch of send_tokens, a slot (token, k) per thread: a whole number of bytes of a chunk's

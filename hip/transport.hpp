@@ -221,7 +221,8 @@ struct PeerTransport {
   // them in place. SHMEM: each goes only to the holders (share_peers) of the nodes its experts are on:
   // thread t < count gives `ranks`, its token's destination ranks (bit r: rank r owns one of its
   // experts), and each holder gets the runs of consecutive tokens bound for its node, a block put each.
-  __device__ void share_tokens_block(std::size_t offset, std::size_t message_bytes, int count,
+  // `world`: the group's ranks.
+  __device__ void share_tokens_block(int world, std::size_t offset, std::size_t message_bytes, int count,
                                      uint64_t ranks) const {
 #if defined(ROCEP_HAVE_SHMEM)
     if (share_peers == 0) {
@@ -230,13 +231,14 @@ struct PeerTransport {
     __shared__ uint32_t bound;  // bit t: token t goes to the holder's node
     uint8_t* image = dispatch_images + static_cast<std::size_t>(rank) * dispatch_image_bytes +
                      (offset - dispatch_messages_offset);
-    // The holders in turn from bit `first` on, cyclically: rank r's block b starts at r + 1 + b, so that at
-    // any moment the ranks' blocks write to different holders rather than all to the lowest one first.
-    const unsigned first = (static_cast<unsigned>(rank) + 1u + blockIdx.x) % kMaxWorld;
-    const uint64_t turned =
-        first == 0 ? share_peers : (share_peers >> first) | (share_peers << (kMaxWorld - first));
-    for (uint64_t holders = turned; holders != 0; holders &= holders - 1) {  // the same in every thread
-      const int peer = static_cast<int>((__ffsll(static_cast<long long>(holders)) - 1 + first) % kMaxWorld);
+    // The holders in turn, from rank (rank + 1 + block) % world on, cyclically, so that at any moment the
+    // ranks' blocks write to different holders rather than all to the lowest one first.
+    const int first = (rank + 1 + static_cast<int>(blockIdx.x)) % world;
+    for (int turn = 0; turn < world; ++turn) {
+      const int peer = (first + turn) % world;
+      if (((share_peers >> peer) & 1u) == 0) {
+        continue;  // the same in every thread
+      }
       __syncthreads();  // the messages stored, and `bound` of the holder before read by every thread
       if (threadIdx.x == 0) {
         bound = 0;
@@ -254,7 +256,7 @@ struct PeerTransport {
       }
     }
 #else
-    (void)offset, (void)message_bytes, (void)count, (void)ranks;
+    (void)world, (void)offset, (void)message_bytes, (void)count, (void)ranks;
 #endif
   }
   // Called by thread 0 of a block after a barrier of the block, once its stores and puts for the peers are
