@@ -203,8 +203,9 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
     view_.combine_region = combine_region_.as<uint8_t>();
   } else {
     // Across nodes: the engine's symmetric memory, peers of other nodes reached by puts (hip/transport.hpp).
+    const ShmemRegionSizes sizes = ShmemRegionSizes::of(shape);
     run_agreed(world, "allocating the group's symmetric memory in the SHMEM engine",
-               [&] { shmem_ = std::make_unique<ShmemRegions>(world, layout, ShmemRegionSizes::of(shape)); });
+               [&] { shmem_ = std::make_unique<ShmemRegions>(world, layout, sizes); });
     for (const std::vector<void*>* table : {&shmem_->dispatch_windows(), &shmem_->combine_windows(),
                                             &shmem_->signal_pointers(), &shmem_->dispatch_sources()}) {
       tables.insert(tables.end(), table->begin(), table->end());
@@ -226,8 +227,8 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
     view_.peers.own_signals = view_.signals;
     view_.peers.dispatch_images = shmem_->dispatch_images();
     view_.peers.combine_staging = shmem_->combine_staging();
-    view_.peers.dispatch_messages_offset = device::DispatchRegion::message_offset(shape, 0);
-    view_.peers.dispatch_image_bytes = dispatch_bytes - view_.peers.dispatch_messages_offset;
+    view_.peers.dispatch_messages_offset = sizes.dispatch_messages_offset;
+    view_.peers.dispatch_image_bytes = sizes.dispatch_image();
     view_.peers.rank = rank_;
     memory_bytes_ += shmem_->bytes();
   }

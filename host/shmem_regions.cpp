@@ -29,7 +29,7 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, const Shm
     : engine_(ShmemEngine::join(world)), needed_bytes_(sizes.total(world.size())) {
   const int ranks = world.size();
   const auto world_bytes = static_cast<std::size_t>(ranks);
-  const std::size_t image_bytes = sizes.dispatch - sizes.dispatch_messages_offset;
+  const std::size_t image_bytes = sizes.dispatch_image();
   dispatch_region_ = static_cast<uint8_t*>(allocate(sizes.dispatch));
   combine_region_ = static_cast<uint8_t*>(allocate(sizes.combine));
   signals_ = allocate(sizes.signals);

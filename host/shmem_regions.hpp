@@ -36,7 +36,7 @@ class ShmemRegions {
   uint8_t* dispatch_region() const { return dispatch_region_; }
   uint8_t* combine_region() const { return combine_region_; }
   void* signals() const { return signals_; }
-  // Rank r's messages at dispatch_images() + r x (sizes.dispatch - sizes.dispatch_messages_offset).
+  // Rank r's messages at dispatch_images() + r x sizes.dispatch_image().
   uint8_t* dispatch_images() const { return dispatch_images_; }
   // Per-token groups: the combine's staging rows (PeerTransport::combine_staging); null for expanded ones.
   uint8_t* combine_staging() const { return combine_staging_; }

@@ -46,13 +46,15 @@ struct ShmemRegionSizes {
     return sizes;
   }
 
+  // An image of a rank's dispatch region: its messages.
+  std::size_t dispatch_image() const { return dispatch - dispatch_messages_offset; }
+
   // The bytes of every PE of a group of `world` ranks: its regions and signals, the images of every rank's
   // messages, and per rank a dispatch outbox and a combine outbox or staging slice.
   std::size_t total(int world) const {
     const auto ranks = static_cast<std::size_t>(world);
     return dispatch + combine + signals + node_sums +
-           ranks *
-               (dispatch - dispatch_messages_offset + dispatch_source_bytes + combine_outbox + combine_slice);
+           ranks * (dispatch_image() + dispatch_source_bytes + combine_outbox + combine_slice);
   }
 };
 
