@@ -325,7 +325,6 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
       const int b_index = first + b * static_cast<int>(gridDim.x);
       const int source = b_index % shape.world;
       const int token = b_index / shape.world;
-      auto* region = reinterpret_cast<uint16_t*>(group.peers.write_window(PeerRegion::kCombine, source));
       const std::size_t row_bytes = CombineRegion::row_bytes(shape);
       const int list = b * shape.top_k;
       if (weighted) {
@@ -341,6 +340,7 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
           group.peers.publish_staged(source, token * row_bytes, partial_offset, row_bytes);
         }
       } else {
+        auto* region = reinterpret_cast<uint16_t*>(group.peers.write_window(PeerRegion::kCombine, source));
         for (int slot = 0; slot < shape.top_k; ++slot) {
           const int32_t input_row = slot_rows[list + slot];
           if (input_row >= 0) {
