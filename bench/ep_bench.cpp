@@ -31,7 +31,9 @@
 // below the table, both together as a multiple of the longer alone (1 = fully overlapped, 2 = serialised).
 // The graph case (GPU only, not by default): 20 fused dispatch + combine pairs captured into one graph and
 // launched between two events; the row gives one pair's time, as a server replaying graphs sees it.
-// --layouts: EpConfig::layout of every case; per-token rows say so in their names.
+// --tokens: tokens per rank of each case; by default a decode and a prefill step, 128 and 4096, on a GPU,
+// and 128 and 1024 on the CPU reference.
+// --layouts: EpConfig::layout of every case (by default both); per-token rows say so in their names.
 // --max_tokens: EpConfig::max_tokens_per_rank of the fused, split and graph cases whose token count is
 // smaller (by default each case's own count), as a server that sizes one group for its largest batch runs
 // its decode steps; those rows name it.
@@ -83,7 +85,7 @@ using rocep::bench::parse_positive;
 enum class TokenInputs { kCopied, kInputBuffer, kQuantised };
 
 struct BenchOptions {
-  std::vector<int> tokens{128, 1024};
+  std::vector<int> tokens;  // --tokens (parse_options gives the default)
   std::vector<rocep::TokenFormat> formats{rocep::TokenFormat::kBf16};
   int hidden = 7168;
   int top_k = 8;
@@ -96,8 +98,8 @@ struct BenchOptions {
   bool concurrent = true;
   bool graph = false;            // the decode pair inside one graph of kGraphPairs pairs (--cases=graph)
   int concurrent_tokens = 4096;  // tokens per rank of the concurrent case (a prefill step)
-  std::vector<TokenInputs> inputs{TokenInputs::kCopied};           // --inputs
-  std::vector<rocep::Layout> layouts{rocep::Layout::kExpanded};    // EpConfig::layout of every case
+  std::vector<TokenInputs> inputs{TokenInputs::kCopied};                                   // --inputs
+  std::vector<rocep::Layout> layouts{rocep::Layout::kPerToken, rocep::Layout::kExpanded};  // --layouts
   rocep::CombineDtype combine_dtype = rocep::CombineDtype::kBf16;  // EpConfig::combine_dtype of every case
   bool local_only = false;                                         // EpConfig::local_only of every case
   int max_tokens = 0;  // EpConfig::max_tokens_per_rank where larger than a case's tokens (--max_tokens)
@@ -129,8 +131,18 @@ rocep::TokenFormat parse_format(const std::string& text) {
                            "mxfp8, mxfp4, nvfp4");
 }
 
+// Whether this process runs on a GPU (a GPU build on a machine with one), rather than the CPU reference.
+bool on_gpu() {
+#if defined(ROCEP_GPU_BUILD)
+  return rocep::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
 BenchOptions parse_options(int& argc, char** argv) {
   BenchOptions options;
+  options.tokens = on_gpu() ? std::vector<int>{128, 4096} : std::vector<int>{128, 1024};
   std::string value;
   if (take_flag(argc, argv, "tokens", value)) {
     options.tokens.clear();
@@ -908,7 +920,7 @@ int main(int argc, char** argv) {
     // Per --sms value: the multiprocessors left beside the communication kernels (0 without a GPU).
     std::vector<int> compute_sms(options.sms.size(), 0);
 #if defined(ROCEP_GPU_BUILD)
-    if (rocep::device_count() > 0) {
+    if (on_gpu()) {
       rocep::MpiBootstrap world_bootstrap(MPI_COMM_WORLD);
       rocep::set_device(rocep::device_for_local_rank(rocep::node_layout(world_bootstrap, 0).local_rank,
                                                      rocep::device_count(), std::getenv("ROCEP_DEVICE")));
