@@ -73,15 +73,12 @@ struct PeerTransport {
   // The peers reached through the SHMEM engine: bit r for rank r. 0 on one node and without an engine.
   uint64_t shmem_peers;
   // With SHMEM peers, this rank's symmetric memory (the same addresses on every PE): its own regions and
-  // signals, and the images of the ranks' dispatch messages, image r at dispatch_images + r *
-  // dispatch_image_bytes, where rank r puts what it shares: the messages from dispatch_messages_offset on
-  // of its region, at their offsets less dispatch_messages_offset.
+  // signals, and the image of its dispatch messages, where share_tokens_block puts them on each holder,
+  // addressed as its dispatch region (a message at its offset there; host/shmem_regions.hpp).
   uint8_t* own_dispatch_region;
   uint8_t* own_combine_region;
   Signals* own_signals;
-  uint8_t* dispatch_images;
-  std::size_t dispatch_image_bytes;
-  std::size_t dispatch_messages_offset;
+  uint8_t* own_dispatch_image;
   int32_t rank;
   // [world]: the arrival adds rank r makes per call: 1 (its grid's last block signals), or one per block
   // of its grid where r reaches this rank through the SHMEM engine.
@@ -229,8 +226,7 @@ struct PeerTransport {
       return;
     }
     __shared__ uint32_t bound;  // bit t: token t goes to the holder's node
-    uint8_t* image = dispatch_images + static_cast<std::size_t>(rank) * dispatch_image_bytes +
-                     (offset - dispatch_messages_offset);
+    uint8_t* image = own_dispatch_image + offset;
     // The holders in turn, from rank (rank + 1 + block) % world on, cyclically, so that at any moment the
     // ranks' blocks write to different holders rather than all to the lowest one first.
     const int first = (rank + 1 + static_cast<int>(blockIdx.x)) % world;

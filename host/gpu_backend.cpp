@@ -225,10 +225,8 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
     view_.peers.own_dispatch_region = shmem_->dispatch_region();
     view_.peers.own_combine_region = shmem_->combine_region();
     view_.peers.own_signals = view_.signals;
-    view_.peers.dispatch_images = shmem_->dispatch_images();
+    view_.peers.own_dispatch_image = shmem_->own_dispatch_image();
     view_.peers.combine_staging = shmem_->combine_staging();
-    view_.peers.dispatch_messages_offset = sizes.dispatch_messages_offset;
-    view_.peers.dispatch_image_bytes = sizes.dispatch_image();
     view_.peers.rank = rank_;
     memory_bytes_ += shmem_->bytes();
   }

@@ -34,10 +34,12 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, const Shm
   combine_region_ = static_cast<uint8_t*>(allocate(sizes.combine));
   signals_ = allocate(sizes.signals);
   dispatch_images_ = static_cast<uint8_t*>(allocate(world_bytes * image_bytes));
+  own_dispatch_image_ = static_cast<uint8_t*>(
+      addressed_from(dispatch_images_ + static_cast<std::size_t>(world.rank()) * image_bytes,
+                     sizes.dispatch_messages_offset));
   // A peer's dispatch outbox holds what this rank stores into the peer's region: its own source block there
   // (ids, weights and masks; the messages are shared, not written into peers' regions).
   auto* dispatch_outboxes = static_cast<uint8_t*>(allocate(world_bytes * sizes.dispatch_source_bytes));
-  const std::size_t own_block_offset = static_cast<std::size_t>(world.rank()) * sizes.dispatch_source_bytes;
   // Combine: expanded, an outbox per peer; per-token, the staging rows instead, [world][max_tokens_per_rank]
   // rows, where the rows for every peer lie at their own rows of the expert outputs.
   auto* combine_outboxes = sizes.combine_outbox > 0
@@ -75,7 +77,7 @@ ShmemRegions::ShmemRegions(Bootstrap& world, const NodeLayout& layout, const Shm
     } else {
       shmem_peers_ |= uint64_t{1} << peer;
       dispatch_windows_.push_back(
-          addressed_from(dispatch_outboxes + slot * sizes.dispatch_source_bytes, own_block_offset));
+          addressed_from(dispatch_outboxes + slot * sizes.dispatch_source_bytes, sizes.dispatch_own_block));
       combine_windows_.push_back(combine_outboxes != nullptr ? combine_outboxes + slot * sizes.combine_outbox
                                                              : nullptr);
       signal_pointers_.push_back(nullptr);

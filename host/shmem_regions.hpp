@@ -36,8 +36,9 @@ class ShmemRegions {
   uint8_t* dispatch_region() const { return dispatch_region_; }
   uint8_t* combine_region() const { return combine_region_; }
   void* signals() const { return signals_; }
-  // Rank r's messages at dispatch_images() + r x sizes.dispatch_image().
-  uint8_t* dispatch_images() const { return dispatch_images_; }
+  // The image of this rank's dispatch messages (where it puts them on their holders), addressed as its
+  // dispatch region from sizes.dispatch_messages_offset on.
+  uint8_t* own_dispatch_image() const { return own_dispatch_image_; }
   // Per-token groups: the combine's staging rows (PeerTransport::combine_staging); null for expanded ones.
   uint8_t* combine_staging() const { return combine_staging_; }
   // Bit r: rank r is on another node, reached by puts.
@@ -73,7 +74,8 @@ class ShmemRegions {
   uint8_t* dispatch_region_ = nullptr;
   uint8_t* combine_region_ = nullptr;
   void* signals_ = nullptr;
-  uint8_t* dispatch_images_ = nullptr;
+  uint8_t* dispatch_images_ = nullptr;  // rank r's messages at r x sizes.dispatch_image()
+  uint8_t* own_dispatch_image_ = nullptr;
   uint8_t* combine_staging_ = nullptr;
   uint64_t shmem_peers_ = 0;
   std::vector<void*> dispatch_windows_;

@@ -19,6 +19,8 @@ struct ShmemRegionSizes {
   std::size_t dispatch = 0;
   std::size_t dispatch_messages_offset = 0;
   std::size_t dispatch_source_bytes = 0;
+  // Where this rank's (Shape::rank's) block lies in a region: DispatchRegion::source_offset.
+  std::size_t dispatch_own_block = 0;
   std::size_t combine = 0;  // the combine region (device::CombineRegion)
   // Per-token (> 0: max_tokens_per_rank rows): the combine stages its rows for peers on other nodes in
   // combine_staging, world slices of this many bytes, and the combine windows of those peers are null.
@@ -38,6 +40,7 @@ struct ShmemRegionSizes {
     sizes.dispatch = device::DispatchRegion::bytes(shape);
     sizes.dispatch_messages_offset = device::DispatchRegion::message_offset(shape, 0);
     sizes.dispatch_source_bytes = device::DispatchRegion::source_bytes(shape);
+    sizes.dispatch_own_block = device::DispatchRegion::source_offset(shape, shape.rank);
     sizes.combine = device::CombineRegion::bytes(shape);
     sizes.combine_slice = shape.per_token != 0 ? slice : 0;
     sizes.combine_outbox = shape.per_token != 0 ? 0 : slice * static_cast<std::size_t>(shape.top_k);
