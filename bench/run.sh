@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job: builds rocep and runs the dispatch/combine benchmark with one MPI rank per GPU. Without a
-# GPU (or with fewer than 2) it runs 2 ranks on the CPU reference backend and says so. With a GPU it then
-# runs the fused SiLU benchmark (rocep_silu_bench) and the HBM floor of the dispatch and combine steps
-# (rocep_memory_bench) on one GPU.
+# GPU it runs 2 ranks on the CPU reference backend; with one GPU, 1 rank (EP1: every expert local, nothing
+# crosses a link), since 2 ranks sharing a GPU without MPS are time-sliced and their times mean nothing; it
+# says so in both cases. With a GPU it then runs the fused SiLU benchmark (rocep_silu_bench) and the HBM
+# floor of the dispatch and combine steps (rocep_memory_bench) on one GPU.
 #   bench/run.sh [rocep_bench flags, e.g. --tokens=128,4096 --iterations=50]
 #   ROCEP_BUILD_DIR, ROCEP_CMAKE_ARGS as for tests/run.sh; ROCEP_RANKS overrides the rank count.
 # Every case runs at each SM budget of --sms (default: --sms=default,all, the library's default share of the
@@ -18,9 +19,15 @@ cmake -S "$root" -B "$build" -DROCEP_BUILD_TESTS=OFF ${ROCEP_CMAKE_ARGS:-}
 cmake --build "$build" -j "$(nproc)" --target rocep_bench
 
 gpus=$(bash "$root/.ci/count-gpus")
-ranks=${ROCEP_RANKS:-$((gpus >= 2 ? gpus : 2))}
+ranks=${ROCEP_RANKS:-$((gpus >= 1 ? gpus : 2))}
 if [ "$gpus" -eq 0 ]; then
   echo "bench/run.sh: no GPU found: running the CPU reference backend on $ranks ranks"
+elif [ "$gpus" -eq 1 ] && [ "$ranks" -eq 1 ]; then
+  echo "bench/run.sh: one GPU found: running 1 rank (EP1: every expert local, nothing crosses a link);" \
+    "ROCEP_RANKS=2 runs 2 ranks sharing the GPU (at once under MPS, else time-sliced)"
+elif [ "$gpus" -lt "$ranks" ]; then
+  echo "bench/run.sh: $gpus GPU(s) for $ranks ranks: ranks share a GPU (at once under MPS, else time-sliced)," \
+    "so the dispatch/combine times are not those of one GPU per rank"
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpirun --oversubscribe --bind-to none -np "$ranks" "$build/bench/rocep_bench" --benchmark_color=false "$@"
