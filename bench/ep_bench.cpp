@@ -351,9 +351,13 @@ void print_summary(double link_peak) {
     if (row.host_us > 0) {
       std::snprintf(host, sizeof(host), "%.1f", row.host_us);
     }
-    std::printf("%-60s %-20s %12.1f %8.1f-%-8.1f %12.3f %13.3f %10.3f %9.0f%% %10s\n", row.name.c_str(),
+    char of_link[32] = "-";  // no link peak: the CPU reference, one rank, or ranks sharing a GPU
+    if (link_peak > 0) {
+      std::snprintf(of_link, sizeof(of_link), "%.0f%%", 100 * row.gb_per_s / link_peak);
+    }
+    std::printf("%-60s %-20s %12.1f %8.1f-%-8.1f %12.3f %13.3f %10.3f %10s %10s\n", row.name.c_str(),
                 row.backend.c_str(), row.median_us, row.fastest_rank_us, row.slowest_rank_us, row.remote_mb,
-                row.logical_mb, row.gb_per_s, link_peak > 0 ? 100 * row.gb_per_s / link_peak : 0.0, host);
+                row.logical_mb, row.gb_per_s, of_link, host);
   }
   if (!overlap_summary.empty()) {
     std::printf(
@@ -381,6 +385,21 @@ std::string backend_label(const rocep::EpGroup& group, int world) {
 
 // Times `operation` on an EpGroup of the whole world. Counters: median and per-call bytes / bandwidth.
 #if defined(ROCEP_GPU_BUILD)
+// Whether some rank's next rank (rank + 1 modulo the world, where the link peak copies) runs on its GPU, so
+// that its copy would not cross a link; the same answer on every rank. `rank_gpus` as NodeGroupTopology
+// gives it (-1: a rank of another node).
+bool next_rank_on_same_gpu(const std::vector<int>& rank_gpus) {
+  const int world = static_cast<int>(rank_gpus.size());
+  int shared = 0;
+  for (int rank = 0; rank < world && world > 1; ++rank) {
+    const int next = rank_gpus[(rank + 1) % world];
+    shared |= rank_gpus[rank] >= 0 && rank_gpus[rank] == next ? 1 : 0;
+  }
+  int any = 0;
+  MPI_Allreduce(&shared, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return any != 0;
+}
+
 // The P2P link peak, measured in this run: every rank copies 256 MiB into the next rank's mapped buffer at
 // the same time (copy engine), median of 10; GB/s per rank, the slowest rank's.
 double measure_link_peak_gb_per_s() {
@@ -924,8 +943,13 @@ int main(int argc, char** argv) {
       rocep::MpiBootstrap world_bootstrap(MPI_COMM_WORLD);
       rocep::set_device(rocep::device_for_local_rank(rocep::node_layout(world_bootstrap, 0).local_rank,
                                                      rocep::device_count(), std::getenv("ROCEP_DEVICE")));
-      topology = rocep::gather_node_topology(world_bootstrap).topology.describe();
-      link_peak = measure_link_peak_gb_per_s();
+      const rocep::NodeGroupTopology node = rocep::gather_node_topology(world_bootstrap);
+      topology = node.topology.describe();
+      if (next_rank_on_same_gpu(node.rank_gpus)) {
+        topology += "No P2P link peak: ranks share a GPU, so a copy to the next rank may not cross a link\n";
+      } else {
+        link_peak = measure_link_peak_gb_per_s();
+      }
       for (std::size_t i = 0; i < options.sms.size(); ++i) {
         const rocep::testing::SmSplit split = rocep::testing::sm_split(world_bootstrap, options.sms[i]);
         // The same decision on every rank: the cases are collective.
