@@ -383,7 +383,6 @@ std::string backend_label(const rocep::EpGroup& group, int world) {
   return label;
 }
 
-// Times `operation` on an EpGroup of the whole world. Counters: median and per-call bytes / bandwidth.
 #if defined(ROCEP_GPU_BUILD)
 // Whether some rank's next rank (rank + 1 modulo the world, where the link peak copies) runs on its GPU, so
 // that its copy would not cross a link; the same answer on every rank. `rank_gpus` as NodeGroupTopology
