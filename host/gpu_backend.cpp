@@ -203,9 +203,8 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
     view_.combine_region = combine_region_.as<uint8_t>();
   } else {
     // Across nodes: the engine's symmetric memory, peers of other nodes reached by puts (hip/transport.hpp).
-    const ShmemRegionSizes sizes = ShmemRegionSizes::of(shape);
     run_agreed(world, "allocating the group's symmetric memory in the SHMEM engine",
-               [&] { shmem_ = std::make_unique<ShmemRegions>(world, layout, sizes); });
+               [&] { shmem_ = std::make_unique<ShmemRegions>(world, layout, ShmemRegionSizes::of(shape)); });
     for (const std::vector<void*>* table : {&shmem_->dispatch_windows(), &shmem_->combine_windows(),
                                             &shmem_->signal_pointers(), &shmem_->dispatch_sources()}) {
       tables.insert(tables.end(), table->begin(), table->end());
