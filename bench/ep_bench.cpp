@@ -389,8 +389,11 @@ std::string backend_label(const rocep::EpGroup& group, int world) {
 // gives it (-1: a rank of another node).
 bool next_rank_on_same_gpu(const std::vector<int>& rank_gpus) {
   const int world = static_cast<int>(rank_gpus.size());
+  if (world < 2) {
+    return false;  // one rank has no next rank (measure_link_peak_gb_per_s measures nothing)
+  }
   int shared = 0;
-  for (int rank = 0; rank < world && world > 1; ++rank) {
+  for (int rank = 0; rank < world; ++rank) {
     const int next = rank_gpus[(rank + 1) % world];
     shared |= rank_gpus[rank] >= 0 && rank_gpus[rank] == next ? 1 : 0;
   }
