@@ -24,8 +24,8 @@ fi
 
 build=$(cd "$build" && pwd)  # absolute: the Python tests run from inside it
 # The Python module, built by CMake into a folder of its own (no network needed where numpy, pytest, mpi4py
-# and nanobind are installed: the venv sees the system's packages and installs only what is missing), on
-# the CPU reference. `pip install .` builds the same module; CI checks that route separately.
+# and nanobind are installed: the venv sees the system's packages, and those of the virtual environment
+# python3 runs in if it does, and installs only what is missing), on the CPU reference. `pip install .` builds the same module; CI checks that route separately.
 # Where they cannot run (no python3 with venv and headers, or their packages missing on a machine that cannot
 # install them, e.g. without network) the C++ results above stand and the Python tests are reported skipped.
 skip_python_tests() {
@@ -42,6 +42,12 @@ assert os.path.exists(sysconfig.get_paths()['include'] + '/Python.h')" >/dev/nul
 fi
 venv=$build/python-venv
 [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
+# A venv made from a venv's python3 sees the base interpreter's packages only: the outer venv's (where a
+# user's numpy or torch lies) are added by a .pth file, so that they are found rather than installed again.
+python3 -c "import sys, sysconfig
+if sys.prefix != sys.base_prefix:
+    print('\n'.join(dict.fromkeys(sysconfig.get_paths()[key] for key in ('purelib', 'platlib'))))" \
+  >"$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/rocep-outer-venv.pth"
 missing=$("$venv/bin/python" -c "import importlib.util as u
 print(' '.join(m for m in ('numpy', 'pytest', 'mpi4py', 'nanobind') if u.find_spec(m) is None))")
 if [ -n "$missing" ]; then
