@@ -24,8 +24,9 @@ fi
 
 build=$(cd "$build" && pwd)  # absolute: the Python tests run from inside it
 # The Python module, built by CMake into a folder of its own (no network needed where numpy, pytest, mpi4py
-# and nanobind are installed: the venv sees the system's packages, and those of the virtual environment
-# python3 runs in if it does, and installs only what is missing), on the CPU reference. `pip install .` builds the same module; CI checks that route separately.
+# and nanobind are installed: the venv sees the system's packages and those of the venv python3 runs in,
+# if any, and installs only what is missing), on the CPU reference. `pip install .` builds the same
+# module; CI checks that route separately.
 # Where they cannot run (no python3 with venv and headers, or their packages missing on a machine that cannot
 # install them, e.g. without network) the C++ results above stand and the Python tests are reported skipped.
 skip_python_tests() {
