@@ -4,6 +4,7 @@
 #include <array>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "hip/ep_params.hpp"
@@ -87,7 +88,23 @@ int format_column_multiple(TokenFormat format) {
   }
 }
 
+namespace {
+
+// Throws ConfigError unless `elements` (a row's length of `format`, named `name`) is a non-negative
+// multiple of `multiple`.
+void require_row_elements(TokenFormat format, long long elements, const char* name, int multiple) {
+  if (elements < 0 || elements % multiple != 0) {
+    throw ConfigError(std::string(name) + " = " + std::to_string(elements) + " is invalid for format " +
+                      to_string(format) + ": allowed values are non-negative multiples of " +
+                      std::to_string(multiple));
+  }
+}
+
+}  // namespace
+
 std::size_t format_payload_bytes(TokenFormat format, int hidden) {
+  const bool two_per_byte = format == TokenFormat::kMxfp4 || format == TokenFormat::kNvfp4;
+  require_row_elements(format, hidden, "hidden", two_per_byte ? 2 : 1);
   const auto elements = static_cast<std::size_t>(hidden);
   switch (format) {
     case TokenFormat::kBf16:
@@ -104,6 +121,7 @@ std::size_t format_payload_bytes(TokenFormat format, int hidden) {
 }
 
 std::size_t format_scale_bytes(TokenFormat format, int hidden) {
+  require_row_elements(format, hidden, "hidden", format_block_elements(format));
   const std::size_t blocks = static_cast<std::size_t>(hidden) / format_block_elements(format);
   switch (format) {
     case TokenFormat::kBf16:
@@ -120,7 +138,7 @@ std::size_t format_scale_bytes(TokenFormat format, int hidden) {
 }
 
 std::size_t format_scale_tensor_bytes(TokenFormat format, std::size_t rows, int columns) {
-  format_block_elements(format);  // throws for an unknown format
+  require_row_elements(format, columns, "columns", format_block_elements(format));
   return device::scale_tensor_bytes(static_cast<device::Format>(format), rows, columns);
 }
 
@@ -203,6 +221,12 @@ void EpConfig::validate(int world_size) const {
           range(kAllSms, kMaxSms) + " (0 = the default share, -1 = every multiprocessor)");
   require(expert_alignment >= 1 && expert_alignment <= kMaxAlignment, "expert_alignment", expert_alignment,
           range(1, kMaxAlignment));
+  // Row indices (sorted_token_ids and its padding value, expanded rows) are int32.
+  const long long row_indices = static_cast<long long>(world_size) * max_tokens_per_rank * top_k +
+                                static_cast<long long>(num_experts / world_size) * (expert_alignment - 1);
+  require(row_indices <= std::numeric_limits<int32_t>::max(), "top_k", top_k,
+          "world size x max_tokens_per_rank x top_k + local experts x (expert_alignment - 1) = " +
+              std::to_string(row_indices) + " must be at most 2147483647 (row indices are int32)");
   require(std::isfinite(timeout_seconds) && timeout_seconds > 0 && timeout_seconds <= kMaxTimeoutSeconds,
           "timeout_seconds", timeout_seconds, "allowed range is (0, 86400]");
   if (local_only) {
@@ -217,7 +241,7 @@ void EpConfig::validate(int world_size) const {
 }
 
 int EpConfig::num_local_experts(int world_size) const {
-  require_world_size(world_size);
+  validate(world_size);
   return num_experts / world_size;
 }
 
@@ -228,7 +252,7 @@ std::size_t EpConfig::max_recv_rows(int world_size) const {
 }
 
 std::size_t EpConfig::max_recv_tokens(int world_size) const {
-  require_world_size(world_size);
+  validate(world_size);
   return static_cast<std::size_t>(world_size) * max_tokens_per_rank;
 }
 

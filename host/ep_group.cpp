@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -31,8 +32,26 @@ namespace {
 
 using contract::Call;
 
-// Every field of the config, in a form whose equality is field equality (no padding bytes).
-std::array<double, 16> config_fields(const EpConfig& config) {
+// ROCEP_GPUS_PER_NODE where it applies: set, and the caller left gpus_per_node 0 (detect).
+struct EnvironmentNodes {
+  std::string text;  // empty where the variable does not apply
+  int value = 0;     // the variable as a positive integer; 0 where it is not one
+};
+
+EnvironmentNodes environment_nodes(const EpConfig& config) {
+  const char* given = std::getenv("ROCEP_GPUS_PER_NODE");
+  if (config.gpus_per_node != 0 || given == nullptr || *given == '\0') {
+    return {};
+  }
+  char* end = nullptr;
+  const long value = std::strtol(given, &end, 10);
+  const bool positive = *end == '\0' && value >= 1 && value <= std::numeric_limits<int>::max();
+  return {given, positive ? static_cast<int>(value) : 0};
+}
+
+// What every rank must agree on at creation, in a form whose bytes are equal where the fields are (no
+// padding bytes): every field of the config, the backend asked for, and the environment's node size.
+std::array<double, 17> agreed_fields(const EpConfig& config, Backend backend, const EnvironmentNodes& nodes) {
   return {static_cast<double>(config.hidden),
           static_cast<double>(config.top_k),
           static_cast<double>(config.num_experts),
@@ -48,17 +67,20 @@ std::array<double, 16> config_fields(const EpConfig& config) {
           config.local_only ? 1.0 : 0.0,
           static_cast<double>(config.allreduce_world_size),
           config.combine_input_buffer ? 1.0 : 0.0,
-          0.0};
+          static_cast<double>(backend),
+          nodes.text.empty() ? -1.0 : static_cast<double>(nodes.value)};
 }
 
-// Collective: throws ConfigError on every rank unless all ranks passed the same config and backend.
-void require_same_config(Bootstrap& bootstrap, const EpConfig& config, Backend backend) {
-  auto mine = config_fields(config);
-  mine.back() = static_cast<double>(backend);
-  std::vector<std::array<double, 16>> all(bootstrap.size());
+// Collective: throws ConfigError on every rank unless all ranks passed the same config and backend and see
+// the same ROCEP_GPUS_PER_NODE. Compared byte for byte, so that a NaN agrees with itself (and is then
+// refused by validate on every rank).
+void require_same_config(Bootstrap& bootstrap, const EpConfig& config, Backend backend,
+                         const EnvironmentNodes& nodes) {
+  const auto mine = agreed_fields(config, backend, nodes);
+  std::vector<std::array<double, 17>> all(bootstrap.size());
   bootstrap.all_gather(&mine, all.data(), sizeof mine);
   for (int peer = 0; peer < bootstrap.size(); ++peer) {
-    if (all[peer] != all[0]) {
+    if (std::memcmp(&all[peer], &all[0], sizeof mine) != 0) {
       std::string verdict;
       try {
         config.validate(bootstrap.size());
@@ -66,28 +88,24 @@ void require_same_config(Bootstrap& bootstrap, const EpConfig& config, Backend b
         verdict = std::string(" (this rank's: ") + error.what() + ")";
       }
       throw ConfigError("EpGroup: rank " + std::to_string(peer) +
-                        " passed a different EpConfig or backend than rank 0; every rank must pass the same" +
-                        verdict);
+                        " passed a different EpConfig or backend, or has a different ROCEP_GPUS_PER_NODE, " +
+                        "than rank 0; every rank must pass the same" + verdict);
     }
   }
 }
 
-// `config`, its gpus_per_node taken from the environment's ROCEP_GPUS_PER_NODE where the caller left it 0
-// (detect) and the variable is set: a test or a launcher can declare each GPU a node that way.
-EpConfig with_environment(EpConfig config) {
-  const char* given = std::getenv("ROCEP_GPUS_PER_NODE");
-  if (config.gpus_per_node != 0 || given == nullptr || *given == '\0') {
-    return config;
+// After agreement, on every rank alike: throws ConfigError naming what is wrong with the backend asked for
+// or with ROCEP_GPUS_PER_NODE where it applies.
+void require_valid_choices(Backend backend, const EnvironmentNodes& nodes, int world_size) {
+  if (backend != Backend::kAuto && backend != Backend::kGpu && backend != Backend::kCpuReference) {
+    throw ConfigError("EpGroup: backend = " + std::to_string(static_cast<int>(backend)) +
+                      " is invalid: allowed values are 0 (auto), 1 (gpu), 2 (cpu-reference)");
   }
-  char* end = nullptr;
-  const long value = std::strtol(given, &end, 10);
-  if (*end != '\0' || value < 1 || value > std::numeric_limits<int>::max()) {
-    throw ConfigError(
-        std::string("ROCEP_GPUS_PER_NODE='") + given +
-        "' is invalid: allowed values are a positive integer that divides the world size, or unset");
+  if (!nodes.text.empty() && (nodes.value == 0 || world_size % nodes.value != 0)) {
+    throw ConfigError("ROCEP_GPUS_PER_NODE='" + nodes.text +
+                      "' is invalid: allowed values are a positive integer that divides the world size " +
+                      std::to_string(world_size) + ", or unset");
   }
-  config.gpus_per_node = static_cast<int>(value);
-  return config;
 }
 
 // The GPU backend when this build has one and every rank sees a GPU (the same answer on every rank).
@@ -107,13 +125,19 @@ Backend resolve_auto(Bootstrap& bootstrap) {
 
 struct EpGroup::Impl {
   Impl(std::shared_ptr<Bootstrap> group_bootstrap, const EpConfig& group_config, Backend requested)
-      : bootstrap(std::move(group_bootstrap)), config(with_environment(group_config)), backend(requested) {
+      : bootstrap(std::move(group_bootstrap)), config(group_config), backend(requested) {
     if (!bootstrap) {
       throw ConfigError("EpGroup: bootstrap is null; pass a rocep::Bootstrap (MpiBootstrap, or your own)");
     }
     // Agree first, validate second: the same config gives the same verdict on every rank, so no rank is
-    // left waiting in a collective that a rank with a bad config never joins.
-    require_same_config(*bootstrap, config, requested);
+    // left waiting in a collective that a rank with a bad config never joins. A test or a launcher can
+    // declare each GPU a node through the environment's ROCEP_GPUS_PER_NODE.
+    const EnvironmentNodes nodes = environment_nodes(config);
+    require_same_config(*bootstrap, config, requested, nodes);
+    require_valid_choices(requested, nodes, bootstrap->size());
+    if (!nodes.text.empty()) {
+      config.gpus_per_node = nodes.value;
+    }
     config.validate(bootstrap->size());
     if (backend == Backend::kAuto) {
       backend = resolve_auto(*bootstrap);

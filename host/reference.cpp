@@ -478,8 +478,7 @@ void ReferenceEp::combine_send(const CombineArgs& args, void* /*stream*/) {
   std::vector<float> accumulator(hidden);
   std::vector<bf16_bits> partial(hidden);
   // A partial bound for another rank in fp8 (combine_dtype), from its float32 values; else in bf16.
-  ByteVector quantized(format_payload_bytes(TokenFormat::kFp8Block128, hidden) +
-                       format_scale_bytes(TokenFormat::kFp8Block128, hidden));
+  ByteVector quantized(fp8_partial_bytes());
   auto append_partial = [&](ByteVector& message, int destination, const float* values) {
     if (crosses_in_fp8(destination)) {
       const std::size_t payload_bytes = format_payload_bytes(TokenFormat::kFp8Block128, hidden);
@@ -577,7 +576,7 @@ void ReferenceEp::combine_recv(const CombineArgs& args, void* /*stream*/) {
     std::vector<char> has_row(world);
     std::vector<bf16_bits> partial(hidden);
     const std::size_t payload_bytes = format_payload_bytes(TokenFormat::kFp8Block128, hidden);
-    ByteVector quantized(payload_bytes + format_scale_bytes(TokenFormat::kFp8Block128, hidden));
+    ByteVector quantized(fp8_partial_bytes());
     for (int token = 0; token < sent_tokens_; ++token) {
       std::fill(accumulator.begin(), accumulator.end(), 0.0f);
       for (int source = 0; source < world; ++source) {

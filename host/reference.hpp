@@ -73,6 +73,13 @@ class ReferenceEp final : public EpBackend {
   bool crosses_in_fp8(int peer) const {
     return config_.combine_dtype == CombineDtype::kFp8Block128 && peer != rank();
   }
+  // Bytes of a partial row that crosses in fp8 block-128 (payload, then scales); 0 where none does.
+  std::size_t fp8_partial_bytes() const {
+    return config_.combine_dtype == CombineDtype::kFp8Block128
+               ? format_payload_bytes(TokenFormat::kFp8Block128, config_.hidden) +
+                     format_scale_bytes(TokenFormat::kFp8Block128, config_.hidden)
+               : 0;
+  }
 
   // out[t] of a partial combine's rows of token t: rows[r] (float32 values of a bf16 row) for every rank r
   // with has_row[r], summed in float32 in ascending rank order into `sum`; where nodes sum first

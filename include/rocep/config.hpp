@@ -14,8 +14,8 @@ namespace rocep {
 // another rank (a per-token combine's row, a weighted combine's per-rank sum, taken in float32 before any
 // rounding) is quantised as fp8 block-128 tokens are (formats.hpp, in EpConfig::fp8_encoding), then
 // dequantised (element * scale, float32) and summed at the owner; a rank's own partial stays bf16, as it
-// never crosses. The unweighted expanded combine returns every slot's row in bf16 either way. The CPU
-// reference implements kFp8Block128; the GPU backend refuses it (ConfigError) until its kernels do.
+// never crosses. The unweighted expanded combine returns every slot's row in bf16 either way. Both backends
+// implement it, bit for bit alike.
 enum class CombineDtype : int32_t {
   kBf16 = 0,
   kFp8Block128 = 1,
@@ -91,6 +91,7 @@ struct EpConfig {
   // the number of ranks of the group: num_experts must divide evenly among them.
   void validate(int world_size) const;
 
+  // The sizes below throw ConfigError where validate(world_size) does.
   // Experts owned by each rank: num_experts / world_size.
   int num_local_experts(int world_size) const;
   // Upper bound on the rows dispatch can produce on one rank, whatever the routing:

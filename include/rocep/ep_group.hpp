@@ -23,7 +23,8 @@
 //   combine), as after any dispatch.
 // - InvalidInputError from dispatch_recv / combine / combine_send / combine_recv for bad arguments (a null
 //   pointer): that call is refused on this rank before anything is issued and may be repeated with valid
-//   arguments; until then the peers' waits on this rank run against config().timeout_seconds.
+//   arguments; until then the peers' waits on this rank run against config().timeout_seconds (on the CPU
+//   reference the peers wait in the bootstrap's all_gather, which bounds it only if the bootstrap does).
 // - Recorded, never thrown from a call: what only the data shows while the call runs (an expert id outside
 //   [-1, num_experts) or named twice: that slot is not dispatched; a device-side token count out of range:
 //   no token is sent; weighted and unweighted combines mixed across ranks: out is invalid; a peer that never

@@ -69,11 +69,14 @@ int format_block_elements(TokenFormat format);
 // What a row's length must be a multiple of: whole 16-byte vectors of payload and whole scale blocks (for
 // nvfp4 whole 4-block columns of its scale tiles): 8 (bf16), 128 (fp8 block-128), 32 (MX), 64 (nvfp4).
 int format_column_multiple(TokenFormat format);
-// Bytes of the payload of one token of `hidden` elements, scales excluded.
+// Bytes of the payload of one token of `hidden` elements, scales excluded. Throws ConfigError for an unknown
+// format, a negative `hidden`, or an odd one in fp4.
 std::size_t format_payload_bytes(TokenFormat format, int hidden);
-// Bytes of the per-token scales of one token of `hidden` elements (0 for bf16).
+// Bytes of the per-token scales of one token of `hidden` elements (0 for bf16). Throws ConfigError for an
+// unknown format or a `hidden` that is negative or not whole blocks (format_block_elements).
 std::size_t format_scale_bytes(TokenFormat format, int hidden);
-// Bytes of the scale tensor in the layout above for `rows` rows of `columns` elements (0 for bf16).
+// Bytes of the scale tensor in the layout above for `rows` rows of `columns` elements (0 for bf16). Throws
+// ConfigError as format_scale_bytes does for `columns`.
 std::size_t format_scale_tensor_bytes(TokenFormat format, std::size_t rows, int columns);
 
 }  // namespace rocep

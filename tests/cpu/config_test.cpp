@@ -114,6 +114,14 @@ const Rejection kRejections[] = {
     {"CombineDtypeUnknownCode", [](EpConfig& c) { c.combine_dtype = static_cast<rocep::CombineDtype>(3); }, 2,
      "combine_dtype", "3"},
     {"WorldSizeZero", [](EpConfig&) {}, 0, "world_size", "0"},
+    // 2 x 65536 x 16384 row indices: past int32.
+    {"RowIndicesPastInt32",
+     [](EpConfig& c) {
+       c.num_experts = 1 << 14;
+       c.top_k = 1 << 14;
+       c.max_tokens_per_rank = 1 << 16;
+     },
+     2, "top_k", "16384"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Fields, EpConfigRejectionTest, ::testing::ValuesIn(kRejections),
@@ -150,6 +158,28 @@ TEST(TokenFormatTest, UnknownFormatThrowsConfigError) {
   EXPECT_THROW(rocep::format_block_elements(unknown), rocep::ConfigError);
   EXPECT_THROW(rocep::format_payload_bytes(unknown, 7168), rocep::ConfigError);
   EXPECT_THROW(rocep::format_scale_bytes(unknown, 7168), rocep::ConfigError);
+}
+
+// A row length that is negative, half a byte of fp4, or part of a scale block is refused, naming it.
+TEST(TokenFormatTest, RowLengthsWithoutWholeBytesOrBlocksThrowConfigError) {
+  const auto message = [](auto size) {
+    try {
+      size();
+    } catch (const rocep::ConfigError& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "hidden = -1 is invalid for format bf16",
+                      message([] { return rocep::format_payload_bytes(TokenFormat::kBf16, -1); }));
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "hidden = 33 is invalid for format mxfp4",
+                      message([] { return rocep::format_payload_bytes(TokenFormat::kMxfp4, 33); }));
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "multiples of 128",
+                      message([] { return rocep::format_scale_bytes(TokenFormat::kFp8Block128, 100); }));
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "columns = -64 is invalid for format nvfp4",
+                      message([] { return rocep::format_scale_tensor_bytes(TokenFormat::kNvfp4, 10, -64); }));
+  EXPECT_EQ(rocep::format_payload_bytes(TokenFormat::kFp8Block128, 8), 8u);  // a part-row's bytes
+  EXPECT_EQ(rocep::format_scale_bytes(TokenFormat::kBf16, 7), 0u);
 }
 
 // The scale layouts of formats.hpp, offsets worked out by hand.
@@ -209,6 +239,22 @@ TEST(EpConfigTest, NumLocalExpertsSplitsExpertsEvenly) {
   EXPECT_EQ(config.num_local_experts(1), 256);
   EXPECT_EQ(config.num_local_experts(2), 128);
   EXPECT_EQ(config.num_local_experts(8), 32);
+}
+
+// The sizes a caller allocates by are refused for a config that validate refuses.
+TEST(EpConfigTest, SizesOfAnInvalidConfigThrowConfigError) {
+  EpConfig no_alignment;
+  no_alignment.expert_alignment = 0;
+  EXPECT_THROW(no_alignment.max_recv_rows(2), rocep::ConfigError);
+  EpConfig negative_top_k;
+  negative_top_k.top_k = -1;
+  EXPECT_THROW(negative_top_k.max_recv_rows(2), rocep::ConfigError);
+  EpConfig negative_tokens;
+  negative_tokens.max_tokens_per_rank = -5;
+  EXPECT_THROW(negative_tokens.max_recv_tokens(2), rocep::ConfigError);
+  EpConfig uneven;
+  uneven.num_experts = 10;
+  EXPECT_THROW(uneven.num_local_experts(4), rocep::ConfigError);
 }
 
 TEST(EpConfigTest, MaxRecvRowsIsWorldTimesTokensTimesTopKPlusPadding) {

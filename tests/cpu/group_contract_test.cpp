@@ -329,49 +329,72 @@ TEST(EpGroupOverThreadsTest, MixedWeightedCombinesAreRecordedOnEveryRank) {
   });
 }
 
-}  // namespace
+// The ConfigError each rank of a group of `world` threads saw creating it with `config` ("" where none).
+std::vector<std::string> creation_errors(int world, const rocep::EpConfig& config, rocep::Backend backend) {
+  auto rendezvous = std::make_shared<rocep::testing::ThreadRendezvous>(world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        rocep::EpGroup group(std::make_shared<rocep::testing::ThreadBootstrap>(rendezvous, rank), config,
+                             backend);
+      } catch (const rocep::ConfigError& error) {
+        errors[rank] = error.what();
+      }
+    });
+  }
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
+  return errors;
+}
 
 // ROCEP_GPUS_PER_NODE stands in for EpConfig::gpus_per_node = 0 at creation: a value that is no positive
-// integer is refused naming the variable, one that does not divide the world as the config field would be,
-// on every rank alike; a value the caller's config overrides is not read.
+// integer, or does not divide the world, is refused naming the variable, on every rank alike; a value the
+// caller's config overrides is not read.
 TEST(EpGroupOverThreadsTest, GpusPerNodeFromTheEnvironmentIsCheckedAtCreation) {
-  const auto creation_errors = [](int gpus_per_node) {
+  const auto errors_with = [](int gpus_per_node) {
     constexpr int kWorld = 4;
-    auto rendezvous = std::make_shared<rocep::testing::ThreadRendezvous>(kWorld);
-    std::vector<std::string> errors(kWorld);
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < kWorld; ++rank) {
-      threads.emplace_back([&, rank] {
-        rocep::EpConfig config = small_config(kWorld);
-        config.gpus_per_node = gpus_per_node;
-        try {
-          rocep::EpGroup group(std::make_shared<rocep::testing::ThreadBootstrap>(rendezvous, rank), config,
-                               rocep::Backend::kCpuReference);
-        } catch (const rocep::ConfigError& error) {
-          errors[rank] = error.what();
-        }
-      });
-    }
-    for (std::thread& thread : threads) {
-      thread.join();
-    }
-    return errors;
+    rocep::EpConfig config = small_config(kWorld);
+    config.gpus_per_node = gpus_per_node;
+    return creation_errors(kWorld, config, rocep::Backend::kCpuReference);
   };
   ASSERT_EQ(setenv("ROCEP_GPUS_PER_NODE", "two", 1), 0);
-  for (const std::string& error : creation_errors(0)) {
+  for (const std::string& error : errors_with(0)) {
     EXPECT_NE(error.find("ROCEP_GPUS_PER_NODE='two' is invalid"), std::string::npos) << error;
   }
   ASSERT_EQ(setenv("ROCEP_GPUS_PER_NODE", "3", 1), 0);
-  for (const std::string& error : creation_errors(0)) {
-    EXPECT_NE(error.find("gpus_per_node"), std::string::npos) << error;
-    EXPECT_NE(error.find("3"), std::string::npos) << error;
+  for (const std::string& error : errors_with(0)) {
+    EXPECT_NE(error.find("ROCEP_GPUS_PER_NODE='3' is invalid"), std::string::npos) << error;
+    EXPECT_NE(error.find("divides the world size 4"), std::string::npos) << error;
   }
-  for (const std::string& error : creation_errors(2)) {  // the config's own value: the variable unread
+  for (const std::string& error : errors_with(2)) {  // the config's own value: the variable unread
     EXPECT_EQ(error, "");
   }
   ASSERT_EQ(setenv("ROCEP_GPUS_PER_NODE", "2", 1), 0);
-  for (const std::string& error : creation_errors(0)) {
+  for (const std::string& error : errors_with(0)) {
     EXPECT_EQ(error, "");
   }
   ASSERT_EQ(unsetenv("ROCEP_GPUS_PER_NODE"), 0);
 }
+
+// Every rank passing the same NaN timeout is told of the timeout, not of ranks that disagree; a backend
+// outside the enum is refused naming the allowed values. Alike on every rank.
+TEST(EpGroupOverThreadsTest, ANanTimeoutAndAnUnknownBackendAreRefusedByName) {
+  constexpr int kWorld = 2;
+  rocep::EpConfig nan_timeout = small_config(kWorld);
+  nan_timeout.timeout_seconds = std::nan("");
+  for (const std::string& error : creation_errors(kWorld, nan_timeout, rocep::Backend::kCpuReference)) {
+    EXPECT_NE(error.find("EpConfig.timeout_seconds = nan is invalid"), std::string::npos) << error;
+    EXPECT_EQ(error.find("different"), std::string::npos) << error;
+  }
+  for (const std::string& error :
+       creation_errors(kWorld, small_config(kWorld), static_cast<rocep::Backend>(7))) {
+    EXPECT_NE(error.find("backend = 7 is invalid: allowed values are 0 (auto), 1 (gpu), 2 (cpu-reference)"),
+              std::string::npos)
+        << error;
+  }
+}
+
+}  // namespace
