@@ -1,4 +1,4 @@
-"""The native API on arrays: a group that allocates its outputs, in either layout (EpConfig.layout).
+"""The native API on arrays: a group that allocates its outputs, in either layout (Group's `layout`).
 
 On the CPU reference the arrays are numpy arrays (bf16 as uint16 bits). On the GPU backend the group's array
 library (Group's `arrays`: torch when it is installed, else cupy) allocates the outputs on the current
@@ -100,6 +100,15 @@ class _DeviceMemory:
         self._owner = owner
 
 
+class _HostMemory:
+    """Host memory of a group (the CPU reference's), as __array_interface__ describes it to numpy: bf16 bits
+    as uint16; keeps the group alive while an array made from it holds it."""
+
+    def __init__(self, address: int, shape, owner):
+        self.__array_interface__ = {"shape": shape, "typestr": "<u2", "data": (address, False), "version": 3}
+        self._owner = owner
+
+
 def _is_torch(array) -> bool:
     return type(array).__module__.startswith("torch")
 
@@ -119,8 +128,9 @@ def _to_host(array):
 
 class Group:
     """An expert-parallel group over a bootstrap (see rocep.bootstrap), in the layout of
-    `layout` (default: the per-token layout, which the servers' fused-MoE kernels read). `arrays` names the
-    GPU backend's array library ("torch" or "cupy"; None: torch if installed, else cupy). Collective."""
+    `layout` (default: the per-token layout, which the servers' fused-MoE kernels read; it replaces
+    config.layout). `arrays` names the GPU backend's array library ("torch" or "cupy"; None: torch if
+    installed, else cupy). Collective."""
 
     def __init__(self, bootstrap, config: "_rocep.EpConfig", backend=_rocep.Backend.AUTO,
                  layout=_rocep.Layout.PER_TOKEN, arrays=None):
@@ -163,9 +173,7 @@ class Group:
         bfloat16, else the bf16 bits as uint16): a view, valid while the group lives."""
         shape = (rows, self.config.hidden)
         if not self._gpu:
-            import ctypes
-            words = (ctypes.c_uint16 * (rows * self.config.hidden)).from_address(address)
-            return np.ctypeslib.as_array(words).reshape(shape)
+            return np.asarray(_HostMemory(address, shape, self))
         memory = _DeviceMemory(address, shape, "<f2" if self._arrays == "torch" else "<u2", self)
         if self._arrays == "torch":
             return _torch().as_tensor(memory, device="cuda").view(_torch().bfloat16)
@@ -243,7 +251,12 @@ class Group:
         torch fp8 tokens and any scale type as their bytes, once their dtypes are checked against the
         group's dispatch_format. error names a bad dtype (None when fine); the module checks the rest."""
         if str(getattr(topk_ids, "dtype", "")) in ("int64", "torch.int64"):
-            topk_ids = topk_ids.int() if _is_torch(topk_ids) else topk_ids.astype(np.int32)
+            # Ids past int32 become num_experts, an invalid id (its slot dropped and reported), not a wrap.
+            experts = self.config.num_experts
+            if _is_torch(topk_ids):
+                topk_ids = topk_ids.masked_fill((topk_ids < -1) | (topk_ids >= experts), experts).int()
+            else:
+                topk_ids = np.where((topk_ids < -1) | (topk_ids >= experts), experts, topk_ids).astype(np.int32)
         if token_scales is None:
             return tokens, topk_ids, None, None
         format_ = self.config.dispatch_format
@@ -299,22 +312,33 @@ class Group:
         input_scaled_tokens gives the codes). Bad arguments raise rocep.InvalidInputError after this rank
         took part with zero tokens, so that its peers complete."""
         inputs, result, error = self._checked(tokens, topk_ids, topk_weights, token_scales, out)
-        self._tokens = 0
-        self._group.dispatch(*inputs, result.native, expert_input_scales, self._stream())
+        self._took_part(self._group.dispatch, inputs, result.native, expert_input_scales, self._stream())
         if error:
             raise _rocep.InvalidInputError(error)
-        self._tokens = inputs[1].shape[0]
         return result
+
+    def _took_part(self, call, inputs, *arguments):
+        """Runs the module's dispatch or dispatch_send and records the rows the next combine writes: the
+        inputs' tokens, none where the module took part with zero tokens (InvalidInputError), and the last
+        dispatch's where the call was refused for its order (CallOrderError: nothing issued)."""
+        try:
+            call(*inputs, *arguments)
+        except _rocep.InvalidInputError:
+            self._tokens = 0
+            raise
+        self._tokens = len(inputs[1])
 
     def dispatch_send(self, tokens, topk_ids, topk_weights, token_scales=None) -> None:
         """The send half of dispatch: returns once issued; the inputs must stay alive until dispatch_recv."""
         inputs, _, error = self._checked(tokens, topk_ids, topk_weights, token_scales, None)
+        try:
+            self._took_part(self._group.dispatch_send, inputs, self._stream())
+        except _rocep.InvalidInputError:  # issued with zero tokens (a CallOrderError issues nothing)
+            self._sent = inputs
+            raise
         self._sent = inputs  # kept alive until dispatch_recv
-        self._tokens = 0
-        self._group.dispatch_send(*inputs, self._stream())
         if error:
             raise _rocep.InvalidInputError(error)
-        self._tokens = inputs[1].shape[0]
 
     def dispatch_recv(self, out=None, *, expert_input_scales=None) -> DispatchResult:
         """The receive half of dispatch: waits for every peer's send and returns this rank's tokens (into

@@ -51,8 +51,22 @@ class PythonBootstrap final : public rocep::Bootstrap {
 };
 
 using Array = nb::ndarray<nb::c_contig>;
+// An array the call only reads: read-only arrays (a broadcast view, a frozen buffer) are taken too.
+using InputArray = nb::ndarray<nb::ro, nb::c_contig>;
 // An array of any strides: a combine's out, which may be a slice of a wider tensor.
 using StridedArray = nb::ndarray<>;
+
+// `object` as an input array (a non-contiguous one copied); throws rocep::InvalidInputError naming `name`
+// where it is none that nanobind takes (a list, a non-native byte order, an unknown array type).
+InputArray input_array(const char* name, nb::handle object) {
+  try {
+    return nb::cast<InputArray>(object);
+  } catch (const nb::cast_error&) {
+    throw rocep::InvalidInputError(
+        std::string(name) + ": must be an array (numpy, torch, cupy or any DLPack " +
+        "array, native byte order), is " + nb::cast<std::string>(nb::str(object.type())));
+  }
+}
 
 // bf16 arrays: torch.bfloat16 (DLPack bfloat16), or their bits as uint16 (numpy has no bfloat16).
 constexpr nb::dlpack::dtype kBfloat16{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
@@ -191,9 +205,11 @@ rocep::DispatchOutputs dispatch_outputs(const rocep::EpGroup& group, const Outpu
 }
 
 // The checked inputs, or, for a bad one, zero tokens and its message in *error: as in C++, this rank still
-// takes part, with zero tokens, so that its peers complete; then it raises.
-rocep::DispatchInputs dispatch_inputs(const rocep::EpGroup& group, const Array& tokens, const Array& topk_ids,
-                                      const Array& topk_weights, const nb::object& token_scales,
+// takes part, with zero tokens, so that its peers complete; then it raises. The arrays the inputs point into
+// (copies where nanobind made them contiguous) are kept in *arrays, which must outlive the call.
+rocep::DispatchInputs dispatch_inputs(const rocep::EpGroup& group, const nb::object& token_rows,
+                                      const nb::object& ids, const nb::object& weights,
+                                      const nb::object& token_scales, std::vector<InputArray>* arrays,
                                       std::string* error) {
   const rocep::EpConfig& config = group.config();
   const bool gpu = group.backend() == rocep::Backend::kGpu;
@@ -202,14 +218,18 @@ rocep::DispatchInputs dispatch_inputs(const rocep::EpGroup& group, const Array& 
   const auto scales = static_cast<int64_t>(rocep::format_scale_bytes(config.dispatch_format, config.hidden));
   rocep::DispatchInputs inputs;
   try {
+    const InputArray tokens = input_array("tokens", token_rows);
+    const InputArray topk_ids = input_array("topk_ids", ids);
+    const InputArray topk_weights = input_array("topk_weights", weights);
     const int64_t given = static_cast<int64_t>(topk_ids.ndim() > 0 ? topk_ids.shape(0) : 0);
     if (token_scales.is_none()) {
       check("tokens", tokens, kBfloat16, "bfloat16 (or its bits as uint16)", {given, config.hidden}, gpu);
     } else {
       check("tokens", tokens, nb::dtype<uint8_t>(), "uint8 (quantised payload bytes)", {given, payload}, gpu);
-      const Array given_scales = nb::cast<Array>(token_scales);
+      const InputArray given_scales = input_array("token_scales", token_scales);
       check("token_scales", given_scales, nb::dtype<uint8_t>(), "uint8", {given, scales}, gpu);
       inputs.token_scales = given_scales.data();
+      arrays->push_back(given_scales);
     }
     check("topk_ids", topk_ids, nb::dtype<int32_t>(), "int32 (rocep.Group takes int64 too)",
           {-1, config.top_k}, gpu);
@@ -218,6 +238,7 @@ rocep::DispatchInputs dispatch_inputs(const rocep::EpGroup& group, const Array& 
     inputs.topk_ids = static_cast<const int32_t*>(topk_ids.data());
     inputs.topk_weights = static_cast<const float*>(topk_weights.data());
     inputs.num_tokens = static_cast<int>(given);
+    arrays->insert(arrays->end(), {tokens, topk_ids, topk_weights});
   } catch (const rocep::InvalidInputError& bad) {
     *error = std::string("dispatch on rank ") + std::to_string(group.rank()) + ": " + bad.what() +
              " (this rank took part with zero tokens)";
@@ -235,16 +256,19 @@ void raise_if(const std::string& error) {
 // Per-token: expert_outputs [P, hidden], out [T, hidden]. Expanded: expert_outputs [R, hidden]; weighted
 // (row_weights [R]) out [T, hidden], unweighted out [T, top_k, hidden]. A reduced combine's out may be a
 // slice of a wider tensor (its row stride becomes out_row_stride) and may take the epilogue: factor,
-// token_factors [T] float32, residual [T, hidden] bf16.
-rocep::CombineArgs combine_args(const rocep::EpGroup& group, const Array& expert_outputs,
+// token_factors [T] float32, residual [T, hidden] bf16. The input arrays the arguments point into (copies
+// where nanobind made them contiguous) are kept in *arrays, which must outlive the call.
+rocep::CombineArgs combine_args(const rocep::EpGroup& group, const nb::object& expert_rows,
                                 const nb::object& row_weights, const nb::object& shared_expert_output,
                                 const StridedArray& out, float factor, const nb::object& token_factors,
-                                const nb::object& residual) {
+                                const nb::object& residual, std::vector<InputArray>* arrays) {
   const rocep::EpConfig& config = group.config();
   const bool gpu = group.backend() == rocep::Backend::kGpu;
   const bool per_token = config.layout == rocep::Layout::kPerToken;
   const auto rows = static_cast<int64_t>(per_token ? config.max_recv_tokens(group.world_size())
                                                    : config.max_recv_rows(group.world_size()));
+  const InputArray expert_outputs = input_array("expert_outputs", expert_rows);
+  arrays->push_back(expert_outputs);
   check("expert_outputs", expert_outputs, kBfloat16, "bfloat16 (or its bits as uint16)",
         {rows, config.hidden}, gpu);
   rocep::CombineArgs args{expert_outputs.data(), nullptr, nullptr, nullptr};
@@ -253,14 +277,15 @@ rocep::CombineArgs combine_args(const rocep::EpGroup& group, const Array& expert
       throw rocep::InvalidInputError(
           "row_weights: must be None in the per-token layout (each row is already weighted and summed)");
     }
-    const Array weights = nb::cast<Array>(row_weights);
+    const InputArray weights = input_array("row_weights", row_weights);
+    arrays->push_back(weights);
     check("row_weights", weights, nb::dtype<float>(), "float32", {rows}, gpu);
     args.row_weights = static_cast<const float*>(weights.data());
   }
   const bool reduced = per_token || args.row_weights != nullptr;
   if (reduced) {
     check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {-1, config.hidden}, gpu);
-    if (out.shape(0) > 1 && out.stride(1) != 1) {
+    if (out.shape(0) > 0 && out.stride(1) != 1) {
       throw rocep::InvalidInputError("out: each row must be contiguous (stride 1 along hidden), has stride " +
                                      std::to_string(out.stride(1)));
     }
@@ -285,18 +310,21 @@ rocep::CombineArgs combine_args(const rocep::EpGroup& group, const Array& expert
   args.factor = factor;
   const auto tokens = static_cast<int64_t>(out.shape(0));
   if (!token_factors.is_none()) {
-    const Array factors = nb::cast<Array>(token_factors);
+    const InputArray factors = input_array("token_factors", token_factors);
+    arrays->push_back(factors);
     check("token_factors", factors, nb::dtype<float>(), "float32", {tokens}, gpu);
     args.token_factors = static_cast<const float*>(factors.data());
   }
   if (!residual.is_none()) {
-    const Array rows_added = nb::cast<Array>(residual);
+    const InputArray rows_added = input_array("residual", residual);
+    arrays->push_back(rows_added);
     check("residual", rows_added, kBfloat16, "bfloat16 (or its bits as uint16)", {tokens, config.hidden},
           gpu);
     args.residual = rows_added.data();
   }
   if (!shared_expert_output.is_none()) {
-    const Array shared = nb::cast<Array>(shared_expert_output);
+    const InputArray shared = input_array("shared_expert_output", shared_expert_output);
+    arrays->push_back(shared);
     check("shared_expert_output", shared, kBfloat16, "bfloat16 (or its bits as uint16)",
           {tokens, config.hidden}, gpu);
     args.shared_expert_output = shared.data();
@@ -306,13 +334,15 @@ rocep::CombineArgs combine_args(const rocep::EpGroup& group, const Array& expert
 
 // The outputs of either layout (each checked against the group's layout), with the expanded layout's
 // optional expert input scales, float32 [L] (include/rocep/types.hpp; the layout and format are checked by
-// the call).
+// the call), their array kept in *arrays, which must outlive the call.
 template <typename Outputs>
 rocep::DispatchOutputs dispatch_outputs_with(const rocep::EpGroup& group, const Outputs& outputs,
-                                             const nb::object& expert_input_scales) {
+                                             const nb::object& expert_input_scales,
+                                             std::vector<InputArray>* arrays) {
   rocep::DispatchOutputs checked = dispatch_outputs(group, outputs);
   if (!expert_input_scales.is_none()) {
-    const Array scales = nb::cast<Array>(expert_input_scales);
+    const InputArray scales = input_array("expert_input_scales", expert_input_scales);
+    arrays->push_back(scales);
     check("expert_input_scales", scales, nb::dtype<float>(), "float32",
           {static_cast<int64_t>(group.config().num_local_experts(group.world_size()))},
           group.backend() == rocep::Backend::kGpu);
@@ -323,13 +353,15 @@ rocep::DispatchOutputs dispatch_outputs_with(const rocep::EpGroup& group, const 
 
 // dispatch on arrays.
 template <typename Outputs>
-void dispatch_on_arrays(rocep::EpGroup& group, const Array& tokens, const Array& topk_ids,
-                        const Array& topk_weights, const nb::object& token_scales, const Outputs& outputs,
-                        const nb::object& expert_input_scales, std::uintptr_t stream) {
-  const rocep::DispatchOutputs checked = dispatch_outputs_with(group, outputs, expert_input_scales);
+void dispatch_on_arrays(rocep::EpGroup& group, const nb::object& tokens, const nb::object& topk_ids,
+                        const nb::object& topk_weights, const nb::object& token_scales,
+                        const Outputs& outputs, const nb::object& expert_input_scales,
+                        std::uintptr_t stream) {
+  std::vector<InputArray> arrays;
+  const rocep::DispatchOutputs checked = dispatch_outputs_with(group, outputs, expert_input_scales, &arrays);
   std::string input_error;
   const rocep::DispatchInputs inputs =
-      dispatch_inputs(group, tokens, topk_ids, topk_weights, token_scales, &input_error);
+      dispatch_inputs(group, tokens, topk_ids, topk_weights, token_scales, &arrays, &input_error);
   {
     nb::gil_scoped_release release;
     group.dispatch(inputs, checked, reinterpret_cast<void*>(stream));
@@ -340,7 +372,8 @@ void dispatch_on_arrays(rocep::EpGroup& group, const Array& tokens, const Array&
 template <typename Outputs>
 void dispatch_recv_on_arrays(rocep::EpGroup& group, const Outputs& outputs,
                              const nb::object& expert_input_scales, std::uintptr_t stream) {
-  const rocep::DispatchOutputs checked = dispatch_outputs_with(group, outputs, expert_input_scales);
+  std::vector<InputArray> arrays;
+  const rocep::DispatchOutputs checked = dispatch_outputs_with(group, outputs, expert_input_scales, &arrays);
   nb::gil_scoped_release release;
   group.dispatch_recv(checked, reinterpret_cast<void*>(stream));
 }
@@ -349,11 +382,12 @@ void dispatch_recv_on_arrays(rocep::EpGroup& group, const Outputs& outputs,
 using CombineCall = void (rocep::EpGroup::*)(const rocep::CombineArgs&, void*);
 
 template <CombineCall kCall>
-void combine_on_arrays(rocep::EpGroup& group, const Array& expert_outputs, const nb::object& row_weights,
+void combine_on_arrays(rocep::EpGroup& group, const nb::object& expert_outputs, const nb::object& row_weights,
                        const nb::object& shared_expert_output, const StridedArray& out, float factor,
                        const nb::object& token_factors, const nb::object& residual, std::uintptr_t stream) {
+  std::vector<InputArray> arrays;
   const rocep::CombineArgs args = combine_args(group, expert_outputs, row_weights, shared_expert_output, out,
-                                               factor, token_factors, residual);
+                                               factor, token_factors, residual, &arrays);
   nb::gil_scoped_release release;
   (group.*kCall)(args, reinterpret_cast<void*>(stream));
 }
@@ -478,11 +512,12 @@ NB_MODULE(_rocep, m) {
            nb::arg("expert_input_scales").none() = nb::none(), nb::arg("stream") = 0)
       .def(
           "dispatch_send",
-          [](rocep::EpGroup& group, Array tokens, Array topk_ids, Array topk_weights, nb::object token_scales,
-             std::uintptr_t stream) {
+          [](rocep::EpGroup& group, nb::object tokens, nb::object topk_ids, nb::object topk_weights,
+             nb::object token_scales, std::uintptr_t stream) {
             std::string input_error;
+            std::vector<InputArray> arrays;
             const rocep::DispatchInputs inputs =
-                dispatch_inputs(group, tokens, topk_ids, topk_weights, token_scales, &input_error);
+                dispatch_inputs(group, tokens, topk_ids, topk_weights, token_scales, &arrays, &input_error);
             {
               nb::gil_scoped_release release;
               group.dispatch_send(inputs, reinterpret_cast<void*>(stream));

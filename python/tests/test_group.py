@@ -2,6 +2,9 @@
 the native API against a naive numpy computation, the MoRI-shaped op, every bootstrap, and the errors.
 Inputs are random and drawn anew per test from a seed shared by the ranks; outputs are allocated fresh."""
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -135,7 +138,9 @@ def test_bad_input_raises_on_its_rank_and_the_peers_complete():
     tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=8)
     bad = [(dict(weights=weights.astype(np.float64)), "topk_weights: dtype must be float32"),
            (dict(tokens=tokens[:, :128]), r"tokens: shape must be \(8, 256\)"),
-           (dict(ids=ids.astype(np.float32)), "topk_ids: dtype must be int32")]
+           (dict(ids=ids.astype(np.float32)), "topk_ids: dtype must be int32"),
+           (dict(weights=weights.tolist()), "topk_weights: must be an array"),
+           (dict(weights=weights.astype(">f4")), "topk_weights: must be an array")]
     for change, message in bad:
         arguments = dict(tokens=tokens, ids=ids, weights=weights)
         arguments.update(change)
@@ -170,6 +175,25 @@ def test_bad_combine_arguments_raise_on_their_rank_after_it_took_part():
             assert (group.combine(rows, **arguments) == expected).all()
 
 
+def test_read_only_inputs_are_taken_and_a_strided_row_of_out_is_refused():
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=1)
+    rows = bf16.from_float(np.random.default_rng(shared_seed()).uniform(-1, 1, (config.max_recv_tokens(WORLD),
+                                                                                config.hidden)))
+    writable = group.dispatch(tokens, ids, weights)
+    expected = group.combine(rows, 1).copy()
+    for array in (tokens, ids, weights, rows):
+        array.flags.writeable = False
+    frozen = group.dispatch(tokens, ids, weights)
+    count = writable.count()
+    assert frozen.count() == count and (frozen.src_info[:count] == writable.src_info[:count]).all()
+    if RANK == 0:  # refused on this rank before anything is issued; the peers wait until it is repeated
+        with pytest.raises(rocep.InvalidInputError, match="each row must be contiguous"):
+            group.combine(rows, 1, out=np.zeros((1, 2 * config.hidden), np.uint16)[:, ::2])
+    assert (group.combine(rows, 1) == expected).all()
+
+
 def test_outputs_of_an_earlier_call_are_written_again_with_out():
     config = make_config()
     group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
@@ -195,10 +219,23 @@ def test_calls_out_of_order_raise_call_order_error_and_the_group_goes_on():
     group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
     with pytest.raises(rocep.CallOrderError):
         group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), 0)
-    tokens, ids, weights = rank_inputs(config, shared_seed(), RANK)
-    group.dispatch(tokens, ids, weights)
-    out = group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(ids))
-    assert out.shape == (len(ids), config.hidden)
+    tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=config.max_tokens_per_rank)
+    expected = None
+    for send in (group.dispatch, group.dispatch_send):
+        send(tokens, ids, weights)
+        if send == group.dispatch_send:
+            group.dispatch_recv()
+        # A dispatch refused for its order leaves the last one's tokens as the combine's rows (even when
+        # the refused call has fewer).
+        with pytest.raises(rocep.CallOrderError):
+            group.dispatch(tokens[:1], ids[:1], weights[:1])
+        with pytest.raises(rocep.CallOrderError):
+            group.dispatch_send(tokens[:1], ids[:1], weights[:1])
+        rows = np.ones((config.max_recv_tokens(WORLD), config.hidden), np.uint16)
+        out = group.combine(rows, len(ids))
+        assert out.shape == (len(ids), config.hidden)
+        expected = out.copy() if expected is None else expected
+        assert (out == expected).all()
 
 
 def test_the_cpu_reference_holds_no_device_memory():
@@ -297,6 +334,15 @@ def test_int64_ids_dispatch_as_int32_ids_do():
     assert as_int64.count() == count and (as_int64.src_info[:count] == as_int32.src_info[:count]).all()
     assert (as_int64.topk_ids[:count] == as_int32.topk_ids[:count]).all()
     group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(ids))
+    # An id past int32 is an invalid id, reported, not wrapped onto a valid one.
+    wide = ids.astype(np.int64)
+    if len(wide):
+        wide[0, 0] = 2**32 + int(ids[0, 0] if ids[0, 0] >= 0 else 0)
+    group.dispatch(tokens, wide, weights)
+    group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(ids))
+    if len(wide):
+        with pytest.raises(rocep.InvalidInputError, match="expert id"):
+            group.synchronize()
 
 
 def test_expanded_layout_matches_the_naive_definition():
@@ -614,6 +660,15 @@ def test_tokens_and_expert_outputs_in_the_groups_buffers_give_the_bits_of_copies
                            rocep.Layout.EXPANDED)
     with pytest.raises(rocep.ConfigError, match="per-token"):
         expanded.combine_input_buffer()
+    # A view keeps its group (and so its memory) alive after the caller dropped it.
+    dropped = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    kept, alive = dropped.dispatch_input_buffer(), weakref.ref(dropped)
+    del dropped
+    gc.collect()
+    assert alive() is not None
+    del kept
+    gc.collect()
+    assert alive() is None
     without = make_config()
     without.combine_input_buffer = False
     without_group = rocep.Group(bootstrap.from_mpi4py(COMM), without, rocep.Backend.CPU_REFERENCE)
