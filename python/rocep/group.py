@@ -277,6 +277,13 @@ class Group:
             return tokens, topk_ids, token_scales, (
                 f"tokens: dtype {token_dtype} is invalid for pre-quantised tokens of dispatch_format "
                 f"{format_}: allowed are {', '.join(allowed_tokens)}")
+        # The shape in the scales' own elements (the module checks their bytes).
+        item_bytes = 4 if scale_dtype == "float32" else 1
+        scale_shape = (len(topk_ids), _rocep.format_scale_bytes(format_, self.config.hidden) // item_bytes)
+        if tuple(getattr(token_scales, "shape", ())) != scale_shape:
+            return tokens, topk_ids, token_scales, (
+                f"token_scales: shape must be {scale_shape} ({scale_dtype}), is "
+                f"{tuple(getattr(token_scales, 'shape', ()))}")
         def as_bytes(array):  # torch's view takes a torch dtype; numpy's and cupy's a numpy one
             return array.view(_torch().uint8 if _is_torch(array) else np.uint8)
 

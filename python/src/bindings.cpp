@@ -204,6 +204,12 @@ rocep::DispatchOutputs dispatch_outputs(const rocep::EpGroup& group, const Outpu
   return outputs;
 }
 
+// What a rank raises after taking part in a dispatch with zero tokens for a bad argument (`what`).
+std::string zero_tokens_error(const rocep::EpGroup& group, const char* what) {
+  return std::string("dispatch on rank ") + std::to_string(group.rank()) + ": " + what +
+         " (this rank took part with zero tokens)";
+}
+
 // The checked inputs, or, for a bad one, zero tokens and its message in *error: as in C++, this rank still
 // takes part, with zero tokens, so that its peers complete; then it raises. The arrays the inputs point into
 // (copies where nanobind made them contiguous) are kept in *arrays, which must outlive the call.
@@ -240,8 +246,7 @@ rocep::DispatchInputs dispatch_inputs(const rocep::EpGroup& group, const nb::obj
     inputs.num_tokens = static_cast<int>(given);
     arrays->insert(arrays->end(), {tokens, topk_ids, topk_weights});
   } catch (const rocep::InvalidInputError& bad) {
-    *error = std::string("dispatch on rank ") + std::to_string(group.rank()) + ": " + bad.what() +
-             " (this rank took part with zero tokens)";
+    *error = zero_tokens_error(group, bad.what());
     inputs = rocep::DispatchInputs{};
   }
   return inputs;
@@ -358,10 +363,18 @@ void dispatch_on_arrays(rocep::EpGroup& group, const nb::object& tokens, const n
                         const Outputs& outputs, const nb::object& expert_input_scales,
                         std::uintptr_t stream) {
   std::vector<InputArray> arrays;
-  const rocep::DispatchOutputs checked = dispatch_outputs_with(group, outputs, expert_input_scales, &arrays);
   std::string input_error;
+  rocep::DispatchOutputs checked;
+  try {
+    checked = dispatch_outputs_with(group, outputs, expert_input_scales, &arrays);
+  } catch (const rocep::InvalidInputError& bad) {  // bad scales: as for bad inputs, zero tokens, no scales
+    input_error = zero_tokens_error(group, bad.what());
+    checked = dispatch_outputs(group, outputs);
+  }
   const rocep::DispatchInputs inputs =
-      dispatch_inputs(group, tokens, topk_ids, topk_weights, token_scales, &arrays, &input_error);
+      input_error.empty()
+          ? dispatch_inputs(group, tokens, topk_ids, topk_weights, token_scales, &arrays, &input_error)
+          : rocep::DispatchInputs{};
   {
     nb::gil_scoped_release release;
     group.dispatch(inputs, checked, reinterpret_cast<void*>(stream));

@@ -175,6 +175,23 @@ def test_bad_combine_arguments_raise_on_their_rank_after_it_took_part():
             assert (group.combine(rows, **arguments) == expected).all()
 
 
+def test_expert_input_scales_of_a_wrong_dtype_raise_after_taking_part():
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE, rocep.Layout.EXPANDED)
+    tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=6)
+    scales = np.full(config.num_local_experts(WORLD), 0.5, np.float64)
+    if RANK == 0:
+        with pytest.raises(rocep.InvalidInputError, match="expert_input_scales: dtype must be float32"):
+            group.dispatch(tokens, ids, weights, expert_input_scales=scales)
+        tokens_here = 0
+    else:
+        result = group.dispatch(tokens, ids, weights)
+        assert not (result.src_info[:result.count(), 0] == 0).any()  # nothing from rank 0
+        tokens_here = len(ids)
+    rows = np.zeros((config.max_recv_rows(WORLD), config.hidden), np.uint16)
+    group.combine(rows, tokens_here, row_weights=np.zeros(config.max_recv_rows(WORLD), np.float32))
+
+
 def test_read_only_inputs_are_taken_and_a_strided_row_of_out_is_refused():
     config = make_config()
     group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
@@ -420,7 +437,8 @@ def test_pre_quantised_tokens_of_a_wrong_dtype_raise_after_taking_part():
     scales = np.ones((4, config.hidden // 128), np.float32)
     bad = [(dict(token_scales=scales.astype(np.float64)),
             "token_scales: dtype float64 is invalid.*allowed are float32"),
-           (dict(tokens=payload.astype(np.int8)), "tokens: dtype int8 is invalid.*allowed are uint8")]
+           (dict(tokens=payload.astype(np.int8)), "tokens: dtype int8 is invalid.*allowed are uint8"),
+           (dict(token_scales=scales[:, :1]), r"token_scales: shape must be \(4, 2\) \(float32\), is \(4, 1\)")]
     for change, message in bad:
         arguments = dict(tokens=payload, token_scales=scales)
         if RANK == 0:
