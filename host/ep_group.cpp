@@ -108,17 +108,34 @@ void require_valid_choices(Backend backend, const EnvironmentNodes& nodes, int w
   }
 }
 
-// The GPU backend when this build has one and every rank sees a GPU (the same answer on every rank).
-Backend resolve_auto(Bootstrap& bootstrap) {
+// Collective: the first rank that sees no GPU (or whose build has none), or -1 where every rank sees one.
+int first_rank_without_gpu(Bootstrap& bootstrap) {
   const int mine = gpu_visible() ? 1 : 0;
   std::vector<int> all(bootstrap.size());
   bootstrap.all_gather(&mine, all.data(), sizeof mine);
-  for (const int has_gpu : all) {
-    if (has_gpu == 0) {
-      return Backend::kCpuReference;
+  for (int rank = 0; rank < bootstrap.size(); ++rank) {
+    if (all[rank] == 0) {
+      return rank;
     }
   }
-  return Backend::kGpu;
+  return -1;
+}
+
+// `requested` resolved, the same on every rank: kAuto is the GPU backend when every rank sees a GPU, else
+// the CPU reference; kGpu throws ConfigError on every rank unless every rank sees one.
+Backend resolve_backend(Bootstrap& bootstrap, Backend requested) {
+  if (requested == Backend::kCpuReference) {
+    return requested;
+  }
+  const int without = first_rank_without_gpu(bootstrap);
+  if (without < 0) {
+    return Backend::kGpu;
+  }
+  if (requested == Backend::kAuto) {
+    return Backend::kCpuReference;
+  }
+  throw ConfigError("EpGroup: backend gpu is not available on rank " + std::to_string(without) +
+                    ": its build of rocep has no GPU platform, or it sees no GPU");
 }
 
 }  // namespace
@@ -139,9 +156,7 @@ struct EpGroup::Impl {
       config.gpus_per_node = nodes.value;
     }
     config.validate(bootstrap->size());
-    if (backend == Backend::kAuto) {
-      backend = resolve_auto(*bootstrap);
-    }
+    backend = resolve_backend(*bootstrap, requested);
     if (backend == Backend::kCpuReference) {
       config.fp8_encoding = reference::reference_fp8_encoding(config.fp8_encoding);
       implementation = std::make_unique<reference::ReferenceEp>(*bootstrap, config);

@@ -41,7 +41,7 @@ struct EpConfig {
   int num_experts = 256;          // experts over the whole group, split evenly over the ranks
   int max_tokens_per_rank = 128;  // upper bound on the tokens any rank passes to one call
   TokenFormat dispatch_format = TokenFormat::kBf16;
-  Fp8Encoding fp8_encoding = Fp8Encoding::kAuto;  // for kFp8Block128 (and the SiLU kernels' fp8 output)
+  Fp8Encoding fp8_encoding = Fp8Encoding::kAuto;  // for kFp8Block128 (SiLU takes SiluArgs::fp8_encoding)
   CombineDtype combine_dtype = CombineDtype::kBf16;
   // Ranks that share a node and reach each other by IPC; the others are reached through the SHMEM engine.
   // 0 = ROCEP_GPUS_PER_NODE from the environment where set, else detect.

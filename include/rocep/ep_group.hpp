@@ -22,9 +22,10 @@
 //   part is issued, and the group goes on. Its next call is dispatch_recv (or, after a fused dispatch,
 //   combine), as after any dispatch.
 // - InvalidInputError from dispatch_recv / combine / combine_send / combine_recv for bad arguments (a null
-//   pointer): that call is refused on this rank before anything is issued and may be repeated with valid
-//   arguments; until then the peers' waits on this rank run against config().timeout_seconds (on the CPU
-//   reference the peers wait in the bootstrap's all_gather, which bounds it only if the bootstrap does).
+//   pointer), and from a fused dispatch for bad outputs (checked as dispatch_recv checks them): that call is
+//   refused on this rank before anything is issued and may be repeated with valid arguments; until then the
+//   peers' waits on this rank run against config().timeout_seconds (on the CPU reference the peers wait in
+//   the bootstrap's all_gather, which bounds it only if the bootstrap does).
 // - Recorded, never thrown from a call: what only the data shows while the call runs (an expert id outside
 //   [-1, num_experts) or named twice: that slot is not dispatched; a device-side token count out of range:
 //   no token is sent; weighted and unweighted combines mixed across ranks: out is invalid; a peer that never
@@ -74,7 +75,7 @@ class EpGroup {
   // (ROCEP_SHMEM, docs/scale-out.md); without one, every rank must be on one node (else ConfigError).
   // Failure-atomic: either every rank returns, or every rank throws, naming the first rank that failed and
   // the step: ConfigError if config.validate(bootstrap size) fails, if the configs of the ranks differ, if
-  // kGpu is asked for and this build or machine has no GPU, if two GPUs of the node cannot reach each
+  // kGpu is asked for and some rank's build or machine has no GPU, if two GPUs of the node cannot reach each
   // other, or if config.num_sms exceeds the rank's share of its GPU; GpuRuntimeError / BootstrapError if
   // allocation, the IPC exchange or a bootstrap collective fails.
   EpGroup(std::shared_ptr<Bootstrap> bootstrap, const EpConfig& config, Backend backend = Backend::kAuto);
@@ -83,8 +84,9 @@ class EpGroup {
   template <typename MpiComm,
             typename = std::enable_if_t<!std::is_convertible_v<MpiComm, std::shared_ptr<Bootstrap>>>>
   EpGroup(MpiComm comm, const EpConfig& config, Backend backend = Backend::kAuto);
-  // Collective (barrier with the peers, who may still be storing into this rank's buffers) unless the
-  // group timed out, in which case it releases everything without waiting for anyone.
+  // GPU backend: collective (barrier with the peers, who may still be storing into this rank's buffers)
+  // unless the group timed out, in which case it releases everything without waiting for anyone. The CPU
+  // reference holds nothing a peer writes, and waits for no one.
   ~EpGroup();
   EpGroup(EpGroup&&) noexcept;
   EpGroup& operator=(EpGroup&&) noexcept;
@@ -93,11 +95,14 @@ class EpGroup {
 
   int rank() const;
   int world_size() const;
-  const EpConfig& config() const;  // as given, with fp8_encoding kAuto resolved to the encoding in use
+  // As given, with fp8_encoding kAuto resolved to the encoding in use and gpus_per_node 0 replaced by the
+  // environment's ROCEP_GPUS_PER_NODE where set.
+  const EpConfig& config() const;
   Backend backend() const;
   int num_local_experts() const;      // L = num_experts / world_size
   std::size_t max_recv_rows() const;  // R: rows to allocate for DispatchOutputs and expert outputs
-  std::size_t memory_bytes() const;   // bytes the group allocated for itself (outputs not included)
+  std::size_t memory_bytes() const;   // device bytes the group allocated for itself (outputs not included;
+                                      // 0 on the CPU reference)
 
   // bf16 dispatch only: this rank's input buffer, [max_tokens_per_rank, hidden] bf16 in the group's own
   // memory (device memory on the GPU backend, host memory on the CPU reference), where the peers read this
@@ -127,7 +132,8 @@ class EpGroup {
   // Collective: every rank calls it, in the same order relative to combine, with its own inputs (0 tokens
   // is allowed). Allocates: no. Graph-safe: yes on the GPU backend (no host synchronisation).
   // Errors (see the top of this file): CallOrderError unless the group's last call ended a combine (or
-  // none came yet); InvalidInputError for bad inputs, after this rank took part with zero tokens; recorded:
+  // none came yet); InvalidInputError for bad inputs, after this rank took part with zero tokens, and for
+  // bad outputs, refused before anything is issued (fused dispatch; may be repeated); recorded:
   // an invalid expert id (rank, token, slot), a device-side count out of range, TimeoutError naming the peer.
   // Streams: every call of a group goes on one stream (or on streams the caller orders, event by event, in
   // the same call order); two groups may run on two streams at once when their SM budgets fit the GPU

@@ -56,9 +56,9 @@ enum class TokenFormat : int32_t {
 
 // Which fp8 encoding kFp8Block128 uses.
 enum class Fp8Encoding : int32_t {
-  kAuto = 0,      // the GPU's own: e4m3fnuz on gfx942 (MI300X/MI325X), e4m3fn elsewhere and on the CPU
+  kAuto = 0,      // the GPU's own: e4m3fnuz on gfx940-942 (MI300X/MI325X), e4m3fn elsewhere and on the CPU
   kE4m3fn = 1,    // NVIDIA, gfx950 (MI355X), OCP
-  kE4m3fnuz = 2,  // gfx942
+  kE4m3fnuz = 2,  // gfx940-942
 };
 
 const char* to_string(TokenFormat format);

@@ -397,4 +397,18 @@ TEST(EpGroupOverThreadsTest, ANanTimeoutAndAnUnknownBackendAreRefusedByName) {
   }
 }
 
+#if defined(ROCEP_TEST_NO_GPU_PLATFORM)
+// Asked for the GPU backend in a build without one, every rank throws the same ConfigError, naming the
+// first rank without a GPU; kAuto takes the CPU reference.
+TEST(EpGroupOverThreadsTest, TheGpuBackendInABuildWithoutOneIsRefusedOnEveryRank) {
+  constexpr int kWorld = 2;
+  for (const std::string& error : creation_errors(kWorld, small_config(kWorld), rocep::Backend::kGpu)) {
+    EXPECT_NE(error.find("backend gpu is not available on rank 0"), std::string::npos) << error;
+  }
+  for (const std::string& error : creation_errors(kWorld, small_config(kWorld), rocep::Backend::kAuto)) {
+    EXPECT_EQ(error, "");
+  }
+}
+#endif
+
 }  // namespace
