@@ -172,13 +172,12 @@ class EpDispatchCombineOp:
 
     def combine(self, input, weights, indices, call_reset: bool = False, **launch_settings):
         """Returns (out, out_weights): this rank's tokens [num_tokens, hidden] and their weights."""
-        num_tokens = self._weights.shape[0] if self._weights is not None else 0
-        out = self._group.combine(input, num_tokens, out=self._combined_rows())
+        out = self._group.combine(input, self._group._tokens, out=self._combined_rows())
         return out, self._weights
 
     def combine_send(self, input, weights, indices, **launch_settings):
         """The send half: returns combine's pair, whose rows hold the tokens once combine_recv() ran."""
-        num_tokens = self._weights.shape[0] if self._weights is not None else 0
+        num_tokens = self._group._tokens  # the last dispatch's, none where it took part with zero
         rows = self._combined_rows()
         self._group.combine_send(input, num_tokens, out=rows)
         return rows[:num_tokens], self._weights
