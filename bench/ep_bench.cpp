@@ -8,11 +8,13 @@
 // travel. Combine moves bf16 unless --combine=fp8.
 //
 //   mpirun -np 2 rocep_bench [--tokens=128,4096] [--formats=bf16,fp8,mxfp8,mxfp4,nvfp4] [--hidden=7168]
-//                            [--top_k=8] [--experts=256] [--iterations=20] [--sms=default,all,N]
+//                            [--top_k=8] [--experts=N] [--iterations=20] [--sms=default,all,N]
 //                            [--cases=fused,split,concurrent,graph] [--concurrent_tokens=4096]
 //                            [--layouts=expanded,per-token] [--combine=bf16|fp8] [--local_only=0|1]
 //                            [--inputs=copied,input_buffer,quantised] [--max_tokens=N] [benchmark flags]
 //
+// --experts: 256 by default, rounded up to a multiple of the rank count (the experts split evenly).
+// An argument that is none of these flags nor Google Benchmark's, or a flag given twice, is refused.
 // --combine: EpConfig::combine_dtype of every case (fp8: the per-token layout's rows cross ranks as fp8
 // block-128; the header line's config says which).
 // --local_only=1: EpConfig::local_only of every case, allreduce_world_size the world's: each rank dispatches
@@ -46,6 +48,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <random>
 #include <sstream>
@@ -89,7 +92,7 @@ struct BenchOptions {
   std::vector<rocep::TokenFormat> formats{rocep::TokenFormat::kBf16};
   int hidden = 7168;
   int top_k = 8;
-  int experts = 256;
+  int experts = 0;  // --experts; 0: 256 rounded up to a multiple of the rank count
   int iterations = 20;
   // SM budgets (EpConfig::num_sms) at which every case runs: the default share and every multiprocessor.
   std::vector<int> sms{rocep::EpConfig::kDefaultSms, rocep::EpConfig::kAllSms};
@@ -228,8 +231,10 @@ BenchOptions parse_options(int& argc, char** argv) {
                                                         : TokenInputs::kQuantised);
     }
   }
-  if (options.tokens.empty() || options.formats.empty() || options.inputs.empty() || options.sms.empty()) {
-    throw rocep::ConfigError("--tokens, --formats, --inputs and --sms each need at least one item");
+  if (options.tokens.empty() || options.formats.empty() || options.inputs.empty() || options.sms.empty() ||
+      options.layouts.empty()) {
+    throw rocep::ConfigError(
+        "--tokens, --formats, --inputs, --sms and --layouts each need at least one item");
   }
   return options;
 }
@@ -925,12 +930,22 @@ int main(int argc, char** argv) {
     config.combine_dtype = options.combine_dtype;
     config.local_only = options.local_only;
     config.allreduce_world_size = options.local_only ? world : 1;
-    config.num_experts = options.experts;
+    config.num_experts = options.experts > 0 ? options.experts : (256 + world - 1) / world * world;
     config.num_sms = options.sms.front();  // the header's; each case sets its own
     config.max_tokens_per_rank = *std::max_element(options.tokens.begin(), options.tokens.end());
     config.validate(world);
 
     benchmark::Initialize(&argc, argv);
+    if (argc > 1) {  // what neither parse_options nor Google Benchmark took
+      std::string unknown;
+      for (int i = 1; i < argc; ++i) {
+        unknown += std::string(i > 1 ? " " : "") + argv[i];
+      }
+      throw rocep::ConfigError("unknown or repeated argument(s): " + unknown +
+                               " (flags: bench/ep_bench.cpp's header, each at most once, as --name=value; "
+                               "--benchmark_* are Google Benchmark's)");
+    }
+    int cases = 0;  // registered below
     double link_peak = 0.0;
     std::string topology;                  // the GPUs of rank 0's node and their links, printed in the header
     std::string budgets = "SM budgets: ";  // printed in the header; on a GPU, rank 0's as resolved
@@ -999,6 +1014,8 @@ int main(int argc, char** argv) {
                 }
                 // A fixed iteration count: every rank must run the same number of collective calls.
                 const std::string case_name = (sequence == Sequence::kFused ? "fused" : "split") + name;
+                ++cases;
+
                 benchmark::RegisterBenchmark(case_name.c_str(), run_case, name, sequence, case_config, tokens,
                                              token_inputs)
                     ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
@@ -1007,6 +1024,8 @@ int main(int argc, char** argv) {
               }
 #if defined(ROCEP_GPU_BUILD)
               if (options.graph) {
+                ++cases;
+
                 benchmark::RegisterBenchmark(("graph" + name).c_str(), run_graph_case, name, case_config,
                                              tokens, token_inputs)
                     ->Iterations(options.iterations)
@@ -1021,6 +1040,8 @@ int main(int argc, char** argv) {
           if (options.concurrent && compute_sms[budget] > 0) {
             const std::string name = std::string("concurrent/") + rocep::to_string(format) +
                                      "/tokens:" + std::to_string(options.concurrent_tokens) + sms;
+            ++cases;
+
             benchmark::RegisterBenchmark(name.c_str(), run_concurrent_case, name, format_config,
                                          options.concurrent_tokens)
                 ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
@@ -1030,6 +1051,12 @@ int main(int argc, char** argv) {
 #endif
         }
       }
+    }
+    if (cases == 0) {
+      throw rocep::ConfigError(
+          "no case to run: --layouts, --cases, --formats and --inputs select none (the input buffer takes "
+          "bf16 only, --inputs=quantised the scaled formats only; the graph and concurrent cases need a "
+          "GPU)");
     }
     if (rank == 0) {
       std::printf("rocep benchmark: %d rank(s), %s\n%s%s", world, config.describe().c_str(), budgets.c_str(),
@@ -1041,7 +1068,7 @@ int main(int argc, char** argv) {
       benchmark::RunSpecifiedBenchmarks(&silent);
     }
     benchmark::Shutdown();
-  } catch (const rocep::Error& error) {
+  } catch (const std::exception& error) {  // rocep's errors, and host memory the sizes asked for
     std::fprintf(stderr, "[rank %d] rocep_bench: %s\n", rank, error.what());
     status = 1;
   }

@@ -19,9 +19,16 @@ cmake -S "$root" -B "$build" -DROCEP_BUILD_TESTS=OFF ${ROCEP_CMAKE_ARGS:-}
 cmake --build "$build" -j "$(nproc)" --target rocep_bench
 
 gpus=$(bash "$root/.ci/count-gpus")
+# A build without a GPU platform (ROCEP_GPU_PLATFORM=none, or no GPU compiler) runs the CPU reference.
+gpu_build=0
+[ -d "$build/bench/CMakeFiles/rocep_silu_bench.dir" ] && gpu_build=1
+if [ "$gpu_build" -eq 0 ] && [ "$gpus" -gt 0 ]; then
+  echo "bench/run.sh: $gpus GPU(s) found, but this build has no GPU platform (see its CMake output)"
+  gpus=0
+fi
 ranks=${ROCEP_RANKS:-$((gpus >= 1 ? gpus : 2))}
 if [ "$gpus" -eq 0 ]; then
-  echo "bench/run.sh: no GPU found: running the CPU reference backend on $ranks ranks"
+  echo "bench/run.sh: no GPU to run on: running the CPU reference backend on $ranks ranks"
 elif [ "$gpus" -eq 1 ] && [ "$ranks" -eq 1 ]; then
   echo "bench/run.sh: one GPU found: running 1 rank (EP1: every expert local, nothing crosses a link);" \
     "ROCEP_RANKS=2 runs 2 ranks sharing the GPU (at once under MPS, else time-sliced)"
