@@ -10,6 +10,7 @@
 // against the 85% target.
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <random>
 #include <string>
 #include <tuple>
@@ -57,6 +58,13 @@ Options parse_options(int argc, char** argv) {
       throw rocep::ConfigError(std::string("unknown argument ") + argv[i] +
                                " (flags: --rows, --n, --iterations, --check_rows)");
     }
+  }
+  // Every format runs: n must be whole blocks of each (fp8 block-128's 128 covers the others).
+  const int multiple = rocep::format_column_multiple(TokenFormat::kFp8Block128);
+  if (options.n % multiple != 0) {
+    throw rocep::ConfigError("--n = " + std::to_string(options.n) +
+                             " is invalid: every format runs, so it must " + "be a multiple of " +
+                             std::to_string(multiple));
   }
   return options;
 }
@@ -180,7 +188,7 @@ int main(int argc, char** argv) {
         "\nchecks: %s; bandwidth: %s\n", all_identical ? "all identical" : "SOME MISMATCH",
         all_on_target ? "every case at >= 85% of the copy peak" : "SOME CASES BELOW 85% of the copy peak");
     return all_identical ? 0 : 1;
-  } catch (const rocep::Error& error) {
+  } catch (const std::exception& error) {  // rocep's errors, and memory the sizes asked for
     std::fprintf(stderr, "rocep_silu_bench: %s\n", error.what());
     return 1;
   }
