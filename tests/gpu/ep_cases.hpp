@@ -456,16 +456,12 @@ inline void expect_strided_rows_match(const DeviceBuffer& out, const std::vector
 
 // Runs dispatch + combine on the reference and on a new GPU group, each on fresh random inputs, and compares
 // everything: weighted (with the shared expert's rows) after split dispatch calls, unweighted after a fused
-// dispatch. The tokens are bf16, quantised in dispatch in a scaled format. With `in_input_buffer` (bf16),
+// dispatch, each on data of its own (so that what the first left in the group cannot pass for the second's
+// results). The tokens are bf16, quantised in dispatch in a scaled format. With `in_input_buffer` (bf16),
 // the GPU dispatches them from the group's input buffer.
 inline void check_against_reference(const EpConfig& config, Routing routing, bool in_input_buffer = false) {
-  const uint64_t seed = shared_seed();
-  SCOPED_TRACE(seed_trace(seed) + ", routing " + routing_name(routing) + ", " + config.describe() +
+  SCOPED_TRACE(std::string("routing ") + routing_name(routing) + ", " + config.describe() +
                (in_input_buffer ? ", tokens in the input buffer" : ""));
-  const Inputs inputs = make_inputs(config, routing, seed);
-  const ExpertData experts = make_expert_data(config, seed);
-  const Expected expected = reference_results(config, inputs.view(), &experts);
-
   EpGroup group(MPI_COMM_WORLD, config, Backend::kGpu);
   if (config.dispatch_format == TokenFormat::kBf16) {
     // Receive memory is O(world x T x message) whatever the expert count: the dispatch region (this rank's
@@ -494,16 +490,20 @@ inline void check_against_reference(const EpConfig& config, Routing routing, boo
     EXPECT_LE(group.memory_bytes(), regions + peer_copies + (across_nodes ? 3 : 1) * bookkeeping);
   }
   Stream stream;
-  const DeviceInputs device_inputs(inputs);
-  DispatchInputs dispatch_inputs = device_inputs.view();
-  if (in_input_buffer) {
-    dispatch_inputs.tokens = group.dispatch_input_buffer();
-    ROCEP_GPU_CHECK(hipMemcpy(group.dispatch_input_buffer(), inputs.tokens.data(),
-                              inputs.tokens.size() * sizeof(bf16_bits), hipMemcpyHostToDevice));
-    ROCEP_GPU_CHECK(hipDeviceSynchronize());
-  }
   for (const bool weighted : {true, false}) {
-    SCOPED_TRACE(weighted ? "weighted combine" : "unweighted combine");
+    const uint64_t seed = shared_seed();
+    SCOPED_TRACE(seed_trace(seed) + (weighted ? ", weighted combine" : ", unweighted combine"));
+    const Inputs inputs = make_inputs(config, routing, seed);
+    const ExpertData experts = make_expert_data(config, seed);
+    const Expected expected = reference_results(config, inputs.view(), &experts);
+    const DeviceInputs device_inputs(inputs);
+    DispatchInputs dispatch_inputs = device_inputs.view();
+    if (in_input_buffer) {  // between the last combine and this dispatch
+      dispatch_inputs.tokens = group.dispatch_input_buffer();
+      ROCEP_GPU_CHECK(hipMemcpy(group.dispatch_input_buffer(), inputs.tokens.data(),
+                                inputs.tokens.size() * sizeof(bf16_bits), hipMemcpyHostToDevice));
+      ROCEP_GPU_CHECK(hipDeviceSynchronize());
+    }
     const DeviceOutputs outputs(config);
     const DeviceCombine combine(config, experts);
     dispatch_on(group, dispatch_inputs, outputs.view(), /*split=*/weighted, stream.get());

@@ -209,66 +209,68 @@ TEST_F(GpuEp, TokensInTheInputBufferMatchReference) {
 // payload, scales (in the format's layout) and row metadata equal the reference's bit for bit, and every
 // byte that belongs to a row past row_offsets[L] keeps its poison.
 void check_format_against_reference(const EpConfig& config, Routing routing, bool pass_through) {
-  const uint64_t seed = shared_seed();
-  SCOPED_TRACE(seed_trace(seed) + ", routing " + routing_name(routing) +
+  SCOPED_TRACE(std::string("routing ") + routing_name(routing) +
                (pass_through ? ", already quantised" : ", quantised in dispatch") + ", " + config.describe());
-  Inputs inputs = make_inputs(config, routing, seed);
-  const std::size_t rows = config.max_recv_rows(world_size());
-  const int hidden = config.hidden;
-  const std::size_t payload_bytes = rocep::format_payload_bytes(config.dispatch_format, hidden);
-  const std::size_t scale_bytes = rocep::format_scale_bytes(config.dispatch_format, hidden);
-
-  std::mt19937_64 random(seed ^ (0x51ed27ull * (world_rank() + 1)));
-  std::vector<uint8_t> tokens;        // what dispatch reads: bf16 rows, or quantised payloads
-  std::vector<uint8_t> token_scales;  // already quantised only
-  if (pass_through) {
-    // Any bytes travel as they are.
-    tokens.resize(std::max<std::size_t>(inputs.num_tokens * payload_bytes, 1));
-    token_scales.resize(std::max<std::size_t>(inputs.num_tokens * scale_bytes, 1));
-    for (auto* bytes : {&tokens, &token_scales})
-      for (auto& byte : *bytes)
-        byte = static_cast<uint8_t>(random());
-  } else {
-    // Magnitudes from 2^-12 to 2^12 per token, so scales differ; a NaN and an infinity in two blocks.
-    for (int token = 0; token < inputs.num_tokens; ++token) {
-      const float magnitude = std::ldexp(1.0f, static_cast<int>(random() % 25) - 12);
-      for (int i = 0; i < hidden; ++i) {
-        bf16_bits& element = inputs.tokens[static_cast<std::size_t>(token) * hidden + i];
-        element = rocep::float_to_bf16(rocep::bf16_to_float(element) * magnitude);
-      }
-    }
-    if (inputs.num_tokens >= 2) {
-      inputs.tokens[5] = 0x7fc0;                                              // NaN, token 0
-      inputs.tokens[static_cast<std::size_t>(hidden) + hidden / 2] = 0x7f80;  // +inf, token 1
-    }
-    tokens.assign(std::max<std::size_t>(inputs.tokens.size(), 1) * sizeof(bf16_bits), 0);
-    if (!inputs.tokens.empty()) {
-      std::memcpy(tokens.data(), inputs.tokens.data(), inputs.tokens.size() * sizeof(bf16_bits));
-    }
-  }
-  const float global_scale = 448.0f * 6.0f / 2048.0f;  // the same on every rank
-
-  rocep::DispatchInputs host_inputs{tokens.data(), inputs.topk_ids.data(), inputs.topk_weights.data(),
-                                    inputs.num_tokens, nullptr};
-  host_inputs.token_scales = pass_through ? token_scales.data() : nullptr;
-  host_inputs.global_scale = &global_scale;
-  const Expected expected = reference_results(config, host_inputs, /*experts=*/nullptr);
-
   rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
   rocep::Stream stream;
-  const DeviceBuffer device_tokens = upload(tokens);
-  const DeviceBuffer device_scales = upload(token_scales);
-  const DeviceBuffer device_global_scale = upload(std::vector<float>{global_scale});
-  DeviceInputs device_inputs(inputs);
-  rocep::DispatchInputs view = device_inputs.view();
-  view.tokens = device_tokens.get();
-  view.token_scales = pass_through ? device_scales.get() : nullptr;
-  view.global_scale = device_global_scale.as<float>();
-  // The combine that ends each step: its output is checked by the combine tests; the expert outputs are a
-  // poisoned bf16 buffer of R rows.
-  const DeviceBuffer expert_outputs = poisoned(rows * hidden * sizeof(bf16_bits));
+  // Split calls, then a fused call, each on data of its own: what the first left in the group cannot pass
+  // for the second's results.
   for (const bool fused : {false, true}) {
-    SCOPED_TRACE(fused ? "fused dispatch" : "dispatch_send + dispatch_recv");
+    const uint64_t seed = shared_seed();
+    SCOPED_TRACE(seed_trace(seed) + (fused ? ", fused dispatch" : ", dispatch_send + dispatch_recv"));
+    Inputs inputs = make_inputs(config, routing, seed);
+    const std::size_t rows = config.max_recv_rows(world_size());
+    const int hidden = config.hidden;
+    const std::size_t payload_bytes = rocep::format_payload_bytes(config.dispatch_format, hidden);
+    const std::size_t scale_bytes = rocep::format_scale_bytes(config.dispatch_format, hidden);
+
+    std::mt19937_64 random(seed ^ (0x51ed27ull * (world_rank() + 1)));
+    std::vector<uint8_t> tokens;        // what dispatch reads: bf16 rows, or quantised payloads
+    std::vector<uint8_t> token_scales;  // already quantised only
+    if (pass_through) {
+      // Any bytes travel as they are.
+      tokens.resize(std::max<std::size_t>(inputs.num_tokens * payload_bytes, 1));
+      token_scales.resize(std::max<std::size_t>(inputs.num_tokens * scale_bytes, 1));
+      for (auto* bytes : {&tokens, &token_scales})
+        for (auto& byte : *bytes)
+          byte = static_cast<uint8_t>(random());
+    } else {
+      // Magnitudes from 2^-12 to 2^12 per token, so scales differ; a NaN and an infinity in two blocks.
+      for (int token = 0; token < inputs.num_tokens; ++token) {
+        const float magnitude = std::ldexp(1.0f, static_cast<int>(random() % 25) - 12);
+        for (int i = 0; i < hidden; ++i) {
+          bf16_bits& element = inputs.tokens[static_cast<std::size_t>(token) * hidden + i];
+          element = rocep::float_to_bf16(rocep::bf16_to_float(element) * magnitude);
+        }
+      }
+      if (inputs.num_tokens >= 2) {
+        inputs.tokens[5] = 0x7fc0;                                              // NaN, token 0
+        inputs.tokens[static_cast<std::size_t>(hidden) + hidden / 2] = 0x7f80;  // +inf, token 1
+      }
+      tokens.assign(std::max<std::size_t>(inputs.tokens.size(), 1) * sizeof(bf16_bits), 0);
+      if (!inputs.tokens.empty()) {
+        std::memcpy(tokens.data(), inputs.tokens.data(), inputs.tokens.size() * sizeof(bf16_bits));
+      }
+    }
+    const float global_scale = 448.0f * 6.0f / 2048.0f;  // the same on every rank
+
+    rocep::DispatchInputs host_inputs{tokens.data(), inputs.topk_ids.data(), inputs.topk_weights.data(),
+                                      inputs.num_tokens, nullptr};
+    host_inputs.token_scales = pass_through ? token_scales.data() : nullptr;
+    host_inputs.global_scale = &global_scale;
+    const Expected expected = reference_results(config, host_inputs, /*experts=*/nullptr);
+
+    const DeviceBuffer device_tokens = upload(tokens);
+    const DeviceBuffer device_scales = upload(token_scales);
+    const DeviceBuffer device_global_scale = upload(std::vector<float>{global_scale});
+    DeviceInputs device_inputs(inputs);
+    rocep::DispatchInputs view = device_inputs.view();
+    view.tokens = device_tokens.get();
+    view.token_scales = pass_through ? device_scales.get() : nullptr;
+    view.global_scale = device_global_scale.as<float>();
+    // The combine that ends each step: its output is checked by the combine tests; the expert outputs are a
+    // poisoned bf16 buffer of R rows.
+    const DeviceBuffer expert_outputs = poisoned(rows * hidden * sizeof(bf16_bits));
     const DeviceOutputs outputs(config);
     rocep::testing::dispatch_on(group, view, outputs.view(), /*split=*/!fused, stream.get());
     EXPECT_NO_THROW(group.synchronize(stream.get()));

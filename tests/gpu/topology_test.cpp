@@ -22,7 +22,7 @@ using rocep::NodeTopology;
 
 TEST(GpuTopologyTest, EveryPairOfVisibleGpusHasPeerAccess) {
   if (!rocep::testing::use_rank_gpu()) {
-    GTEST_SKIP() << "no GPU";
+    GTEST_SKIP() << "no GPU visible";
   }
   const NodeTopology topology = rocep::read_node_topology(rocep::visible_gpus());
   if (rocep::testing::world_rank() == 0) {
@@ -52,7 +52,7 @@ TEST(GpuTopologyTest, EveryPairOfVisibleGpusHasPeerAccess) {
 
 TEST(GpuTopologyTest, NodeRanksAgreeOnTheirGpusAndFormAGroup) {
   if (!rocep::testing::use_rank_gpu()) {
-    GTEST_SKIP() << "no GPU";
+    GTEST_SKIP() << "no GPU visible";
   }
   // The test's ranks all run on one node.
   rocep::MpiBootstrap node(MPI_COMM_WORLD);
