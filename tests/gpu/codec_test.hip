@@ -33,6 +33,8 @@ using rocep::testing::RowCase;
 namespace device = rocep::device;
 
 constexpr int kThreads = 256;
+// What the output buffers hold before a kernel writes them: a byte it fails to write shows as this.
+constexpr uint8_t kUnwritten = 0xA5;
 
 int grid_for(std::size_t items) {
   return static_cast<int>((items + kThreads - 1) / kThreads);
@@ -101,6 +103,8 @@ QuantizedRows quantize_elements_on_device(const FormatCase& format_case, const R
   const DeviceBuffer values = rocep::testing::upload(row_case.values);
   DeviceBuffer payload(rocep::format_payload_bytes(format_case.format, static_cast<int>(count)));
   DeviceBuffer scales(blocks * scale_bytes);
+  rocep::testing::fill_bytes(payload, kUnwritten);
+  rocep::testing::fill_bytes(scales, kUnwritten);
   const float* in = values.as<float>();
   const device::Fp8 encoding = rocep::testing::device_fp8(format_case.encoding);
   const int grid = grid_for(count / kCount);
@@ -138,6 +142,7 @@ __global__ void silu_and_pairs(const float* inputs, int count, float* silu_value
 std::vector<uint8_t> encode_on_device(Element element, const std::vector<float>& inputs) {
   const DeviceBuffer device_inputs = rocep::testing::upload(inputs);
   DeviceBuffer codes(inputs.size());
+  rocep::testing::fill_bytes(codes, kUnwritten);
   const int count = static_cast<int>(inputs.size());
   encode_elements<<<grid_for(inputs.size()), kThreads>>>(element, device_inputs.as<float>(), count,
                                                          codes.as<uint8_t>());
@@ -154,6 +159,8 @@ QuantizedRows quantize_on_device(const FormatCase& format_case, const RowCase& r
   const DeviceBuffer values = rocep::testing::upload(row_case.values);
   DeviceBuffer payload(static_cast<std::size_t>(rows) * payload_bytes);
   DeviceBuffer scales(std::max(static_cast<std::size_t>(rows) * scale_bytes, std::size_t{1}));
+  rocep::testing::fill_bytes(payload, kUnwritten);
+  rocep::testing::fill_bytes(scales, kUnwritten);
   quantize_rows<<<grid_for(blocks), kThreads>>>(
       rocep::testing::device_format(format_case.format), rocep::testing::device_fp8(format_case.encoding),
       values.as<float>(), rows, columns, row_case.global_scale, payload.as<uint8_t>(), payload_bytes,
