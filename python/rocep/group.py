@@ -109,6 +109,18 @@ class _HostMemory:
         self._owner = owner
 
 
+def _contiguous(array):
+    """`array` itself where it is a C-contiguous numpy, torch or cupy array, else a contiguous copy of it
+    (anything else as given: the module names what it cannot take)."""
+    if _is_torch(array):
+        return array if array.is_contiguous() else array.contiguous()
+    flags = getattr(array, "flags", None)
+    if flags is None or flags.c_contiguous:
+        return array
+    return _cupy().ascontiguousarray(array) if type(array).__module__.startswith("cupy") \
+        else np.ascontiguousarray(array)
+
+
 def _is_torch(array) -> bool:
     return type(array).__module__.startswith("torch")
 
@@ -305,7 +317,11 @@ class Group:
         if error:
             return self._no_tokens(), result, \
                 f"dispatch on rank {self.rank}: {error} (this rank took part with zero tokens)"
-        return (tokens, topk_ids, topk_weights, token_scales), result, None
+        # Contiguous copies made here, not by the module: the caller's split send keeps them alive (_sent)
+        # until its receive, where the kernels may still read them.
+        inputs = tuple(None if array is None else _contiguous(array)
+                       for array in (tokens, topk_ids, topk_weights, token_scales))
+        return inputs, result, None
 
     def dispatch(self, tokens, topk_ids, topk_weights, token_scales=None, out=None, *,
                  expert_input_scales=None) -> DispatchResult:

@@ -352,6 +352,12 @@ def test_int64_ids_dispatch_as_int32_ids_do():
     assert as_int64.count() == count and (as_int64.src_info[:count] == as_int32.src_info[:count]).all()
     assert (as_int64.topk_ids[:count] == as_int32.topk_ids[:count]).all()
     group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(ids))
+    # Column-major inputs are taken as their values.
+    strided = group.dispatch(np.asfortranarray(tokens), np.asfortranarray(ids), np.asfortranarray(weights))
+    assert not np.asfortranarray(weights).flags.c_contiguous and strided.count() == count
+    for field in ("tokens", "topk_ids", "topk_weights", "src_info"):
+        assert (getattr(strided, field)[:count] == getattr(as_int32, field)[:count]).all(), field
+    group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(ids))
     # An id past int32 is an invalid id, reported, not wrapped onto a valid one.
     wide = ids.astype(np.int64)
     wide[0, 0] = 2**32 + int(max(ids[0, 0], 0))
