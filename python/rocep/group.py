@@ -395,6 +395,10 @@ class Group:
         factor, token_factors, residual = epilogue
         if tokens == 0:  # a shared expert or an epilogue of no tokens adds nothing
             shared_expert_output = token_factors = residual = None
+        # Contiguous inputs made here (see _checked): combine_send's _pending keeps them until combine_recv.
+        expert_outputs, row_weights, shared_expert_output, token_factors, residual = (
+            None if array is None else _contiguous(array)
+            for array in (expert_outputs, row_weights, shared_expert_output, token_factors, residual))
         return (expert_outputs, row_weights, shared_expert_output, out[:max(tokens, 1)], float(factor),
                 token_factors, residual), out[:tokens], error
 
