@@ -246,6 +246,29 @@ std::string sms_name(int num_sms) {
                                                  : std::to_string(num_sms);
 }
 
+// The header's line: what every case shares (from `config`), then what the cases range over.
+std::string settings_line(const BenchOptions& options, const rocep::EpConfig& config) {
+  std::string text = "hidden=" + std::to_string(config.hidden) + " top_k=" + std::to_string(config.top_k) +
+                     " experts=" + std::to_string(config.num_experts) +
+                     " combine=" + rocep::to_string(config.combine_dtype) +
+                     (config.local_only ? " local_only" : "") + "; layouts:";
+  for (const rocep::Layout layout : options.layouts) {
+    text += std::string(" ") + rocep::to_string(layout);
+  }
+  text += "; formats:";
+  for (const rocep::TokenFormat format : options.formats) {
+    text += std::string(" ") + rocep::to_string(format);
+  }
+  text += "; tokens:";
+  for (const int tokens : options.tokens) {
+    text += " " + std::to_string(tokens);
+  }
+  if (options.max_tokens > 0) {
+    text += " (groups sized for " + std::to_string(options.max_tokens) + ")";
+  }
+  return text;
+}
+
 // One rank's random workload: tokens, uniformly random distinct experts per token, weights.
 struct Workload {
   std::vector<rocep::bf16_bits> tokens;
@@ -931,7 +954,7 @@ int main(int argc, char** argv) {
     config.local_only = options.local_only;
     config.allreduce_world_size = options.local_only ? world : 1;
     config.num_experts = options.experts > 0 ? options.experts : (256 + world - 1) / world * world;
-    config.num_sms = options.sms.front();  // the header's; each case sets its own
+    // Checked here at the largest case; each case sets its own tokens, budget, layout and format.
     config.max_tokens_per_rank = *std::max_element(options.tokens.begin(), options.tokens.end());
     config.validate(world);
 
@@ -1059,8 +1082,8 @@ int main(int argc, char** argv) {
           "GPU)");
     }
     if (rank == 0) {
-      std::printf("rocep benchmark: %d rank(s), %s\n%s%s", world, config.describe().c_str(), budgets.c_str(),
-                  topology.c_str());
+      std::printf("rocep benchmark: %d rank(s), %s\n%s%s", world, settings_line(options, config).c_str(),
+                  budgets.c_str(), topology.c_str());
       benchmark::RunSpecifiedBenchmarks();
       print_summary(link_peak);
     } else {
