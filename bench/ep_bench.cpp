@@ -958,6 +958,13 @@ int main(int argc, char** argv) {
     config.max_tokens_per_rank = *std::max_element(options.tokens.begin(), options.tokens.end());
     config.validate(world);
 
+    if (rank != 0) {  // one file: rank 0 writes --benchmark_out; another rank opening it would truncate it
+      argc = static_cast<int>(std::remove_if(argv + 1, argv + argc,
+                                             [](const char* argument) {
+                                               return std::strncmp(argument, "--benchmark_out", 15) == 0;
+                                             }) -
+                              argv);
+    }
     benchmark::Initialize(&argc, argv);
     if (argc > 1) {  // what neither parse_options nor Google Benchmark took
       std::string unknown;
