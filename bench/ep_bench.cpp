@@ -1045,7 +1045,6 @@ int main(int argc, char** argv) {
                 // A fixed iteration count: every rank must run the same number of collective calls.
                 const std::string case_name = (sequence == Sequence::kFused ? "fused" : "split") + name;
                 ++cases;
-
                 benchmark::RegisterBenchmark(case_name.c_str(), run_case, name, sequence, case_config, tokens,
                                              token_inputs)
                     ->Iterations((options.iterations + kRepeats - 1) / kRepeats)
@@ -1055,7 +1054,6 @@ int main(int argc, char** argv) {
 #if defined(ROCEP_GPU_BUILD)
               if (options.graph) {
                 ++cases;
-
                 benchmark::RegisterBenchmark(("graph" + name).c_str(), run_graph_case, name, case_config,
                                              tokens, token_inputs)
                     ->Iterations(options.iterations)
@@ -1071,7 +1069,6 @@ int main(int argc, char** argv) {
             const std::string name = std::string("concurrent/") + rocep::to_string(format) +
                                      "/tokens:" + std::to_string(options.concurrent_tokens) + sms;
             ++cases;
-
             benchmark::RegisterBenchmark(name.c_str(), run_concurrent_case, name, format_config,
                                          options.concurrent_tokens)
                 ->Iterations((options.iterations + kRepeats - 1) / kRepeats)

@@ -63,7 +63,7 @@ Options parse_options(int argc, char** argv) {
   const int multiple = rocep::format_column_multiple(TokenFormat::kFp8Block128);
   if (options.n % multiple != 0) {
     throw rocep::ConfigError("--n = " + std::to_string(options.n) +
-                             " is invalid: every format runs, so it must " + "be a multiple of " +
+                             " is invalid: every format runs, so it must be a multiple of " +
                              std::to_string(multiple));
   }
   return options;

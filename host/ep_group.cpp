@@ -156,6 +156,8 @@ struct EpGroup::Impl {
       config.gpus_per_node = nodes.value;
     }
     config.validate(bootstrap->size());
+    local_experts = config.num_local_experts(bootstrap->size());
+    recv_rows = config.max_recv_rows(bootstrap->size());
     backend = resolve_backend(*bootstrap, requested);
     if (backend == Backend::kCpuReference) {
       config.fp8_encoding = reference::reference_fp8_encoding(config.fp8_encoding);
@@ -186,6 +188,8 @@ struct EpGroup::Impl {
 
   std::shared_ptr<Bootstrap> bootstrap;
   EpConfig config;
+  int local_experts = 0;  // EpConfig::num_local_experts and max_recv_rows of the group, computed once
+  std::size_t recv_rows = 0;
   Backend backend;
   std::unique_ptr<EpBackend> implementation;
   contract::CallOrder order;
@@ -212,10 +216,10 @@ Backend EpGroup::backend() const {
   return impl_->backend;
 }
 int EpGroup::num_local_experts() const {
-  return impl_->config.num_local_experts(world_size());
+  return impl_->local_experts;
 }
 std::size_t EpGroup::max_recv_rows() const {
-  return impl_->config.max_recv_rows(world_size());
+  return impl_->recv_rows;
 }
 std::size_t EpGroup::memory_bytes() const {
   return impl_->implementation->memory_bytes();

@@ -41,6 +41,7 @@ hipError_t GpuEp::on_kernels(Call&& call) const {
 GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
     : config_(config),
       has_combine_input_buffer_(contract::combine_input_buffer_error(config).empty()),
+      max_recv_rows_(config.max_recv_rows(world.size())),
       rank_(world.rank()),
       world_(world) {
   // Every check before the first agreement sees the same values on every rank (the config is agreed, the
@@ -376,7 +377,7 @@ device::DispatchRecvArgs GpuEp::dispatch_recv_args(const DispatchOutputs& output
   static_assert(sizeof(SrcInfo) == 3 * sizeof(int32_t), "src_info rows are three int32");
   return {static_cast<uint8_t*>(outputs.recv_tokens),
           static_cast<uint8_t*>(outputs.recv_scales),
-          config_.max_recv_rows(view_.shape.world),
+          max_recv_rows_,
           outputs.row_offsets,
           outputs.expert_ids,
           reinterpret_cast<int32_t*>(outputs.src_info),

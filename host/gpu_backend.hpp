@@ -81,6 +81,7 @@ class GpuEp final : public EpBackend {
   // Whether the group has a combine input buffer (contract::combine_input_buffer_error), for the check of
   // every combine's expert outputs.
   bool has_combine_input_buffer_;
+  std::size_t max_recv_rows_;  // EpConfig::max_recv_rows, computed once: every dispatch_recv passes it
   int rank_;
   Bootstrap& world_;
   DeviceBuffer dispatch_region_;
