@@ -1,8 +1,8 @@
 """The Python package on the GPU, under torchrun (no MPI), bootstrapped from torch.distributed:
 
 - rocep.Group on the GPU backend against a CPU-reference group over the same bootstrap, bit for bit, on
-  fresh random torch tensors with a count and routing that change from call to call, the combine with a
-  shared expert: per-token layout in bf16 and fp8 block-128 (quantised in dispatch), expanded layout in
+  fresh random torch tensors with a count and routing that change from call to call, into outputs poisoned
+  before each call (the rows past the count must keep the poison), the combine with a shared expert: per-token layout in bf16 and fp8 block-128 (quantised in dispatch), expanded layout in
   bf16, and local-only mode in both layouts; expert input scales (expanded, both fp8 encodings);
 - the MoRI-shaped op against a naive torch definition (every rank's inputs gathered, the expected rows and
   sums computed with torch on the CPU), bf16 and pre-quantised fp8, fused and split calls, and
@@ -15,10 +15,13 @@
 
     torchrun --nproc_per_node=2 python/gpu/check_torchrun.py
 
+Every run draws new inputs from a seed rank 0 picks and prints; ROCEP_CHECK_SEED=N repeats run N's inputs.
 Rank 0 prints each rank's failures and PASSED or FAILED; the exit status is 1 on any failure.
 """
 
+import dataclasses
 import os
+import secrets
 import sys
 
 import numpy as np
@@ -30,7 +33,9 @@ from rocep import bootstrap
 from rocep.mori import EpDispatchCombineConfig, EpDispatchCombineOp
 
 HIDDEN, TOP_K, EXPERTS_PER_RANK, MAX_TOKENS = 2048, 8, 16, 128
+POISON = 0xA5
 failures = []
+run_seed = 0  # rank 0's draw, the same on every rank (main)
 
 
 def shape_and_bytes(array):
@@ -49,6 +54,25 @@ def check(name, got, expected):
         failures.append(name)
 
 
+def check_poison(name, array):
+    """Every byte of `array` (a torch tensor) still holds the poison."""
+    if array.numel() and not bool((array.contiguous().view(torch.uint8) == POISON).all()):
+        failures.append(f"{name} written past the count")
+
+
+def poison(result):
+    """Every array of a dispatch result back to the poison."""
+    for field in dataclasses.fields(result):
+        array = getattr(result, field.name)
+        if isinstance(array, torch.Tensor):
+            array.view(torch.uint8).fill_(POISON)
+
+
+def generator(seed, rank):
+    """A generator for call `seed` of this run on `rank`, different from every other call's and run's."""
+    return torch.Generator().manual_seed(run_seed * 1_000_000 + seed * 1000 + rank)
+
+
 def config_for(world, layout=rocep.Layout.PER_TOKEN, dispatch_format=rocep.TokenFormat.BF16, local_only=False):
     config = rocep.EpConfig()
     config.hidden, config.top_k, config.num_experts = HIDDEN, TOP_K, EXPERTS_PER_RANK * world
@@ -60,7 +84,7 @@ def config_for(world, layout=rocep.Layout.PER_TOKEN, dispatch_format=rocep.Token
 
 def inputs(seed, rank, n, world, rows):
     """Fresh random inputs on the CPU: tokens bf16, distinct ids with some -1, weights, expert rows bf16."""
-    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    g = generator(seed, rank)
     tokens = (torch.rand(n, HIDDEN, generator=g) * 8 - 4).to(torch.bfloat16)
     ids = torch.argsort(torch.rand(n, EXPERTS_PER_RANK * world, generator=g), dim=1)[:, :TOP_K].int()
     ids[torch.rand(ids.shape, generator=g) < 0.2] = -1
@@ -80,10 +104,18 @@ def check_native(boot, rank, world, layout, dispatch_format, local_only=False):
     cpu = rocep.Group(boot, gpu_config, rocep.Backend.CPU_REFERENCE, layout)
     expanded = layout == rocep.Layout.EXPANDED
     rows = gpu.config.max_recv_rows(world) if expanded else gpu.config.max_recv_tokens(world)
+    # A call of other data first; each step writes into its outputs, poisoned before, and into a poisoned
+    # `out` longer than its tokens.
+    tokens, ids, weights, expert_rows = inputs(99, rank, MAX_TOKENS, world, rows)
+    got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda())
+    gpu.combine(expert_rows.cuda(), MAX_TOKENS, **({"row_weights": got.weights} if expanded else {}))
+    out = torch.empty(MAX_TOKENS + 3, HIDDEN, dtype=torch.bfloat16, device="cuda")
     for step, n in enumerate([MAX_TOKENS, 1, 77, 0, 100]):
         tokens, ids, weights, expert_rows = inputs(step, rank, n, world, rows)
         shared = expert_rows[:n].flip(1).contiguous()  # a shared expert's rows, other values than the experts'
-        got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda())
+        poison(got)
+        out.view(torch.uint8).fill_(POISON)
+        got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda(), out=got)
         ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy())
         count = ref.count()
         fields = ("tokens", "src_info", "weights") if expanded else ("tokens", "topk_ids", "topk_weights", "src_info")
@@ -91,17 +123,24 @@ def check_native(boot, rank, world, layout, dispatch_format, local_only=False):
             fields += ("scales",)  # per-token rows: [P, scale bytes]
         for field in fields:
             check(f"{name} step {step} {field}", getattr(got, field)[:count], getattr(ref, field)[:count])
+            if not (expanded and field == "scales"):  # expanded scales are a transposed tensor
+                check_poison(f"{name} step {step} {field}", getattr(got, field)[count:])
         check(f"{name} step {step} row_offsets", got.row_offsets.view(torch.int32), ref.row_offsets.view(np.int32))
         if not expanded:
             check(f"{name} step {step} num_recv_tokens", got.num_recv_tokens, ref.num_recv_tokens)
-            used = int(ref.row_offsets[-1])
+            used, blocks = int(ref.row_offsets[-1]), int(ref.row_offsets[-1]) // gpu_config.expert_alignment
             check(f"{name} step {step} sorted_token_ids", got.sorted_token_ids[:used], ref.sorted_token_ids[:used])
-            out = gpu.combine(expert_rows.cuda(), n, shared.cuda())
+            check_poison(f"{name} step {step} sorted_token_ids", got.sorted_token_ids[used:])
+            check(f"{name} step {step} block_expert_ids", got.block_expert_ids[:blocks],
+                  ref.block_expert_ids[:blocks])
+            check_poison(f"{name} step {step} block_expert_ids", got.block_expert_ids[blocks:])
+            gpu.combine(expert_rows.cuda(), n, shared.cuda(), out=out)
             expected = cpu.combine(bits(expert_rows), n, bits(shared))
         else:
-            out = gpu.combine(expert_rows.cuda(), n, shared.cuda(), row_weights=got.weights)
+            gpu.combine(expert_rows.cuda(), n, shared.cuda(), row_weights=got.weights, out=out)
             expected = cpu.combine(bits(expert_rows), n, bits(shared), row_weights=ref.weights)
-        check(f"{name} step {step} combined", out.view(torch.uint16), expected)
+        check(f"{name} step {step} combined", out[:n].view(torch.uint16), expected[:n])
+        check_poison(f"{name} step {step} combined", out[n:])
         gpu.synchronize()
 
 
@@ -117,7 +156,7 @@ def check_input_scales(boot, rank, world):
         for step, n in enumerate([MAX_TOKENS, 45]):
             name = f"input scales {encoding} step {step}"
             tokens, ids, weights, expert_rows = inputs(20 + step, rank, n, world, rows)
-            g = torch.Generator().manual_seed(30 + step + 100 * rank)
+            g = generator(30 + step, rank)
             scales = torch.exp2(torch.rand(local, generator=g) * 12 - 8)  # 2^-8 to 2^4
             got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda(), expert_input_scales=scales.cuda())
             ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy(), expert_input_scales=scales.numpy())
@@ -198,7 +237,7 @@ def check_epilogue(boot, rank, world):
         rows = gpu.config.max_recv_rows(world) if expanded else gpu.config.max_recv_tokens(world)
         for step, n in enumerate([MAX_TOKENS, 9, 0]):
             tokens, ids, weights, expert_rows = inputs(90 + step, rank, n, world, rows)
-            g = torch.Generator().manual_seed(95 + step * 10 + rank)
+            g = generator(95 + step, rank)
             factors = torch.rand(n, generator=g) * 2 - 1
             residual = (torch.rand(n, HIDDEN, generator=g) * 2 - 1).to(torch.bfloat16)
             got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda())
@@ -378,8 +417,14 @@ def check_torch_on_cpu_reference(boot, rank, world):
 
 
 def main() -> int:
+    global run_seed
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    drawn = [int(os.environ.get("ROCEP_CHECK_SEED", 0)) or secrets.randbelow(2**40) + 1]
+    dist.broadcast_object_list(drawn, src=0)
+    run_seed = drawn[0]
+    if rank == 0:
+        print(f"seed {run_seed} (ROCEP_CHECK_SEED={run_seed} repeats these inputs)")
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     boot = bootstrap.from_torch()
     for layout, dispatch_format in ((rocep.Layout.PER_TOKEN, rocep.TokenFormat.BF16),

@@ -334,10 +334,12 @@ inline void combine_on(EpGroup& group, const CombineArgs& args, bool split, hipS
 }
 
 // Scaled formats: the scales of every row below row_offsets[L] (`used`) equal the reference's, and those of
-// the rows past it still hold the poison.
+// the rows past it still hold the poison, nvfp4's tile rows past R included.
 inline void expect_scales_match(const EpConfig& config, const DeviceOutputs& outputs,
                                 const Expected& expected, std::size_t used) {
   const std::size_t rows = outputs.rows;
+  const std::size_t scale_rows =
+      config.dispatch_format == TokenFormat::kNvfp4 ? (rows + 127) / 128 * 128 : rows;
   const int hidden = config.hidden;
   const auto got_scales = download<uint8_t>(outputs.recv_scales, expected.recv_scales.size());
   const auto format = static_cast<device::Format>(config.dispatch_format);
@@ -345,7 +347,7 @@ inline void expect_scales_match(const EpConfig& config, const DeviceOutputs& out
   const std::size_t size = format_scale_bytes(config.dispatch_format, hidden) / blocks;
   int wrong = 0;
   int written_past_end = 0;
-  for (std::size_t row = 0; row < rows; ++row) {
+  for (std::size_t row = 0; row < scale_rows; ++row) {
     for (int block = 0; block < blocks; ++block) {
       const std::size_t offset = device::scale_offset(format, row, block, rows, hidden);
       if (row < used) {
@@ -377,12 +379,17 @@ inline void expect_dispatch_matches(const EpConfig& config, const DeviceOutputs&
       << "payloads differ";
   EXPECT_TRUE(all_poison(recv_tokens.data() + used * payload_bytes, recv_tokens.data() + recv_tokens.size()))
       << "payload rows past row_offsets[L] were written";
-  const auto src_info = download<SrcInfo>(outputs.src_info, rows);
+  const auto src_info = download<uint8_t>(outputs.src_info, rows * sizeof(SrcInfo));
   EXPECT_TRUE(same_bytes(src_info.data(), expected.src_info.data(), used * sizeof(SrcInfo)))
       << "src_info differs";
-  const auto recv_weights = download<float>(outputs.recv_weights, rows);
+  EXPECT_TRUE(all_poison(src_info.data() + used * sizeof(SrcInfo), src_info.data() + src_info.size()))
+      << "src_info past row_offsets[L] was written";
+  const auto recv_weights = download<uint8_t>(outputs.recv_weights, rows * sizeof(float));
   EXPECT_TRUE(same_bytes(recv_weights.data(), expected.recv_weights.data(), used * sizeof(float)))
       << "recv_weights differ";
+  EXPECT_TRUE(
+      all_poison(recv_weights.data() + used * sizeof(float), recv_weights.data() + recv_weights.size()))
+      << "recv_weights past row_offsets[L] were written";
   if (config.dispatch_format != TokenFormat::kBf16) {
     expect_scales_match(config, outputs, expected, used);
   }
