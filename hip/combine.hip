@@ -175,7 +175,8 @@ __device__ inline int first_share(int total) {
   return max(1, 3 * total / (4 * static_cast<int>(gridDim.x)));
 }
 
-// A block per (source, token) at a time: long rows (hidden above 4096), whose loads keep the block busy.
+// A block per (source, token) at a time: long rows (more than two vectors a thread: hidden above 4096 on
+// blocks of kBlockThreads, above 12288 on wide ones), whose loads keep the block busy.
 // send_partials_in_batches with a batch of one pair would do the same, but as one function for both the
 // fused kernel spilled registers on sm_90, and its fused combine at hidden 7168 took 20.0-21.0 us (128
 // tokens) and 237.7-241.0 us (4096) against 19.4-19.7 and 234.6-240.4 (EP2, H200).
@@ -272,11 +273,12 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
   }
 }
 
-// Short rows (hidden up to 4096): a batch of kBlockThreads / top_k (source, token) pairs at a time, in the
-// same order. Every slot's row and weight is looked up at once (a thread per slot) and each pair's list of
-// inputs made by a thread of its own, so the block waits on those loads and on its barriers once per batch;
-// then its warps sum the pairs one after another without waiting for each other (4096 tokens at EP2 on
-// H200, hidden 2048: 78 -> 62 us). Taken in small calls too, where a block has one pair: choosing the other
+// Short rows (two vectors a thread at most): a batch of kBlockThreads / top_k (source, token) pairs at a
+// time, in the same order; on wide blocks the threads past kBlockThreads only sum. Every slot's row and
+// weight is looked up at once (a thread per slot) and each pair's list of inputs made by a thread of its own,
+// so the block waits on those loads and on its barriers once per batch; then its warps sum the pairs one
+// after another without waiting for each other (4096 tokens at EP2 on H200, hidden 2048: 78 -> 62 us). Wide
+// blocks take hidden 7168 here. Taken in small calls too, where a block has one pair: choosing the other
 // function there cost the fused kernel spilled registers on sm_90.
 template <bool kFp8>
 __device__ void send_partials_in_batches(const GroupView& group, const rocep::device::CombineArgs& args) {
@@ -304,8 +306,10 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
             group.token_rows[(static_cast<std::size_t>(source) * shape.max_tokens + token) * shape.top_k + k];
       }
     }
-    slot_rows[threadIdx.x] = row;
-    slot_weights[threadIdx.x] = row >= 0 && weighted ? args.row_weights[row] : 1.0f;
+    if (threadIdx.x < kBlockThreads) {
+      slot_rows[threadIdx.x] = row;
+      slot_weights[threadIdx.x] = row >= 0 && weighted ? args.row_weights[row] : 1.0f;
+    }
     __syncthreads();
     if (static_cast<int>(threadIdx.x) < batch_pairs) {
       const int list = static_cast<int>(threadIdx.x) * shape.top_k;
@@ -408,8 +412,8 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
   const int vectors = shape.hidden / kLanes;
   const int tokens = group.state->sent_tokens;
   // [token of the batch][input], world + 1 apart: the partials, then the shared expert's row
-  __shared__ const Vector16* partials[kBlockThreads];
-  __shared__ int partial_counts[kBlockThreads];  // [token of the batch]
+  __shared__ const Vector16* partials[kBlockThreads];  // indexed below batch_tokens * list_length
+  __shared__ int partial_counts[kBlockThreads];        // [token of the batch]
   __shared__ float ones[kMaxWorld + 1];
   for (int i = threadIdx.x; i <= kMaxWorld; i += blockDim.x) {
     ones[i] = 1.0f;
@@ -903,29 +907,29 @@ extern "C" __global__ void __launch_bounds__(PerTokenTuning::kCombineThreads)
   combine_kernel_per_token<true>(group, args, RowEpilogues{args});
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
+extern "C" __global__ void __launch_bounds__(kExpandedWideThreads)
     ROCEP_EP_KERNEL(rocep_combine_send)(GroupView group, rocep::device::CombineArgs args) {
   send_partials<false>(group, args);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
+extern "C" __global__ void __launch_bounds__(kExpandedWideThreads)
     ROCEP_EP_KERNEL(rocep_combine_recv)(GroupView group, rocep::device::CombineArgs args) {
   receive_partials<false, false>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
+extern "C" __global__ void __launch_bounds__(kExpandedWideThreads)
     ROCEP_EP_KERNEL(rocep_combine_recv_epilogue)(GroupView group, rocep::device::CombineArgs args) {
   receive_partials<true, false>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads)
+extern "C" __global__ void __launch_bounds__(kExpandedWideThreads)
     ROCEP_EP_KERNEL(rocep_combine)(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
   send_partials<false>(group, args);
   receive_partials<false, false>(group, args, sequence);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
+extern "C" __global__ void __launch_bounds__(kExpandedWideThreads)
     ROCEP_EP_KERNEL(rocep_combine_epilogue)(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
   send_partials<false>(group, args);
@@ -934,29 +938,29 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm
 
 // The expanded layout's combine with the partials crossing in fp8 (Shape::combine_fp8): kernels of their
 // own, so that the bf16 ones keep their registers.
-extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
+extern "C" __global__ void __launch_bounds__(kExpandedWideThreads)
     ROCEP_EP_KERNEL(rocep_combine_send_fp8)(GroupView group, rocep::device::CombineArgs args) {
   send_partials<true>(group, args);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
+extern "C" __global__ void __launch_bounds__(kExpandedWideThreads)
     ROCEP_EP_KERNEL(rocep_combine_recv_fp8)(GroupView group, rocep::device::CombineArgs args) {
   receive_partials<false, true>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
+extern "C" __global__ void __launch_bounds__(kExpandedWideThreads)
     ROCEP_EP_KERNEL(rocep_combine_recv_epilogue_fp8)(GroupView group, rocep::device::CombineArgs args) {
   receive_partials<true, true>(group, args, group.block_calls[blockIdx.x].combines + 1);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
+extern "C" __global__ void __launch_bounds__(kExpandedWideThreads)
     ROCEP_EP_KERNEL(rocep_combine_fp8)(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
   send_partials<true>(group, args);
   receive_partials<false, true>(group, args, sequence);
 }
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
+extern "C" __global__ void __launch_bounds__(kExpandedWideThreads)
     ROCEP_EP_KERNEL(rocep_combine_epilogue_fp8)(GroupView group, rocep::device::CombineArgs args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].combines + 1;
   send_partials<true>(group, args);
@@ -964,6 +968,11 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm
 }
 
 namespace rocep::device {
+
+// The block size of the expanded layout's combine kernels on `grid` (kExpandedWideThreads).
+inline int expanded_combine_threads(const LaunchGrid& grid) {
+  return grid.wide ? kExpandedWideThreads : kBlockThreads;
+}
 
 template <>
 hipError_t EpKernels<kCompiledTransport>::load_combine_kernels(bool per_token, int* resident_blocks) {
@@ -993,6 +1002,12 @@ hipError_t EpKernels<kCompiledTransport>::load_combine_kernels(bool per_token, i
   constexpr int kPerTokenThreads = PerTokenTuning::kCombineThreads;
   hipError_t status = per_token ? load_kernels(by_token, resident_blocks, kPerTokenThreads)
                                 : load_kernels(expanded, resident_blocks);
+  if (status == hipSuccess && !per_token) {
+    // A wide grid's blocks (expanded_combine_threads) must be resident too: counted as no block if not.
+    int wide = 1 << 30;
+    status = load_kernels(expanded, &wide, kExpandedWideThreads);
+    *resident_blocks = wide < 1 ? 0 : *resident_blocks;
+  }
   if (status == hipSuccess) {
     status = per_token ? load_kernels(expanded, &unused) : load_kernels(by_token, &unused, kPerTokenThreads);
   }
@@ -1012,8 +1027,9 @@ hipError_t EpKernels<kCompiledTransport>::launch_combine_send(const GroupView& g
         grid, Residency::kBlockByBlock, stream, group, args);
   }
   const bool fp8 = group.shape.combine_fp8 != 0;
-  return launch_kernel(fp8 ? &ROCEP_EP_KERNEL(rocep_combine_send_fp8) : &ROCEP_EP_KERNEL(rocep_combine_send),
-                       grid, Residency::kBlockByBlock, stream, group, args);
+  return launch_kernel_threads(
+      fp8 ? &ROCEP_EP_KERNEL(rocep_combine_send_fp8) : &ROCEP_EP_KERNEL(rocep_combine_send), grid,
+      expanded_combine_threads(grid), Residency::kBlockByBlock, stream, group, args);
 }
 
 template <>
@@ -1034,7 +1050,8 @@ hipError_t EpKernels<kCompiledTransport>::launch_combine_recv(const GroupView& g
       epilogue ? (fp8 ? &ROCEP_EP_KERNEL(rocep_combine_recv_epilogue_fp8)
                       : &ROCEP_EP_KERNEL(rocep_combine_recv_epilogue))
                : (fp8 ? &ROCEP_EP_KERNEL(rocep_combine_recv_fp8) : &ROCEP_EP_KERNEL(rocep_combine_recv));
-  return launch_kernel(kernel, grid, Residency::kBlockByBlock, stream, group, args);
+  return launch_kernel_threads(kernel, grid, expanded_combine_threads(grid), Residency::kBlockByBlock, stream,
+                               group, args);
 }
 
 template <>
@@ -1055,7 +1072,8 @@ hipError_t EpKernels<kCompiledTransport>::launch_combine(const GroupView& group,
       epilogue
           ? (fp8 ? &ROCEP_EP_KERNEL(rocep_combine_epilogue_fp8) : &ROCEP_EP_KERNEL(rocep_combine_epilogue))
           : (fp8 ? &ROCEP_EP_KERNEL(rocep_combine_fp8) : &ROCEP_EP_KERNEL(rocep_combine));
-  return launch_kernel(kernel, grid, Residency::kWholeGrid, stream, group, args);
+  return launch_kernel_threads(kernel, grid, expanded_combine_threads(grid), Residency::kWholeGrid, stream,
+                               group, args);
 }
 
 }  // namespace rocep::device

@@ -194,6 +194,13 @@ ROCEP_HOST_DEVICE inline bool has_epilogue(const CombineArgs& args) {
 // registers: the combine's epilogue kernels and the fused dispatch kernels.
 inline constexpr int kExpandedBlocksPerSm = 3;
 
+// The expanded layout's combine kernels are written for any block size up to kExpandedWideThreads, the
+// threads kExpandedBlocksPerSm blocks hold on one multiprocessor. On a grid of one block per multiprocessor
+// of a budget (LaunchGrid::wide) their blocks have that many threads, so that the budget's multiprocessors
+// hold as many loads in flight as they do with every resident block; on the grid of kAllSms, blocks of
+// kBlockThreads.
+inline constexpr int kExpandedWideThreads = kBlockThreads * kExpandedBlocksPerSm;
+
 // Loads every dispatch / combine kernel now. With lazy loading, a kernel's first launch waits for the device
 // to idle, which a spinning receive kernel of the same process can prevent forever; loading them all when
 // the group is created rules that out. Also lowers *resident_blocks to the fewest blocks (of `threads`, the
@@ -221,6 +228,7 @@ inline hipError_t load_kernels(std::initializer_list<const void*> kernels, int* 
 struct LaunchGrid {
   int blocks;  // one per multiprocessor of the budget (more for kAllSms, all resident), of any kernel's size
   bool cooperative;  // launch the kernels that need their whole grid resident cooperatively
+  bool wide;         // one block per multiprocessor (not kAllSms): kernels of any block size take wide blocks
 };
 
 // What a kernel needs of its grid: kWholeGrid for a kernel whose blocks wait on other blocks of the same
@@ -236,16 +244,25 @@ struct NotDeduced {
 // Launches `kernel` on grid.blocks blocks of kThreads (the kernel's launch bound) with `params`, converted to
 // the kernel's own parameter types. A kWholeGrid kernel of a cooperative grid is launched cooperatively: the
 // runtime starts it only with every block resident, and refuses a grid that cannot be
-// (hipErrorCooperativeLaunchTooLarge). Returns the runtime's status of the launch.
-template <int kThreads = kBlockThreads, typename... Params>
-hipError_t launch_kernel(void (*kernel)(Params...), const LaunchGrid& grid, Residency residency,
-                         hipStream_t stream, typename NotDeduced<Params>::type... params) {
+// (hipErrorCooperativeLaunchTooLarge). Returns the runtime's status of the launch. launch_kernel_threads
+// takes blocks of `threads` chosen at run time, for kernels written for any block size up to their launch
+// bound.
+template <typename... Params>
+hipError_t launch_kernel_threads(void (*kernel)(Params...), const LaunchGrid& grid, int threads,
+                                 Residency residency, hipStream_t stream,
+                                 typename NotDeduced<Params>::type... params) {
   void* arguments[] = {static_cast<void*>(&params)...};
   const auto* function = reinterpret_cast<const void*>(kernel);
   if (grid.cooperative && residency == Residency::kWholeGrid) {
-    return hipLaunchCooperativeKernel(function, dim3(grid.blocks), dim3(kThreads), arguments, 0, stream);
+    return hipLaunchCooperativeKernel(function, dim3(grid.blocks), dim3(threads), arguments, 0, stream);
   }
-  return hipLaunchKernel(function, dim3(grid.blocks), dim3(kThreads), arguments, 0, stream);
+  return hipLaunchKernel(function, dim3(grid.blocks), dim3(threads), arguments, 0, stream);
+}
+
+template <int kThreads = kBlockThreads, typename... Params>
+hipError_t launch_kernel(void (*kernel)(Params...), const LaunchGrid& grid, Residency residency,
+                         hipStream_t stream, typename NotDeduced<Params>::type... params) {
+  return launch_kernel_threads(kernel, grid, kThreads, residency, stream, params...);
 }
 
 // How a group's kernels reach its peers (hip/transport.hpp): kIpc, every peer on this node; kShmem, some

@@ -100,8 +100,9 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
     const int sms = sm_budget(config.num_sms, properties.multiProcessorCount, ranks_on_this_gpu, policy);
     if (resident_per_multiprocessor < 1) {
       throw GpuRuntimeError(
-          "EpGroup: a dispatch / combine kernel keeps no block of " + std::to_string(device::kBlockThreads) +
-          " threads resident on a multiprocessor of " + properties.name + " (shared memory or registers)");
+          std::string(
+              "EpGroup: a dispatch / combine kernel keeps no block resident on a multiprocessor of ") +
+          properties.name + " (shared memory or registers)");
     }
     if (policy.cooperative_launch && properties.cooperativeLaunch == 0) {
       throw GpuRuntimeError(std::string("EpGroup: ") + properties.name +
@@ -109,7 +110,7 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
     }
     // With the whole share the kernels own it: every block that stays resident there, more bytes in flight.
     const int blocks = config.num_sms == EpConfig::kAllSms ? sms * resident_per_multiprocessor : sms;
-    grid_ = {blocks, policy.launch_cooperatively(config.num_sms)};
+    grid_ = {blocks, policy.launch_cooperatively(config.num_sms), config.num_sms != EpConfig::kAllSms};
   });
 
   device::Shape& shape = view_.shape;
