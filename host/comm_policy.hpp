@@ -11,7 +11,7 @@
 
 namespace rocep {
 
-// A grid is one block of kBlockThreads per multiprocessor of the budget, never more: the hardware block
+// A grid is one block per multiprocessor of the budget, never more: the hardware block
 // scheduler spreads a launch over idle multiprocessors first, so k blocks per multiprocessor would occupy
 // k x num_sms of them. More bytes in flight per multiprocessor come from wider blocks, not more of them.
 // The exception is EpConfig::kAllSms, where nothing is left to share: every resident block runs.
