@@ -3,12 +3,12 @@
 router top-k -> rocep dispatch -> per expert: gate_up matmul, rocep's fused SiLU, down matmul -> the rank's
 weighted sum per received token -> rocep combine. Two ways to run it:
 
-    torchrun --nproc_per_node=2 examples/moe_layer.py [--dispatch=fp8]   # GPUs and torch, no MPI
-    mpirun -np 2 python examples/moe_layer.py [--local-only]            # the CPU reference and numpy
+    torchrun --nproc_per_node=2 examples/moe_layer.py [--dispatch=fp8] [--local-only]   # GPUs and torch, no MPI
+    mpirun -np 2 python examples/moe_layer.py [--local-only]                           # the CPU reference, numpy
 
 Every rank draws the same weights (a shared seed) and its own tokens, and compares the layer's output with
 the layer computed on its own tokens alone, by calc_diff (1 - 2xy / (x^2 + y^2), as DeepEP's tests measure
-it). With --local-only (attention run tensor-parallel; the CPU reference so far) every rank holds the same
+it). With --local-only (attention run tensor-parallel) every rank holds the same
 tokens, runs only its own experts on them and its slice of a shared expert, and an all-reduce of the
 combined outputs gives the layer. With fp8 dispatch the layer alone computes on its tokens quantised and dequantised as dispatch does
 (block-128, include/rocep/formats.hpp), so the two differ only in summation order and rounding.
@@ -219,7 +219,7 @@ def main(boot, arrays=None, dispatch: str = "bf16", seed: int = 2026, tokens: in
     if local_only:  # a dense shared expert; each rank's combine adds its slice of the tokens' rows
         shared = arrays.bf16(arrays.float(x) @ (arrays.normal(seed + 4, (hidden, hidden)) / np.sqrt(hidden)))
         ep = arrays.bf16(allreduce(arrays.float(moe_layer_ep(arrays, group, x, weights, shared))))
-        alone = arrays.bf16(arrays.float(moe_layer_alone(arrays, x, weights, top_k)) + arrays.float(shared))
+        alone = arrays.bf16(arrays.float(moe_layer_alone(arrays, x, weights, top_k, received)) + arrays.float(shared))
     else:
         ep, alone = moe_layer_ep(arrays, group, x, weights), moe_layer_alone(arrays, x, weights, top_k, received)
     if gpu:

@@ -121,6 +121,12 @@ def _contiguous(array):
         else np.ascontiguousarray(array)
 
 
+def _writable(array) -> bool:
+    """False for a read-only numpy array; torch and cupy arrays are writable."""
+    flags = getattr(array, "flags", None)
+    return getattr(flags, "writeable", True)
+
+
 def _is_torch(array) -> bool:
     return type(array).__module__.startswith("torch")
 
@@ -258,10 +264,27 @@ class Group:
             row_offsets=self._empty((self._group.num_local_experts + 1,), "uint32"),
         )
 
-    def _inputs(self, tokens, topk_ids, token_scales):
+    def _inputs(self, tokens, topk_ids, topk_weights, token_scales):
         """(tokens, topk_ids, token_scales, error) as the module takes them: int64 ids as int32 (a copy);
         torch fp8 tokens and any scale type as their bytes, once their dtypes are checked against the
-        group's dispatch_format. error names a bad dtype (None when fine); the module checks the rest."""
+        group's dispatch_format. error names a bad argument (None when fine): one that is no array of two
+        dimensions, more rows than max_tokens_per_rank, a bad dtype; the module checks the rest."""
+        for name, array in (("tokens", tokens), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
+                            ("token_scales", token_scales)):
+            if array is None and name == "token_scales":
+                continue
+            shape = getattr(array, "shape", None)
+            if shape is None:
+                return tokens, topk_ids, token_scales, (
+                    f"{name}: must be an array (numpy, torch, cupy or any DLPack array), is "
+                    f"{type(array).__name__}")
+            if len(shape) != 2:
+                return tokens, topk_ids, token_scales, (
+                    f"{name}: must have 2 dimensions, has {len(shape)} (shape {tuple(shape)})")
+        most = self.config.max_tokens_per_rank
+        if topk_ids.shape[0] > most:
+            return tokens, topk_ids, token_scales, (
+                f"topk_ids: {topk_ids.shape[0]} rows (tokens), allowed are at most max_tokens_per_rank = {most}")
         if str(getattr(topk_ids, "dtype", "")) in ("int64", "torch.int64"):
             # Ids past int32 become num_experts, an invalid id (its slot dropped and reported), not a wrap.
             experts = self.config.num_experts
@@ -296,7 +319,8 @@ class Group:
             return tokens, topk_ids, token_scales, (
                 f"token_scales: shape must be {scale_shape} ({scale_dtype}), is "
                 f"{tuple(getattr(token_scales, 'shape', ()))}")
-        def as_bytes(array):  # torch's view takes a torch dtype; numpy's and cupy's a numpy one
+        def as_bytes(array):  # torch's view takes a torch dtype; numpy's and cupy's a numpy one (contiguous)
+            array = _contiguous(array)
             return array.view(_torch().uint8 if _is_torch(array) else np.uint8)
 
         return as_bytes(tokens), topk_ids, as_bytes(token_scales), None
@@ -305,12 +329,13 @@ class Group:
         """Inputs of zero tokens, for a rank that takes part in a dispatch whose inputs it refused."""
         hidden, top_k = self.config.hidden, self.config.top_k
         tokens = self._empty((0, hidden), "bfloat16")
-        return tokens, self._empty((0, top_k), "int32"), self._empty((0, top_k), "float32"), None
+        return tokens, self._empty((0, top_k), "int32"), self._empty((0, top_k), "float32"), None, None
 
-    def _checked(self, tokens, topk_ids, topk_weights, token_scales, out):
-        """The module's inputs and outputs for a dispatch, and the error to raise after taking part (None when
-        the arguments are fine): a bad argument makes this rank take part with zero tokens."""
-        tokens, topk_ids, token_scales, error = self._inputs(tokens, topk_ids, token_scales)
+    def _checked(self, tokens, topk_ids, topk_weights, token_scales, global_scale, out):
+        """The module's inputs (tokens, topk_ids, topk_weights, token_scales, global_scale) and outputs for a
+        dispatch, and the error to raise after taking part (None when the arguments are fine): a bad
+        argument makes this rank take part with zero tokens."""
+        tokens, topk_ids, token_scales, error = self._inputs(tokens, topk_ids, topk_weights, token_scales)
         if out is not None and getattr(out, "group", None) is not self._group:
             error, out = error or "out: must be a result of an earlier dispatch of this group", None
         result = self._outputs() if out is None else out
@@ -320,11 +345,11 @@ class Group:
         # Contiguous copies made here, not by the module: the caller's split send keeps them alive (_sent)
         # until its receive, where the kernels may still read them.
         inputs = tuple(None if array is None else _contiguous(array)
-                       for array in (tokens, topk_ids, topk_weights, token_scales))
+                       for array in (tokens, topk_ids, topk_weights, token_scales, global_scale))
         return inputs, result, None
 
     def dispatch(self, tokens, topk_ids, topk_weights, token_scales=None, out=None, *,
-                 expert_input_scales=None) -> DispatchResult:
+                 expert_input_scales=None, global_scale=None) -> DispatchResult:
         """Sends every token to the ranks of its experts; returns this rank's received tokens. Collective.
         tokens: bf16 [T, hidden]; or, pre-quantised, the payload [T, payload bytes] (uint8, or torch's fp8
         dtype of an fp8 format) with token_scales [T, scales] (float32 for fp8 block-128, e8m0 or uint8 for
@@ -332,9 +357,11 @@ class Group:
         [T, top_k]. out: a result of an earlier dispatch of this group to write into instead of allocating
         (its contents are replaced). expert_input_scales: expanded layout with bf16 dispatch only, float32
         [L]: the receiving rank quantises each row to fp8 with its expert's scale (ExpandedResult.
-        input_scaled_tokens gives the codes). Bad arguments raise rocep.InvalidInputError after this rank
-        took part with zero tokens, so that its peers complete."""
-        inputs, result, error = self._checked(tokens, topk_ids, topk_weights, token_scales, out)
+        input_scaled_tokens gives the codes). global_scale: nvfp4 groups given bf16 tokens only, float32
+        [1] on the group's device, the same on every rank: the global scale the tokens are quantised with.
+        Bad arguments raise rocep.InvalidInputError after this rank took part with zero tokens, so that its
+        peers complete."""
+        inputs, result, error = self._checked(tokens, topk_ids, topk_weights, token_scales, global_scale, out)
         self._took_part(self._group.dispatch, inputs, result.native, expert_input_scales, self._stream())
         if error:
             raise _rocep.InvalidInputError(error)
@@ -351,9 +378,9 @@ class Group:
             raise
         self._tokens = len(inputs[1])
 
-    def dispatch_send(self, tokens, topk_ids, topk_weights, token_scales=None) -> None:
+    def dispatch_send(self, tokens, topk_ids, topk_weights, token_scales=None, *, global_scale=None) -> None:
         """The send half of dispatch: returns once issued; the inputs must stay alive until dispatch_recv."""
-        inputs, _, error = self._checked(tokens, topk_ids, topk_weights, token_scales, None)
+        inputs, _, error = self._checked(tokens, topk_ids, topk_weights, token_scales, global_scale, None)
         try:
             self._took_part(self._group.dispatch_send, inputs, self._stream())
         except _rocep.InvalidInputError:  # issued with zero tokens (a CallOrderError issues nothing)
@@ -386,6 +413,11 @@ class Group:
                      "(the combine went ahead for those)")
         unreduced = self.config.layout == _rocep.Layout.EXPANDED and row_weights is None
         row_shape = ((self.config.top_k,) if unreduced else ()) + (self.config.hidden,)
+        if out is not None and (getattr(out, "shape", None) is None or not _writable(out)):
+            error = error or (f"out: must be a writable array (numpy, torch or cupy), is {type(out).__name__}"
+                              f"{'' if getattr(out, 'shape', None) is None else ' (read-only)'} (the combine "
+                              "went ahead into a buffer of its own)")
+            out = None
         if out is not None and (tuple(out.shape[1:]) != row_shape or out.shape[0] < tokens):
             error = error or (f"out: shape must be ({tokens} or more, {', '.join(map(str, row_shape))}), "
                               f"is {tuple(out.shape)} (the combine went ahead into a buffer of its own)")

@@ -24,6 +24,7 @@ not reentrant: one dispatch, then its combine. For two micro-batches in flight (
 one op per micro-batch.
 """
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,56 @@ from .group import Group, _torch
 
 _FP8_ENCODINGS = {"torch.float8_e4m3fn": _rocep.Fp8Encoding.E4M3FN,
                   "torch.float8_e4m3fnuz": _rocep.Fp8Encoding.E4M3FNUZ}
+_DATA_TYPES = "torch.bfloat16, numpy.uint16 (bf16 bits), torch.float8_e4m3fn, torch.float8_e4m3fnuz"
+
+# EpConfig's fields in the errors of the group's creation, as this config names them.
+_CONFIG_NAMES = [(r"EpConfig\.hidden\b", "EpDispatchCombineConfig.hidden_dim"),
+                 (r"EpConfig\.top_k\b", "EpDispatchCombineConfig.num_experts_per_token"),
+                 (r"EpConfig\.num_experts\b", "EpDispatchCombineConfig.num_experts_per_rank x world_size"),
+                 (r"EpConfig\.max_tokens_per_rank\b", "EpDispatchCombineConfig.max_num_inp_token_per_rank"),
+                 (r"EpConfig\.gpus_per_node\b", "EpDispatchCombineConfig.gpu_per_node")]
+# Group.dispatch's arguments in its errors, as the op's dispatch names them.
+_ARGUMENT_NAMES = {"tokens": "input", "topk_ids": "indices", "topk_weights": "weights", "token_scales": "scales"}
+
+
+def _is_bf16(data_type) -> bool:
+    if str(data_type) == "torch.bfloat16":
+        return True
+    try:
+        return np.dtype(data_type) == np.uint16
+    except TypeError:
+        return False
+
+
+def _config_error(config: "EpDispatchCombineConfig", bootstrap) -> str:
+    """What is wrong with `config` on this rank before a group is made of it ("" when nothing)."""
+    if str(config.data_type) not in _FP8_ENCODINGS and not _is_bf16(config.data_type):
+        return f"EpDispatchCombineConfig.data_type = {config.data_type} is invalid: allowed are {_DATA_TYPES}"
+    if config.rank != bootstrap.rank() or config.world_size != bootstrap.size():
+        return (f"EpDispatchCombineConfig: rank = {config.rank}, world_size = {config.world_size}, but the "
+                f"bootstrap says rank {bootstrap.rank()} of {bootstrap.size()}")
+    if str(config.data_type) not in _FP8_ENCODINGS:
+        if config.scale_dim != 0:
+            return (f"EpDispatchCombineConfig.scale_dim = {config.scale_dim} is invalid for data_type "
+                    f"{config.data_type}: allowed is 0 (bf16 tokens carry no scales)")
+    elif config.hidden_dim % 128 != 0 or config.scale_dim != config.hidden_dim // 128 or config.scale_type_size != 4:
+        return (f"EpDispatchCombineConfig: scale_dim = {config.scale_dim}, scale_type_size = "
+                f"{config.scale_type_size} are invalid for data_type {config.data_type}: allowed are "
+                f"scale_dim = hidden_dim / 128 = {config.hidden_dim / 128:g} and scale_type_size = 4 "
+                "(float32 block-128 scales)")
+    return ""
+
+
+def _agree_on_configs(config: "EpDispatchCombineConfig", bootstrap) -> None:
+    """Raises ConfigError on every rank if the config is wrong on any (each rank's first error gathered from
+    all, so that no rank goes on to create a group its peers never join)."""
+    size = 512
+    mine = _config_error(config, bootstrap).encode()[:size].ljust(size, b"\0")
+    gathered = bootstrap.all_gather(mine)
+    for rank in range(bootstrap.size()):
+        error = gathered[rank * size:(rank + 1) * size].rstrip(b"\0").decode(errors="replace")
+        if error:
+            raise _rocep.ConfigError(error if rank == bootstrap.rank() else f"rank {rank}: {error}")
 
 
 @dataclass
@@ -82,33 +133,25 @@ def local_expert_count(config: EpDispatchCombineConfig, indices, total_recv_toke
 
 class EpDispatchCombineOp:
     def __init__(self, config: EpDispatchCombineConfig, bootstrap, backend=_rocep.Backend.AUTO):
+        """Collective: every rank raises ConfigError if the config is invalid on any."""
+        _agree_on_configs(config, bootstrap)
         ep = _rocep.EpConfig()
         fp8 = _FP8_ENCODINGS.get(str(config.data_type))
-        if fp8 is None:
-            if config.scale_dim != 0:
-                raise _rocep.ConfigError(
-                    f"EpDispatchCombineConfig.scale_dim = {config.scale_dim} is invalid for data_type "
-                    f"{config.data_type}: allowed is 0 (bf16 tokens carry no scales)")
-        else:
-            block_scales = config.hidden_dim // 128
-            if config.hidden_dim % 128 != 0 or config.scale_dim != block_scales or config.scale_type_size != 4:
-                raise _rocep.ConfigError(
-                    f"EpDispatchCombineConfig: scale_dim = {config.scale_dim}, scale_type_size = "
-                    f"{config.scale_type_size} are invalid for data_type {config.data_type}: allowed are "
-                    f"scale_dim = hidden_dim / 128 = {config.hidden_dim / 128:g} and scale_type_size = 4 "
-                    "(float32 block-128 scales)")
+        if fp8 is not None:
             ep.dispatch_format, ep.fp8_encoding = _rocep.TokenFormat.FP8_BLOCK128, fp8
-        ep.hidden = config.hidden_dim
-        ep.top_k = config.num_experts_per_token
-        ep.num_experts = config.num_experts_per_rank * config.world_size
-        ep.max_tokens_per_rank = config.max_num_inp_token_per_rank
-        ep.gpus_per_node = config.gpu_per_node
+        try:
+            ep.hidden = config.hidden_dim
+            ep.top_k = config.num_experts_per_token
+            ep.num_experts = config.num_experts_per_rank * config.world_size
+            ep.max_tokens_per_rank = config.max_num_inp_token_per_rank
+            ep.gpus_per_node = config.gpu_per_node
+            self._group = Group(bootstrap, ep, backend)
+        except _rocep.ConfigError as error:  # raised on every rank alike (the group's creation agrees)
+            message = str(error)
+            for field, name in _CONFIG_NAMES:
+                message = re.sub(field, name, message)
+            raise _rocep.ConfigError(message) from None
         self.config = config
-        self._group = Group(bootstrap, ep, backend)
-        if self._group.rank != config.rank or self._group.world_size != config.world_size:
-            raise _rocep.ConfigError(
-                f"EpDispatchCombineConfig: rank = {config.rank}, world_size = {config.world_size}, but the "
-                f"bootstrap says rank {self._group.rank} of {self._group.world_size}")
         self._weights = None  # the last dispatch's weights: combine returns them
         self._received = None  # dispatch's outputs, reused by every call (as MoRI's live in its buffers)
         self._indices = None  # out_indices, reused alike
@@ -142,12 +185,23 @@ class EpDispatchCombineOp:
             local = self._received.topk_ids
             self._indices = np.empty_like(local) if isinstance(local, np.ndarray) else _torch().empty_like(local)
 
+    def _took_part(self, call, weights) -> None:
+        """Runs the group's dispatch or dispatch_send (`call`); its InvalidInputError (this rank took part
+        with zero tokens) names the op's arguments, and the next combine returns no weights."""
+        try:
+            call()
+        except _rocep.InvalidInputError as error:
+            self._weights = self._group._empty((0, self.config.num_experts_per_token), "float32")
+            message = re.sub(r"\b(tokens|topk_ids|topk_weights|token_scales)(?=:)",
+                             lambda match: _ARGUMENT_NAMES[match.group(1)], str(error))
+            raise _rocep.InvalidInputError(message) from None
+        self._weights = weights
+
     def dispatch(self, input, weights, scales, indices, **launch_settings):
         """Returns (out, out_weights, out_scales, out_indices, recv_num_token): out [P, hidden], the rows
         below recv_num_token[0] valid, in (source rank, source token) order."""
         self._allocate()
-        self._group.dispatch(input, indices, weights, scales, out=self._received)
-        self._weights = weights
+        self._took_part(lambda: self._group.dispatch(input, indices, weights, scales, out=self._received), weights)
         self._write_global_indices()
         return self._dispatch_tuple(self._received)
 
@@ -155,8 +209,7 @@ class EpDispatchCombineOp:
         """The send half: returns dispatch's tuple, whose tensors hold the tokens once dispatch_recv() ran
         (on the stream). The inputs must stay alive until then."""
         self._allocate()
-        self._group.dispatch_send(input, indices, weights, scales)
-        self._weights = weights
+        self._took_part(lambda: self._group.dispatch_send(input, indices, weights, scales), weights)
         return self._dispatch_tuple(self._received)
 
     def dispatch_recv(self, **launch_settings) -> None:

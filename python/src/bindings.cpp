@@ -215,8 +215,8 @@ std::string zero_tokens_error(const rocep::EpGroup& group, const char* what) {
 // (copies where nanobind made them contiguous) are kept in *arrays, which must outlive the call.
 rocep::DispatchInputs dispatch_inputs(const rocep::EpGroup& group, const nb::object& token_rows,
                                       const nb::object& ids, const nb::object& weights,
-                                      const nb::object& token_scales, std::vector<InputArray>* arrays,
-                                      std::string* error) {
+                                      const nb::object& token_scales, const nb::object& global_scale,
+                                      std::vector<InputArray>* arrays, std::string* error) {
   const rocep::EpConfig& config = group.config();
   const bool gpu = group.backend() == rocep::Backend::kGpu;
   const auto payload =
@@ -240,6 +240,12 @@ rocep::DispatchInputs dispatch_inputs(const rocep::EpGroup& group, const nb::obj
     check("topk_ids", topk_ids, nb::dtype<int32_t>(), "int32 (rocep.Group takes int64 too)",
           {-1, config.top_k}, gpu);
     check("topk_weights", topk_weights, nb::dtype<float>(), "float32", {given, config.top_k}, gpu);
+    if (!global_scale.is_none()) {
+      const InputArray scale = input_array("global_scale", global_scale);
+      check("global_scale", scale, nb::dtype<float>(), "float32", {1}, gpu);
+      inputs.global_scale = static_cast<const float*>(scale.data());
+      arrays->push_back(scale);
+    }
     inputs.tokens = tokens.data();
     inputs.topk_ids = static_cast<const int32_t*>(topk_ids.data());
     inputs.topk_weights = static_cast<const float*>(topk_weights.data());
@@ -360,8 +366,8 @@ rocep::DispatchOutputs dispatch_outputs_with(const rocep::EpGroup& group, const 
 template <typename Outputs>
 void dispatch_on_arrays(rocep::EpGroup& group, const nb::object& tokens, const nb::object& topk_ids,
                         const nb::object& topk_weights, const nb::object& token_scales,
-                        const Outputs& outputs, const nb::object& expert_input_scales,
-                        std::uintptr_t stream) {
+                        const nb::object& global_scale, const Outputs& outputs,
+                        const nb::object& expert_input_scales, std::uintptr_t stream) {
   std::vector<InputArray> arrays;
   std::string input_error;
   rocep::DispatchOutputs checked;
@@ -372,9 +378,9 @@ void dispatch_on_arrays(rocep::EpGroup& group, const nb::object& tokens, const n
     checked = dispatch_outputs(group, outputs);
   }
   const rocep::DispatchInputs inputs =
-      input_error.empty()
-          ? dispatch_inputs(group, tokens, topk_ids, topk_weights, token_scales, &arrays, &input_error)
-          : rocep::DispatchInputs{};
+      input_error.empty() ? dispatch_inputs(group, tokens, topk_ids, topk_weights, token_scales, global_scale,
+                                            &arrays, &input_error)
+                          : rocep::DispatchInputs{};
   {
     nb::gil_scoped_release release;
     group.dispatch(inputs, checked, reinterpret_cast<void*>(stream));
@@ -513,11 +519,13 @@ NB_MODULE(_rocep, m) {
            [](rocep::EpGroup& group) {
              return reinterpret_cast<std::uintptr_t>(group.combine_input_buffer());
            })
-      .def("dispatch", &dispatch_on_arrays<OutputArrays>, nb::arg("tokens"), nb::arg("topk_ids"),
-           nb::arg("topk_weights"), nb::arg("token_scales").none(), nb::arg("outputs"),
+      .def("dispatch", &dispatch_on_arrays<OutputArrays>, nb::arg("tokens").none(),
+           nb::arg("topk_ids").none(), nb::arg("topk_weights").none(), nb::arg("token_scales").none(),
+           nb::arg("global_scale").none(), nb::arg("outputs"),
            nb::arg("expert_input_scales").none() = nb::none(), nb::arg("stream") = 0)
-      .def("dispatch", &dispatch_on_arrays<ExpandedOutputArrays>, nb::arg("tokens"), nb::arg("topk_ids"),
-           nb::arg("topk_weights"), nb::arg("token_scales").none(), nb::arg("outputs"),
+      .def("dispatch", &dispatch_on_arrays<ExpandedOutputArrays>, nb::arg("tokens").none(),
+           nb::arg("topk_ids").none(), nb::arg("topk_weights").none(), nb::arg("token_scales").none(),
+           nb::arg("global_scale").none(), nb::arg("outputs"),
            nb::arg("expert_input_scales").none() = nb::none(), nb::arg("stream") = 0)
       .def("dispatch_recv", &dispatch_recv_on_arrays<OutputArrays>, nb::arg("outputs"),
            nb::arg("expert_input_scales").none() = nb::none(), nb::arg("stream") = 0)
@@ -526,19 +534,19 @@ NB_MODULE(_rocep, m) {
       .def(
           "dispatch_send",
           [](rocep::EpGroup& group, nb::object tokens, nb::object topk_ids, nb::object topk_weights,
-             nb::object token_scales, std::uintptr_t stream) {
+             nb::object token_scales, nb::object global_scale, std::uintptr_t stream) {
             std::string input_error;
             std::vector<InputArray> arrays;
-            const rocep::DispatchInputs inputs =
-                dispatch_inputs(group, tokens, topk_ids, topk_weights, token_scales, &arrays, &input_error);
+            const rocep::DispatchInputs inputs = dispatch_inputs(
+                group, tokens, topk_ids, topk_weights, token_scales, global_scale, &arrays, &input_error);
             {
               nb::gil_scoped_release release;
               group.dispatch_send(inputs, reinterpret_cast<void*>(stream));
             }
             raise_if(input_error);
           },
-          nb::arg("tokens"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("token_scales").none(),
-          nb::arg("stream") = 0)
+          nb::arg("tokens").none(), nb::arg("topk_ids").none(), nb::arg("topk_weights").none(),
+          nb::arg("token_scales").none(), nb::arg("global_scale").none(), nb::arg("stream") = 0)
       .def("combine", &combine_on_arrays<&rocep::EpGroup::combine>, nb::arg("expert_outputs"),
            nb::arg("row_weights").none(), nb::arg("shared_expert_output").none(), nb::arg("out"),
            nb::arg("factor") = 1.0f, nb::arg("token_factors").none() = nb::none(),

@@ -697,3 +697,163 @@ def test_tokens_and_expert_outputs_in_the_groups_buffers_give_the_bits_of_copies
     without_group = rocep.Group(bootstrap.from_mpi4py(COMM), without, rocep.Backend.CPU_REFERENCE)
     with pytest.raises(rocep.ConfigError, match="combine_input_buffer = false"):
         without_group.combine_input_buffer()
+
+
+def test_arguments_that_are_no_arrays_raise_after_taking_part():
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    rows = np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16)
+    tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=8)
+    many = rank_inputs(config, shared_seed(), RANK, num_tokens=config.max_tokens_per_rank + 1)
+    bad = [(dict(tokens=None), "tokens: must be an array .*is NoneType"),
+           (dict(ids=None), "topk_ids: must be an array .*is NoneType"),
+           (dict(weights=None), "topk_weights: must be an array .*is NoneType"),
+           (dict(ids=np.int32(1)), r"topk_ids: must have 2 dimensions, has 0"),
+           (dict(weights=weights[:, 0]), r"topk_weights: must have 2 dimensions, has 1"),
+           (dict(tokens=many[0], ids=many[1], weights=many[2]),
+            "topk_ids: 25 rows .tokens., allowed are at most max_tokens_per_rank = 24")]
+    for change, message in bad:
+        arguments = dict(tokens=tokens, ids=ids, weights=weights)
+        for split in (False, True):
+            if RANK == 0:
+                arguments.update(change)
+                with pytest.raises(rocep.InvalidInputError, match=message + r".*took part with zero tokens"):
+                    if split:
+                        group.dispatch_send(arguments["tokens"], arguments["ids"], arguments["weights"])
+                    else:
+                        group.dispatch(arguments["tokens"], arguments["ids"], arguments["weights"])
+                if split:
+                    group.dispatch_recv()
+                group.combine(rows, 0)
+            else:
+                if split:
+                    group.dispatch_send(tokens, ids, weights)
+                    result = group.dispatch_recv()
+                else:
+                    result = group.dispatch(tokens, ids, weights)
+                assert not (result.src_info[:result.count(), 0] == 0).any()  # nothing from rank 0
+                group.combine(rows, len(ids))
+
+
+def test_strided_scales_are_taken_and_missing_ids_beside_scales_raise_after_taking_part():
+    config = make_config()
+    config.dispatch_format = rocep.TokenFormat.FP8_BLOCK128
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    _, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=4)
+    rng = np.random.default_rng(shared_seed() + RANK)
+    payload = rng.integers(0, 120, (4, config.hidden)).astype(np.uint8)
+    scales = rng.uniform(0.5, 2, (4, config.hidden // 128)).astype(np.float32)
+    rows = np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16)
+    contiguous = group.dispatch(payload, ids, weights, token_scales=scales)
+    expected = [contiguous.tokens.copy(), contiguous.scales.copy(), contiguous.count()]
+    group.combine(rows, 4)
+    column_major = group.dispatch(payload, ids, weights, token_scales=np.asfortranarray(scales))
+    assert column_major.count() == expected[2]
+    assert (column_major.tokens[:expected[2]] == expected[0][:expected[2]]).all()
+    assert (column_major.scales[:expected[2]] == expected[1][:expected[2]]).all()
+    group.combine(rows, 4)
+    if RANK == 0:
+        with pytest.raises(rocep.InvalidInputError, match="topk_ids: must be an array .*NoneType"):
+            group.dispatch(payload, None, weights, token_scales=scales)
+        group.combine(rows, 0)
+    else:
+        result = group.dispatch(payload, ids, weights, token_scales=scales)
+        assert not (result.src_info[:result.count(), 0] == 0).any()  # nothing from rank 0
+        group.combine(rows, 4)
+
+
+def test_combine_into_an_out_that_is_no_writable_array_raises_after_taking_part():
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    seed = shared_seed()
+    rows = bf16.from_float(np.random.default_rng(seed).uniform(-1, 1, (config.max_recv_tokens(WORLD), config.hidden)))
+    tokens, ids, weights = rank_inputs(config, seed, RANK, num_tokens=4)
+    group.dispatch(tokens, ids, weights)
+    expected = group.combine(rows, 4).copy()
+    frozen = np.zeros((4, config.hidden), np.uint16)
+    frozen.flags.writeable = False
+    for out, message in (([[0] * config.hidden] * 4, "out: must be a writable array .*is list"),
+                         (frozen, r"out: must be a writable array .*is ndarray \(read-only\)")):
+        group.dispatch(tokens, ids, weights)
+        if RANK == 0:
+            with pytest.raises(rocep.InvalidInputError, match=message + ".*went ahead"):
+                group.combine(rows, 4, out=out)
+        else:  # the peers get their rows, rank 0's included
+            assert (group.combine(rows, 4) == expected).all()
+
+
+def e4m3fn_to_float(codes):
+    codes = codes.astype(np.int32)
+    exponent, mantissa = (codes >> 3) & 0xF, (codes & 7).astype(np.float64)
+    magnitude = np.where(exponent == 0, mantissa / 8 * 2.0**-6, (1 + mantissa / 8) * 2.0**(exponent - 7))
+    return np.where(codes & 0x80, -magnitude, magnitude)
+
+
+def test_nvfp4_dispatch_of_bf16_tokens_takes_a_global_scale():
+    config = make_config()
+    config.dispatch_format = rocep.TokenFormat.NVFP4
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    seed = shared_seed()
+    inputs = [rank_inputs(config, seed, rank, num_tokens=6) for rank in range(WORLD)]
+    tokens, ids, weights = inputs[RANK]
+    amax = max(np.abs(bf16.to_float(t)).max() for t, _, _ in inputs)
+    global_scale = np.array([448 * 6 / amax], np.float32)
+    rows = np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16)
+    if RANK == 0:
+        with pytest.raises(rocep.InvalidInputError, match="global_scale"):
+            group.dispatch(tokens, ids, weights)
+        group.combine(rows, 0)
+    else:
+        result = group.dispatch(tokens, ids, weights, global_scale=global_scale)
+        assert not (result.src_info[:result.count(), 0] == 0).any()  # nothing from rank 0
+        group.combine(rows, 6)
+    for split in (False, True):
+        if split:
+            group.dispatch_send(tokens, ids, weights, global_scale=global_scale)
+            result = group.dispatch_recv()
+        else:
+            result = group.dispatch(tokens, ids, weights, global_scale=global_scale)
+        count = result.count()
+        assert count > 0
+        codes = np.stack([result.tokens[:count] & 0xF, result.tokens[:count] >> 4], axis=2).reshape(count, -1)
+        e2m1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6] * 2) * np.repeat([1, -1], 8)
+        block_scales = np.repeat(e4m3fn_to_float(result.scales[:count]), 16, axis=1)
+        received = e2m1[codes] * block_scales / global_scale[0]
+        sent = np.stack([bf16.to_float(inputs[r][0][t]) for r, t, _ in result.src_info[:count]])
+        assert calc_diff(received, sent) < 0.02
+        group.combine(rows, 6)
+
+
+def mori_config(**change):
+    fields = dict(data_type=np.uint16, rank=RANK, world_size=WORLD, hidden_dim=128, scale_dim=0, scale_type_size=1,
+                  max_token_type_size=4, max_num_inp_token_per_rank=16, num_experts_per_rank=2,
+                  num_experts_per_token=2)
+    fields.update(change)
+    return EpDispatchCombineConfig(**fields)
+
+
+def test_mori_config_errors_raise_on_every_rank_in_the_configs_names():
+    cases = [(dict(data_type=np.float32), "data_type = .*float32.* is invalid: allowed are torch.bfloat16"),
+             (dict(num_experts_per_token=0), "EpDispatchCombineConfig.num_experts_per_token = 0"),
+             (dict(max_num_inp_token_per_rank=0), "EpDispatchCombineConfig.max_num_inp_token_per_rank = 0")]
+    if WORLD > 1:  # every rank says it is rank 0: the others are wrong, and every rank raises
+        cases.append((dict(rank=0), "rank = 0, world_size = .*, but the bootstrap says rank [1-9]"))
+    for change, message in cases:
+        with pytest.raises(rocep.ConfigError, match=message):
+            EpDispatchCombineOp(mori_config(**change), bootstrap.from_mpi4py(COMM), rocep.Backend.CPU_REFERENCE)
+    EpDispatchCombineOp(mori_config(), bootstrap.from_mpi4py(COMM), rocep.Backend.CPU_REFERENCE)  # still works
+
+
+def test_mori_dispatch_refused_on_a_rank_names_its_arguments_and_its_combine_returns_no_weights():
+    op = EpDispatchCombineOp(mori_config(), bootstrap.from_mpi4py(COMM), rocep.Backend.CPU_REFERENCE)
+    tokens, ids, weights = rank_inputs(make_config(128, 2, 2, 16, 1), shared_seed(), RANK, num_tokens=4)
+    out, out_weights, _, out_indices, _ = op.dispatch(tokens, weights, None, ids)
+    assert op.combine(out, out_weights, out_indices)[1].shape == (4, 2)
+    if RANK == 0:
+        with pytest.raises(rocep.InvalidInputError, match=r"weights: dtype must be float32.*zero tokens"):
+            op.dispatch(tokens, weights.astype(np.float64), None, ids)
+        combined, combined_weights = op.combine(out, out_weights, out_indices)
+        assert combined.shape[0] == 0 and combined_weights.shape == (0, 2)
+    else:
+        out, out_weights, _, out_indices, _ = op.dispatch(tokens, weights, None, ids)
+        assert op.combine(out, out_weights, out_indices)[1].shape == (4, 2)
