@@ -2,8 +2,10 @@
 
 - rocep.Group on the GPU backend against a CPU-reference group over the same bootstrap, bit for bit, on
   fresh random torch tensors with a count and routing that change from call to call, into outputs poisoned
-  before each call (the rows past the count must keep the poison), the combine with a shared expert: per-token layout in bf16 and fp8 block-128 (quantised in dispatch), expanded layout in
-  bf16, and local-only mode in both layouts; expert input scales (expanded, both fp8 encodings);
+  before each call (the rows past the count must keep the poison), the combine with a shared expert:
+  per-token layout in bf16 and fp8 block-128 (quantised in dispatch), expanded layout in bf16, and
+  local-only mode in both layouts; expert input scales (expanded, both fp8 encodings); nvfp4 quantised in
+  dispatch with a global scale;
 - the MoRI-shaped op against a naive torch definition (every rank's inputs gathered, the expected rows and
   sums computed with torch on the CPU), bf16 and pre-quantised fp8, fused and split calls, and
   local_expert_count;
@@ -170,6 +172,30 @@ def check_input_scales(boot, rank, world):
             expected = cpu.combine(bits(expert_rows), n, row_weights=ref.weights)
             check(f"{name} combined", out.view(torch.uint16), expected)
             gpu.synchronize()
+
+
+def check_nvfp4_global_scale(boot, rank, world):
+    """nvfp4 dispatch of bf16 tokens with a global scale (float32 [1], the same on every rank) on the GPU
+    against the reference: the payload and scales of every received row, fused and split."""
+    config = config_for(world, dispatch_format=rocep.TokenFormat.NVFP4)
+    gpu = rocep.Group(boot, config, rocep.Backend.GPU)
+    cpu = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE)
+    rows = gpu.config.max_recv_tokens(world)
+    for step, n in enumerate([MAX_TOKENS, 37]):
+        tokens, ids, weights, expert_rows = inputs(110 + step, rank, n, world, rows)
+        global_scale = torch.tensor([448 * 6 / (1.5 + step)], dtype=torch.float32)  # |tokens| < 4: some saturate
+        if step == 1:
+            gpu.dispatch_send(tokens.cuda(), ids.cuda(), weights.cuda(), global_scale=global_scale.cuda())
+            got = gpu.dispatch_recv()
+        else:
+            got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda(), global_scale=global_scale.cuda())
+        ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy(), global_scale=global_scale.numpy())
+        count = ref.count()
+        for field in ("tokens", "scales", "topk_ids", "src_info"):
+            check(f"nvfp4 step {step} {field}", getattr(got, field)[:count], getattr(ref, field)[:count])
+        check(f"nvfp4 step {step} combined", gpu.combine(expert_rows.cuda(), n).view(torch.uint16),
+              cpu.combine(bits(expert_rows), n))
+    gpu.synchronize()
 
 
 def check_cupy(boot, rank, world):
@@ -434,6 +460,7 @@ def main() -> int:
     for layout in (rocep.Layout.PER_TOKEN, rocep.Layout.EXPANDED):
         check_native(boot, rank, world, layout, rocep.TokenFormat.BF16, local_only=True)
     check_input_scales(boot, rank, world)
+    check_nvfp4_global_scale(boot, rank, world)
     check_native_graph(boot, rank, world)
     check_cupy(boot, rank, world)
     check_input_buffers(boot, rank, world)
