@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
+#include <vector>
 
 namespace rocep::contract {
 
@@ -27,6 +29,34 @@ const char* operation_name(int32_t operation) {
 
 std::string on_rank(const char* operation, int rank) {
   return std::string(operation) + ": rank " + std::to_string(rank);
+}
+
+// A pointer argument of a call, by the name the user sees.
+struct PointerArgument {
+  const char* name;
+  const void* pointer;
+};
+
+// " passed a null x pointer" or " passed null x, y and z pointers", naming the arguments of `arguments`
+// that are null; empty when none is.
+std::string null_arguments(std::initializer_list<PointerArgument> arguments) {
+  std::vector<const char*> null;
+  for (const PointerArgument& argument : arguments) {
+    if (argument.pointer == nullptr) {
+      null.push_back(argument.name);
+    }
+  }
+  if (null.empty()) {
+    return {};
+  }
+  if (null.size() == 1) {
+    return std::string(" passed a null ") + null[0] + " pointer";
+  }
+  std::string names;
+  for (std::size_t i = 0; i < null.size(); ++i) {
+    names += (i == 0 ? "" : i + 1 == null.size() ? " and " : ", ") + std::string(null[i]);
+  }
+  return " passed null " + names + " pointers";
 }
 
 // Whether `args` carries a built-in epilogue's values (factor, token_factors, residual); out_row_stride,
@@ -105,9 +135,9 @@ void CallOrder::advance(Call call) {
   }
 }
 
-std::string dispatch_inputs_error(const EpConfig& config, int rank, const DispatchInputs& inputs,
-                                  const OwnMemory& memory) {
-  const std::string where = on_rank("dispatch", rank);
+std::string dispatch_inputs_error(const EpConfig& config, const char* call, int rank,
+                                  const DispatchInputs& inputs, const OwnMemory& memory) {
+  const std::string where = on_rank(call, rank);
   if (inputs.num_tokens_on_device == nullptr &&
       (inputs.num_tokens < 0 || inputs.num_tokens > config.max_tokens_per_rank)) {
     return where + " passed num_tokens = " + std::to_string(inputs.num_tokens) + ", allowed range is [0, " +
@@ -115,9 +145,12 @@ std::string dispatch_inputs_error(const EpConfig& config, int rank, const Dispat
   }
   // With the count on the device, any count up to the maximum may come: the pointers must be valid.
   const bool has_tokens = inputs.num_tokens_on_device != nullptr || inputs.num_tokens > 0;
-  if (has_tokens &&
-      (inputs.tokens == nullptr || inputs.topk_ids == nullptr || inputs.topk_weights == nullptr)) {
-    return where + " passed a null tokens/topk_ids/topk_weights pointer";
+  if (has_tokens) {
+    const std::string null = null_arguments(
+        {{"tokens", inputs.tokens}, {"topk_ids", inputs.topk_ids}, {"topk_weights", inputs.topk_weights}});
+    if (!null.empty()) {
+      return where + null;
+    }
   }
   if (config.dispatch_format == TokenFormat::kBf16 && inputs.token_scales != nullptr) {
     return where + " passed token_scales, but dispatch_format bf16 has no scales";
@@ -134,8 +167,9 @@ std::string dispatch_inputs_error(const EpConfig& config, int rank, const Dispat
   return {};
 }
 
-std::string dispatch_outputs_error(const EpConfig& config, int rank, const DispatchOutputs& outputs) {
-  const std::string where = on_rank("dispatch_recv", rank);
+std::string dispatch_outputs_error(const EpConfig& config, const char* call, int rank,
+                                   const DispatchOutputs& outputs) {
+  const std::string where = on_rank(call, rank);
   if (outputs.expert_input_scales != nullptr) {
     if (config.layout == Layout::kPerToken) {
       return where +
@@ -148,18 +182,26 @@ std::string dispatch_outputs_error(const EpConfig& config, int rank, const Dispa
     }
   }
   if (config.layout == Layout::kPerToken) {
-    if (outputs.recv_tokens == nullptr || outputs.row_offsets == nullptr || outputs.src_info == nullptr ||
-        outputs.recv_topk_ids == nullptr || outputs.recv_topk_weights == nullptr ||
-        outputs.num_recv_tokens == nullptr || outputs.sorted_token_ids == nullptr ||
-        outputs.block_expert_ids == nullptr) {
-      return where +
-             " passed a null recv_tokens/row_offsets/src_info/recv_topk_ids/recv_topk_weights/"
-             "num_recv_tokens/sorted_token_ids/block_expert_ids pointer (layout per-token)";
+    const std::string null = null_arguments({{"recv_tokens", outputs.recv_tokens},
+                                             {"row_offsets", outputs.row_offsets},
+                                             {"src_info", outputs.src_info},
+                                             {"recv_topk_ids", outputs.recv_topk_ids},
+                                             {"recv_topk_weights", outputs.recv_topk_weights},
+                                             {"num_recv_tokens", outputs.num_recv_tokens},
+                                             {"sorted_token_ids", outputs.sorted_token_ids},
+                                             {"block_expert_ids", outputs.block_expert_ids}});
+    if (!null.empty()) {
+      return where + null + " (layout per-token)";
     }
-  } else if (outputs.recv_tokens == nullptr || outputs.row_offsets == nullptr ||
-             outputs.expert_ids == nullptr || outputs.src_info == nullptr ||
-             outputs.recv_weights == nullptr) {
-    return where + " passed a null recv_tokens/row_offsets/expert_ids/src_info/recv_weights pointer";
+  } else {
+    const std::string null = null_arguments({{"recv_tokens", outputs.recv_tokens},
+                                             {"row_offsets", outputs.row_offsets},
+                                             {"expert_ids", outputs.expert_ids},
+                                             {"src_info", outputs.src_info},
+                                             {"recv_weights", outputs.recv_weights}});
+    if (!null.empty()) {
+      return where + null;
+    }
   }
   if (config.dispatch_format != TokenFormat::kBf16 && outputs.recv_scales == nullptr) {
     return where + " passed a null recv_scales, but dispatch_format " + to_string(config.dispatch_format) +
@@ -168,26 +210,28 @@ std::string dispatch_outputs_error(const EpConfig& config, int rank, const Dispa
   return {};
 }
 
-std::string combine_args_error(const EpConfig& config, int rank, const CombineArgs& args,
+std::string combine_args_error(const EpConfig& config, const char* call, int rank, const CombineArgs& args,
                                const OwnMemory& memory) {
-  if (args.expert_outputs == nullptr || args.out == nullptr) {
-    return on_rank("combine", rank) + " passed a null expert_outputs/out pointer";
+  const std::string where = on_rank(call, rank);
+  const std::string null = null_arguments({{"expert_outputs", args.expert_outputs}, {"out", args.out}});
+  if (!null.empty()) {
+    return where + null;
   }
   // Anywhere in the combine input buffer's memory but at its start: across nodes, where that memory is the
   // send's staging rows, the staging copy would overwrite rows it has yet to read. Refused in every group
   // alike, so that what a caller may pass does not depend on where the group's ranks are.
   if (misplaced(args.expert_outputs, memory)) {
-    return on_rank("combine", rank) +
+    return where +
            " passed expert_outputs inside the group's own combine memory but not at combine_input_buffer()";
   }
   if (config.layout == Layout::kPerToken && args.row_weights != nullptr) {
-    return on_rank("combine", rank) +
+    return where +
            " passed row_weights, but in the per-token layout each row is already weighted and summed over "
            "the rank's experts (row_weights must be null)";
   }
   const bool epilogue = has_epilogue_values(args) || args.out_row_stride != 0;
   if (epilogue && config.layout == Layout::kExpanded && args.row_weights == nullptr) {
-    return on_rank("combine", rank) +
+    return where +
            " passed an epilogue (factor, token_factors, residual or out_row_stride) to an unweighted "
            "combine, whose rows come back unreduced: allowed only with row_weights or in the per-token "
            "layout";
@@ -195,7 +239,7 @@ std::string combine_args_error(const EpConfig& config, int rank, const CombineAr
   constexpr std::size_t kMostRowStride = std::size_t{1} << 31;  // the kernels hold it in 32 bits
   if (args.out_row_stride != 0 && (args.out_row_stride < static_cast<std::size_t>(config.hidden) ||
                                    args.out_row_stride % 8 != 0 || args.out_row_stride > kMostRowStride)) {
-    return on_rank("combine", rank) + " passed out_row_stride = " + std::to_string(args.out_row_stride) +
+    return where + " passed out_row_stride = " + std::to_string(args.out_row_stride) +
            ": allowed are 0 (rows hidden apart) or a multiple of 8 in [hidden = " +
            std::to_string(config.hidden) + ", 2^31] (elements; rows stay 16-byte aligned)";
   }

@@ -54,12 +54,15 @@ struct OwnMemory {
   const void* input_buffer = nullptr;  // null unless the group has one
 };
 
-// Empty when the argument is valid, else the message of the InvalidInputError, naming the rank and the
-// argument.
-std::string dispatch_inputs_error(const EpConfig& config, int rank, const DispatchInputs& inputs,
-                                  const OwnMemory& memory);
-std::string dispatch_outputs_error(const EpConfig& config, int rank, const DispatchOutputs& outputs);
-std::string combine_args_error(const EpConfig& config, int rank, const CombineArgs& args,
+// Empty when the argument is valid, else the message of the InvalidInputError, naming `call` (the EpGroup
+// call the user made: "dispatch" or "dispatch_send", "dispatch" or "dispatch_recv", "combine",
+// "combine_send", "combine_recv" or "combine_recv_with"), the rank and the argument (each null pointer by
+// name).
+std::string dispatch_inputs_error(const EpConfig& config, const char* call, int rank,
+                                  const DispatchInputs& inputs, const OwnMemory& memory);
+std::string dispatch_outputs_error(const EpConfig& config, const char* call, int rank,
+                                   const DispatchOutputs& outputs);
+std::string combine_args_error(const EpConfig& config, const char* call, int rank, const CombineArgs& args,
                                const OwnMemory& memory);
 // A combine_recv through the caller's epilogue (EpGroup::combine_recv_with), beyond combine_args_error.
 std::string caller_epilogue_error(const EpConfig& config, Backend backend, int rank, const CombineArgs& args,

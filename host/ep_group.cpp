@@ -1,12 +1,15 @@
 #include "rocep/ep_group.hpp"
 
 #include <array>
+#include <charconv>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "agreement.hpp"
 #include "backend.hpp"
 #include "codecs.hpp"
 #include "contract.hpp"
@@ -49,56 +52,142 @@ EnvironmentNodes environment_nodes(const EpConfig& config) {
   return {given, positive ? static_cast<int>(value) : 0};
 }
 
-// What every rank must agree on at creation, in a form whose bytes are equal where the fields are (no
-// padding bytes): every field of the config, the backend asked for, and the environment's node size.
-std::array<double, 17> agreed_fields(const EpConfig& config, Backend backend, const EnvironmentNodes& nodes) {
-  return {static_cast<double>(config.hidden),
-          static_cast<double>(config.top_k),
-          static_cast<double>(config.num_experts),
-          static_cast<double>(config.max_tokens_per_rank),
-          static_cast<double>(config.dispatch_format),
-          static_cast<double>(config.fp8_encoding),
-          static_cast<double>(config.combine_dtype),
-          static_cast<double>(config.gpus_per_node),
-          static_cast<double>(config.num_sms),
-          static_cast<double>(config.expert_alignment),
-          config.timeout_seconds,
-          static_cast<double>(config.layout),
-          config.local_only ? 1.0 : 0.0,
-          static_cast<double>(config.allreduce_world_size),
-          config.combine_input_buffer ? 1.0 : 0.0,
-          static_cast<double>(backend),
-          nodes.text.empty() ? -1.0 : static_cast<double>(nodes.value)};
+// How the message naming a difference writes an agreed field's value.
+enum class FieldKind {
+  kInteger,
+  kBool,
+  kSeconds,
+  kFormat,
+  kEncoding,
+  kCombineDtype,
+  kLayout,
+  kBackend,
+  kEnvironmentNodes
+};
+
+// One value every rank must agree on at creation, held as a double so that its bytes are equal where the
+// values are (no padding bytes).
+struct AgreedField {
+  const char* name;
+  FieldKind kind;
+  double value;
+};
+
+constexpr std::size_t kAgreedFields = 17;
+using AgreedValues = std::array<double, kAgreedFields>;
+
+// What every rank must agree on at creation: every field of the config, the backend asked for, and the
+// environment's node size (-1 where it does not apply, 0 where it is no positive integer).
+std::array<AgreedField, kAgreedFields> agreed_fields(const EpConfig& config, Backend backend,
+                                                     const EnvironmentNodes& nodes) {
+  return {
+      {{"EpConfig.hidden", FieldKind::kInteger, static_cast<double>(config.hidden)},
+       {"EpConfig.top_k", FieldKind::kInteger, static_cast<double>(config.top_k)},
+       {"EpConfig.num_experts", FieldKind::kInteger, static_cast<double>(config.num_experts)},
+       {"EpConfig.max_tokens_per_rank", FieldKind::kInteger, static_cast<double>(config.max_tokens_per_rank)},
+       {"EpConfig.dispatch_format", FieldKind::kFormat, static_cast<double>(config.dispatch_format)},
+       {"EpConfig.fp8_encoding", FieldKind::kEncoding, static_cast<double>(config.fp8_encoding)},
+       {"EpConfig.combine_dtype", FieldKind::kCombineDtype, static_cast<double>(config.combine_dtype)},
+       {"EpConfig.gpus_per_node", FieldKind::kInteger, static_cast<double>(config.gpus_per_node)},
+       {"EpConfig.num_sms", FieldKind::kInteger, static_cast<double>(config.num_sms)},
+       {"EpConfig.expert_alignment", FieldKind::kInteger, static_cast<double>(config.expert_alignment)},
+       {"EpConfig.timeout_seconds", FieldKind::kSeconds, config.timeout_seconds},
+       {"EpConfig.layout", FieldKind::kLayout, static_cast<double>(config.layout)},
+       {"EpConfig.local_only", FieldKind::kBool, config.local_only ? 1.0 : 0.0},
+       {"EpConfig.allreduce_world_size", FieldKind::kInteger,
+        static_cast<double>(config.allreduce_world_size)},
+       {"EpConfig.combine_input_buffer", FieldKind::kBool, config.combine_input_buffer ? 1.0 : 0.0},
+       {"backend", FieldKind::kBackend, static_cast<double>(backend)},
+       {"ROCEP_GPUS_PER_NODE", FieldKind::kEnvironmentNodes,
+        nodes.text.empty() ? -1.0 : static_cast<double>(nodes.value)}}};
+}
+
+// An enum's value as its name, or as its number where it names none (validation then refuses it).
+template <typename Enum>
+std::string enum_text(double value) {
+  const auto code = static_cast<int>(value);
+  const std::string name = to_string(static_cast<Enum>(code));
+  return name != "unknown" ? name : std::to_string(code);
+}
+
+std::string field_text(FieldKind kind, double value) {
+  switch (kind) {
+    case FieldKind::kBool:
+      return value != 0.0 ? "true" : "false";
+    case FieldKind::kSeconds: {
+      std::array<char, 32> text{};
+      const std::to_chars_result end = std::to_chars(text.data(), text.data() + text.size(), value);
+      return std::string(text.data(), end.ptr);
+    }
+    case FieldKind::kFormat:
+      return enum_text<TokenFormat>(value);
+    case FieldKind::kEncoding:
+      return enum_text<Fp8Encoding>(value);
+    case FieldKind::kCombineDtype:
+      return enum_text<CombineDtype>(value);
+    case FieldKind::kLayout:
+      return enum_text<Layout>(value);
+    case FieldKind::kBackend:
+      return enum_text<Backend>(value);
+    case FieldKind::kEnvironmentNodes:
+      if (value < 0) {
+        return "unset (or overridden by EpConfig.gpus_per_node)";
+      }
+      if (value == 0) {
+        return "not a positive integer";
+      }
+      return std::to_string(static_cast<long long>(value));
+    case FieldKind::kInteger:
+      break;
+  }
+  return std::to_string(static_cast<long long>(value));
 }
 
 // Collective: throws ConfigError on every rank unless all ranks passed the same config and backend and see
-// the same ROCEP_GPUS_PER_NODE. Compared byte for byte, so that a NaN agrees with itself (and is then
-// refused by validate on every rank).
+// the same ROCEP_GPUS_PER_NODE, naming the first rank that differs from rank 0 and each field in which it
+// differs, with both values. Compared byte for byte, so that a NaN agrees with itself (and is then refused
+// by validate on every rank).
 void require_same_config(Bootstrap& bootstrap, const EpConfig& config, Backend backend,
                          const EnvironmentNodes& nodes) {
-  const auto mine = agreed_fields(config, backend, nodes);
-  std::vector<std::array<double, 17>> all(bootstrap.size());
+  const auto fields = agreed_fields(config, backend, nodes);
+  AgreedValues mine{};
+  for (std::size_t i = 0; i < kAgreedFields; ++i) {
+    mine[i] = fields[i].value;
+  }
+  std::vector<AgreedValues> all(bootstrap.size());
   bootstrap.all_gather(&mine, all.data(), sizeof mine);
-  for (int peer = 0; peer < bootstrap.size(); ++peer) {
-    if (std::memcmp(&all[peer], &all[0], sizeof mine) != 0) {
-      std::string verdict;
-      try {
-        config.validate(bootstrap.size());
-      } catch (const ConfigError& error) {
-        verdict = std::string(" (this rank's: ") + error.what() + ")";
+  for (int peer = 1; peer < bootstrap.size(); ++peer) {
+    std::string differences;
+    for (std::size_t i = 0; i < kAgreedFields; ++i) {
+      if (std::memcmp(&all[peer][i], &all[0][i], sizeof(double)) != 0) {
+        differences += std::string(differences.empty() ? "" : ", ") + fields[i].name + " (" +
+                       field_text(fields[i].kind, all[peer][i]) + " on rank " + std::to_string(peer) + ", " +
+                       field_text(fields[i].kind, all[0][i]) + " on rank 0)";
       }
-      throw ConfigError("EpGroup: rank " + std::to_string(peer) +
-                        " passed a different EpConfig or backend, or has a different ROCEP_GPUS_PER_NODE, " +
-                        "than rank 0; every rank must pass the same" + verdict);
     }
+    if (differences.empty()) {
+      continue;
+    }
+    std::string verdict;
+    try {
+      config.validate(bootstrap.size());
+    } catch (const ConfigError& error) {
+      verdict = std::string(" (this rank's: ") + error.what() + ")";
+    }
+    throw ConfigError("EpGroup: rank " + std::to_string(peer) + " differs from rank 0 in " + differences +
+                      "; every rank must pass the same EpConfig and backend and see the same "
+                      "ROCEP_GPUS_PER_NODE" +
+                      verdict);
   }
 }
+
+constexpr const char* kValidationStep = "validating the EpConfig, backend and ROCEP_GPUS_PER_NODE";
 
 // After agreement, on every rank alike: throws ConfigError naming what is wrong with the backend asked for
 // or with ROCEP_GPUS_PER_NODE where it applies.
 void require_valid_choices(Backend backend, const EnvironmentNodes& nodes, int world_size) {
   if (backend != Backend::kAuto && backend != Backend::kGpu && backend != Backend::kCpuReference) {
-    throw ConfigError("EpGroup: backend = " + std::to_string(static_cast<int>(backend)) +
+    throw ConfigError("backend = " + std::to_string(static_cast<int>(backend)) +
                       " is invalid: allowed values are 0 (auto), 1 (gpu), 2 (cpu-reference)");
   }
   if (!nodes.text.empty() && (nodes.value == 0 || world_size % nodes.value != 0)) {
@@ -134,8 +223,9 @@ Backend resolve_backend(Bootstrap& bootstrap, Backend requested) {
   if (requested == Backend::kAuto) {
     return Backend::kCpuReference;
   }
-  throw ConfigError("EpGroup: backend gpu is not available on rank " + std::to_string(without) +
-                    ": its build of rocep has no GPU platform, or it sees no GPU");
+  throw ConfigError("EpGroup: rank " + std::to_string(without) +
+                    " failed at choosing the backend: backend gpu is not available there: its build of rocep "
+                    "has no GPU platform, or it sees no GPU (allowed there: backend auto or cpu-reference)");
 }
 
 }  // namespace
@@ -151,11 +241,15 @@ struct EpGroup::Impl {
     // declare each GPU a node through the environment's ROCEP_GPUS_PER_NODE.
     const EnvironmentNodes nodes = environment_nodes(config);
     require_same_config(*bootstrap, config, requested, nodes);
-    require_valid_choices(requested, nodes, bootstrap->size());
-    if (!nodes.text.empty()) {
-      config.gpus_per_node = nodes.value;
-    }
-    config.validate(bootstrap->size());
+    // Agreed, so every rank fails alike; run as a step of its own so that the error names the rank and the
+    // step, as every other failure at creation does.
+    run_agreed(*bootstrap, kValidationStep, [&] {
+      require_valid_choices(requested, nodes, bootstrap->size());
+      if (!nodes.text.empty()) {
+        config.gpus_per_node = nodes.value;
+      }
+      config.validate(bootstrap->size());
+    });
     local_experts = config.num_local_experts(bootstrap->size());
     recv_rows = config.max_recv_rows(bootstrap->size());
     backend = resolve_backend(*bootstrap, requested);
@@ -245,9 +339,9 @@ void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outp
   const ProfilerRange range("rocep::dispatch");
   impl_->require(Call::kDispatch);
   EpBackend& backend = *impl_->implementation;
-  Impl::refuse(contract::dispatch_outputs_error(impl_->config, rank(), outputs));
+  Impl::refuse(contract::dispatch_outputs_error(impl_->config, "dispatch", rank(), outputs));
   const std::string error =
-      contract::dispatch_inputs_error(impl_->config, rank(), inputs, backend.dispatch_memory());
+      contract::dispatch_inputs_error(impl_->config, "dispatch", rank(), inputs, backend.dispatch_memory());
   backend.dispatch(error.empty() ? inputs : contract::zero_tokens(), outputs, stream);
   impl_->order.advance(Call::kDispatch);
   Impl::refuse(error);
@@ -257,8 +351,8 @@ void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
   const ProfilerRange range("rocep::dispatch_send");
   impl_->require(Call::kDispatchSend);
   EpBackend& backend = *impl_->implementation;
-  const std::string error =
-      contract::dispatch_inputs_error(impl_->config, rank(), inputs, backend.dispatch_memory());
+  const std::string error = contract::dispatch_inputs_error(impl_->config, "dispatch_send", rank(), inputs,
+                                                            backend.dispatch_memory());
   backend.dispatch_send(error.empty() ? inputs : contract::zero_tokens(), stream);
   impl_->order.advance(Call::kDispatchSend);
   Impl::refuse(error);
@@ -267,7 +361,7 @@ void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
 void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
   const ProfilerRange range("rocep::dispatch_recv");
   impl_->require(Call::kDispatchRecv);
-  Impl::refuse(contract::dispatch_outputs_error(impl_->config, rank(), outputs));
+  Impl::refuse(contract::dispatch_outputs_error(impl_->config, "dispatch_recv", rank(), outputs));
   impl_->implementation->dispatch_recv(outputs, stream);
   impl_->order.advance(Call::kDispatchRecv);
 }
@@ -275,8 +369,8 @@ void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
 void EpGroup::combine(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine");
   impl_->require(Call::kCombine);
-  Impl::refuse(
-      contract::combine_args_error(impl_->config, rank(), args, impl_->implementation->combine_memory()));
+  Impl::refuse(contract::combine_args_error(impl_->config, "combine", rank(), args,
+                                            impl_->implementation->combine_memory()));
   impl_->implementation->combine(args, stream);
   impl_->order.advance(Call::kCombine);
 }
@@ -284,8 +378,8 @@ void EpGroup::combine(const CombineArgs& args, void* stream) {
 void EpGroup::combine_send(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine_send");
   impl_->require(Call::kCombineSend);
-  Impl::refuse(
-      contract::combine_args_error(impl_->config, rank(), args, impl_->implementation->combine_memory()));
+  Impl::refuse(contract::combine_args_error(impl_->config, "combine_send", rank(), args,
+                                            impl_->implementation->combine_memory()));
   impl_->implementation->combine_send(args, stream);
   impl_->order.advance(Call::kCombineSend);
 }
@@ -293,8 +387,8 @@ void EpGroup::combine_send(const CombineArgs& args, void* stream) {
 void EpGroup::combine_recv(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine_recv");
   impl_->require(Call::kCombineRecv);
-  Impl::refuse(
-      contract::combine_args_error(impl_->config, rank(), args, impl_->implementation->combine_memory()));
+  Impl::refuse(contract::combine_args_error(impl_->config, "combine_recv", rank(), args,
+                                            impl_->implementation->combine_memory()));
   impl_->implementation->combine_recv(args, stream);
   impl_->order.advance(Call::kCombineRecv);
 }
@@ -303,8 +397,8 @@ void EpGroup::combine_recv_with(const CombineArgs& args, const CombineReceiveLau
                                 void* stream) {
   const ProfilerRange range("rocep::combine_recv");
   impl_->require(Call::kCombineRecv);
-  Impl::refuse(
-      contract::combine_args_error(impl_->config, rank(), args, impl_->implementation->combine_memory()));
+  Impl::refuse(contract::combine_args_error(impl_->config, "combine_recv_with", rank(), args,
+                                            impl_->implementation->combine_memory()));
   Impl::refuse(contract::caller_epilogue_error(impl_->config, impl_->backend, rank(), args, launcher));
   impl_->implementation->combine_recv_with(args, launcher, stream);
   impl_->order.advance(Call::kCombineRecv);

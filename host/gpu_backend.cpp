@@ -44,26 +44,29 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
       max_recv_rows_(config.max_recv_rows(world.size())),
       rank_(world.rank()),
       world_(world) {
-  // Every check before the first agreement sees the same values on every rank (the config is agreed, the
-  // node layout is gathered), so every rank throws alike.
+  // The limits of backend gpu see the same values on every rank (the config is agreed, the node layout is
+  // gathered), so every rank fails alike; an agreed step all the same, so that the error names the rank and
+  // the step, as every other failure at creation does.
   const NodeLayout layout = node_layout(world, config.gpus_per_node);
   transport_ = layout.num_nodes == 1 ? device::Transport::kIpc : device::Transport::kShmem;
-  if (world.size() > device::kMaxWorld) {
-    throw ConfigError("EpGroup: world size " + std::to_string(world.size()) +
-                      " is invalid for backend gpu: allowed range is [1, " +
-                      std::to_string(device::kMaxWorld) + "]");
-  }
-  if (config.top_k > device::kMaxTopK) {
-    throw ConfigError("EpConfig.top_k = " + std::to_string(config.top_k) +
-                      " is invalid for backend gpu: allowed range is [1, " +
-                      std::to_string(device::kMaxTopK) + "]");
-  }
-  if (config.num_local_experts(world.size()) > device::kMaxLocalExperts) {
-    throw ConfigError("EpConfig.num_experts = " + std::to_string(config.num_experts) + " gives " +
-                      std::to_string(config.num_local_experts(world.size())) +
-                      " experts per rank, invalid for backend gpu: allowed range is [1, " +
-                      std::to_string(device::kMaxLocalExperts) + "] per rank");
-  }
+  run_agreed(world, "validating the EpConfig for backend gpu", [&] {
+    if (world.size() > device::kMaxWorld) {
+      throw ConfigError("world size " + std::to_string(world.size()) +
+                        " is invalid for backend gpu: allowed range is [1, " +
+                        std::to_string(device::kMaxWorld) + "]");
+    }
+    if (config.top_k > device::kMaxTopK) {
+      throw ConfigError("EpConfig.top_k = " + std::to_string(config.top_k) +
+                        " is invalid for backend gpu: allowed range is [1, " +
+                        std::to_string(device::kMaxTopK) + "]");
+    }
+    if (config.num_local_experts(world.size()) > device::kMaxLocalExperts) {
+      throw ConfigError("EpConfig.num_experts = " + std::to_string(config.num_experts) + " gives " +
+                        std::to_string(config.num_local_experts(world.size())) +
+                        " experts per rank, invalid for backend gpu: allowed range is [1, " +
+                        std::to_string(device::kMaxLocalExperts) + "] per rank");
+    }
+  });
   // Refused here, on every rank, rather than hanging in the first call: the node's ranks must reach each
   // other's GPUs peer-to-peer.
   std::vector<bool> on_this_node;

@@ -74,9 +74,10 @@ class EpGroup {
   // other peer to peer. Ranks on other nodes are reached through the SHMEM engine, in builds with one
   // (ROCEP_SHMEM, docs/scale-out.md); without one, every rank must be on one node (else ConfigError).
   // Failure-atomic: either every rank returns, or every rank throws, naming the first rank that failed and
-  // the step: ConfigError if config.validate(bootstrap size) fails, if the configs of the ranks differ, if
-  // kGpu is asked for and some rank's build or machine has no GPU, if two GPUs of the node cannot reach each
-  // other, or if config.num_sms exceeds the rank's share of its GPU; GpuRuntimeError / BootstrapError if
+  // the step: ConfigError if config.validate(bootstrap size) fails, if the configs of the ranks differ (then
+  // naming the first rank that differs from rank 0 and each field that does, with both values), if kGpu is
+  // asked for and some rank's build or machine has no GPU, if two GPUs of the node cannot reach each other,
+  // or if config.num_sms exceeds the rank's share of its GPU; GpuRuntimeError / BootstrapError if
   // allocation, the IPC exchange or a bootstrap collective fails.
   EpGroup(std::shared_ptr<Bootstrap> bootstrap, const EpConfig& config, Backend backend = Backend::kAuto);
   // The same over an MPI communicator (duplicated; the caller may free its handle afterwards). Defined in

@@ -235,6 +235,9 @@ TEST(EpGroupOverThreadsTest, BadInputsStayOnTheirRank) {
         threw = true;
         EXPECT_NE(std::string(error.what()).find("rank " + std::to_string(rank)), std::string::npos)
             << error.what();
+        if (call == 1) {  // the null argument by name, in the words of the call the rank made
+          EXPECT_EQ(std::string(error.what()), "dispatch: rank 1 passed a null topk_ids pointer");
+        }
       }
       EXPECT_EQ(threw, bad) << "rank " << rank << ", call " << call;
       buffers.run_experts(rank);
@@ -329,16 +332,18 @@ TEST(EpGroupOverThreadsTest, MixedWeightedCombinesAreRecordedOnEveryRank) {
   });
 }
 
-// The ConfigError each rank of a group of `world` threads saw creating it with `config` ("" where none).
-std::vector<std::string> creation_errors(int world, const rocep::EpConfig& config, rocep::Backend backend) {
+// The ConfigError each rank of a group of `world` threads saw creating it, rank r with config_of(r) and
+// backend_of(r) ("" where none).
+std::vector<std::string> creation_errors(int world, const std::function<rocep::EpConfig(int)>& config_of,
+                                         const std::function<rocep::Backend(int)>& backend_of) {
   auto rendezvous = std::make_shared<rocep::testing::ThreadRendezvous>(world);
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        rocep::EpGroup group(std::make_shared<rocep::testing::ThreadBootstrap>(rendezvous, rank), config,
-                             backend);
+        rocep::EpGroup group(std::make_shared<rocep::testing::ThreadBootstrap>(rendezvous, rank),
+                             config_of(rank), backend_of(rank));
       } catch (const rocep::ConfigError& error) {
         errors[rank] = error.what();
       }
@@ -349,6 +354,17 @@ std::vector<std::string> creation_errors(int world, const rocep::EpConfig& confi
   }
   return errors;
 }
+
+// The same, every rank passing `config` and `backend`.
+std::vector<std::string> creation_errors(int world, const rocep::EpConfig& config, rocep::Backend backend) {
+  return creation_errors(
+      world, [&](int) { return config; }, [&](int) { return backend; });
+}
+
+// The step of creation that checks the agreed config: its failures name the rank and the step, as the other
+// steps' do.
+constexpr const char* kValidationFailure =
+    "EpGroup: rank 0 failed at validating the EpConfig, backend and ROCEP_GPUS_PER_NODE: ";
 
 // ROCEP_GPUS_PER_NODE stands in for EpConfig::gpus_per_node = 0 at creation: a value that is no positive
 // integer, or does not divide the world, is refused naming the variable, on every rank alike; a value the
@@ -362,7 +378,8 @@ TEST(EpGroupOverThreadsTest, GpusPerNodeFromTheEnvironmentIsCheckedAtCreation) {
   };
   ASSERT_EQ(setenv("ROCEP_GPUS_PER_NODE", "two", 1), 0);
   for (const std::string& error : errors_with(0)) {
-    EXPECT_NE(error.find("ROCEP_GPUS_PER_NODE='two' is invalid"), std::string::npos) << error;
+    EXPECT_EQ(error.find(std::string(kValidationFailure) + "ROCEP_GPUS_PER_NODE='two' is invalid"), 0u)
+        << error;
   }
   ASSERT_EQ(setenv("ROCEP_GPUS_PER_NODE", "3", 1), 0);
   for (const std::string& error : errors_with(0)) {
@@ -386,14 +403,62 @@ TEST(EpGroupOverThreadsTest, ANanTimeoutAndAnUnknownBackendAreRefusedByName) {
   rocep::EpConfig nan_timeout = small_config(kWorld);
   nan_timeout.timeout_seconds = std::nan("");
   for (const std::string& error : creation_errors(kWorld, nan_timeout, rocep::Backend::kCpuReference)) {
-    EXPECT_NE(error.find("EpConfig.timeout_seconds = nan is invalid"), std::string::npos) << error;
+    EXPECT_EQ(error.find(std::string(kValidationFailure) + "EpConfig.timeout_seconds = nan is invalid"), 0u)
+        << error;
     EXPECT_EQ(error.find("different"), std::string::npos) << error;
   }
   for (const std::string& error :
        creation_errors(kWorld, small_config(kWorld), static_cast<rocep::Backend>(7))) {
-    EXPECT_NE(error.find("backend = 7 is invalid: allowed values are 0 (auto), 1 (gpu), 2 (cpu-reference)"),
-              std::string::npos)
+    EXPECT_EQ(error, std::string(kValidationFailure) +
+                         "backend = 7 is invalid: allowed values are 0 (auto), 1 (gpu), 2 (cpu-reference)");
+  }
+}
+
+// A config valid on every rank but not alike (or a backend not alike) is refused on every rank, naming the
+// first rank that differs from rank 0 and each field in which it does, with both values. A NaN timeout on
+// one rank differs from rank 0's number; the same NaN on every rank agrees (the test above).
+TEST(EpGroupOverThreadsTest, ConfigsOrBackendsThatDifferAreRefusedNamingEachField) {
+  constexpr int kWorld = 3;
+  const auto config_of = [](int rank) {
+    rocep::EpConfig config = small_config(kWorld);
+    if (rank == 2) {
+      config.hidden = kHidden + 8;
+      config.timeout_seconds = std::nan("");
+      config.layout = rocep::Layout::kPerToken;
+    }
+    return config;
+  };
+  const auto cpu_reference = [](int) { return rocep::Backend::kCpuReference; };
+  for (const std::string& error : creation_errors(kWorld, config_of, cpu_reference)) {
+    EXPECT_EQ(
+        error.find("EpGroup: rank 2 differs from rank 0 in EpConfig.hidden (72 on rank 2, 64 on rank 0), "
+                   "EpConfig.timeout_seconds (nan on rank 2, 10 on rank 0), EpConfig.layout (per-token "
+                   "on rank 2, expanded on rank 0); every rank must pass the same EpConfig and backend and "
+                   "see the same ROCEP_GPUS_PER_NODE"),
+        0u)
         << error;
+  }
+  const auto same_config = [](int) { return small_config(kWorld); };
+  const auto auto_on_rank_1 = [](int rank) {
+    return rank == 1 ? rocep::Backend::kAuto : rocep::Backend::kCpuReference;
+  };
+  for (const std::string& error : creation_errors(kWorld, same_config, auto_on_rank_1)) {
+    EXPECT_EQ(error.find("EpGroup: rank 1 differs from rank 0 in backend (auto on rank 1, cpu-reference on "
+                         "rank 0); every rank must pass the same"),
+              0u)
+        << error;
+  }
+}
+
+// A config that every rank passes alike but that is invalid: refused on every rank, naming the rank and the
+// step of creation that failed, as a failure in any other step is.
+TEST(EpGroupOverThreadsTest, AnInvalidConfigIsRefusedNamingTheRankAndTheStep) {
+  constexpr int kWorld = 2;
+  rocep::EpConfig config = small_config(kWorld);
+  config.num_experts = 3;
+  for (const std::string& error : creation_errors(kWorld, config, rocep::Backend::kCpuReference)) {
+    EXPECT_EQ(error, std::string(kValidationFailure) +
+                         "EpConfig.num_experts = 3 is invalid: must be divisible by the world size 2");
   }
 }
 
@@ -403,7 +468,9 @@ TEST(EpGroupOverThreadsTest, ANanTimeoutAndAnUnknownBackendAreRefusedByName) {
 TEST(EpGroupOverThreadsTest, TheGpuBackendInABuildWithoutOneIsRefusedOnEveryRank) {
   constexpr int kWorld = 2;
   for (const std::string& error : creation_errors(kWorld, small_config(kWorld), rocep::Backend::kGpu)) {
-    EXPECT_NE(error.find("backend gpu is not available on rank 0"), std::string::npos) << error;
+    EXPECT_EQ(
+        error.find("EpGroup: rank 0 failed at choosing the backend: backend gpu is not available there"), 0u)
+        << error;
   }
   for (const std::string& error : creation_errors(kWorld, small_config(kWorld), rocep::Backend::kAuto)) {
     EXPECT_EQ(error, "");

@@ -870,12 +870,48 @@ TEST(ReferenceEpPerTokenContract, ExpertInputScalesAreRefused) {
   rocep::DispatchOutputs outputs = dispatched.view();
   const std::vector<float> scales(problem.local_experts(), 0.5f);
   outputs.expert_input_scales = scales.data();
+  // Refused on every rank (so that none waits), in the words of the call made: the split receive, then the
+  // fused dispatch.
+  const std::string refused = ": rank " + std::to_string(problem.rank) +
+                              " passed expert_input_scales, which the per-token layout refuses";
   group.dispatch_send(problem.mine().view());
   try {
     group.dispatch_recv(outputs);
+    ADD_FAILURE() << "a per-token dispatch_recv with expert_input_scales was accepted";
+  } catch (const rocep::InvalidInputError& error) {
+    EXPECT_EQ(std::string(error.what()).find("dispatch_recv" + refused), 0u) << error.what();
+  }
+  group.dispatch_recv(dispatched.view());  // the group goes on
+  std::vector<bf16_bits> rows = per_token_rows(problem, dispatched);
+  std::vector<bf16_bits> out(std::size_t{1} * problem.config.max_tokens_per_rank * problem.config.hidden);
+  group.combine({rows.data(), nullptr, nullptr, out.data()});
+  try {
+    group.dispatch(problem.mine().view(), outputs);
     ADD_FAILURE() << "a per-token dispatch with expert_input_scales was accepted";
   } catch (const rocep::InvalidInputError& error) {
-    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "expert_input_scales", error.what());
+    EXPECT_EQ(std::string(error.what()).find("dispatch" + refused), 0u) << error.what();
+  }
+  group.dispatch(problem.mine().view(), dispatched.view());  // the group goes on
+  group.combine({rows.data(), nullptr, nullptr, out.data()});
+}
+
+// Null outputs of a per-token dispatch are refused naming each null one, and only those.
+TEST(ReferenceEpPerTokenContract, NullOutputsAreRefusedByName) {
+  Problem problem = per_token(Problem(kShapes[1], Routing::kUniform));
+  rocep::EpGroup group(MPI_COMM_WORLD, problem.config, rocep::Backend::kCpuReference);
+  PerTokenBuffers dispatched(problem);
+  rocep::DispatchOutputs outputs = dispatched.view();
+  outputs.recv_topk_ids = nullptr;
+  outputs.num_recv_tokens = nullptr;
+  outputs.block_expert_ids = nullptr;
+  group.dispatch_send(problem.mine().view());  // refused on every rank, so that none waits
+  try {
+    group.dispatch_recv(outputs);
+    ADD_FAILURE() << "a per-token dispatch_recv with null outputs was accepted";
+  } catch (const rocep::InvalidInputError& error) {
+    EXPECT_EQ(std::string(error.what()), "dispatch_recv: rank " + std::to_string(problem.rank) +
+                                             " passed null recv_topk_ids, num_recv_tokens and "
+                                             "block_expert_ids pointers (layout per-token)");
   }
   group.dispatch_recv(dispatched.view());  // the group goes on
   std::vector<bf16_bits> rows = per_token_rows(problem, dispatched);
@@ -1367,7 +1403,7 @@ TEST_F(EpGroupInvalidInputTest, BadTokenCountOrNullPointerStaysOnItsRank) {
     } else {
       inputs.topk_weights.clear();
       inputs.topk_weights.shrink_to_fit();  // data() null
-      expected_words = "null";
+      expected_words = "dispatch: rank " + std::to_string(last_rank_) + " passed a null topk_weights pointer";
     }
     SCOPED_TRACE(expected_words);
     const std::string message = dispatch_then_check(inputs, without_tokens(problem_, last_rank_));
@@ -1392,12 +1428,68 @@ TEST_F(EpGroupInvalidInputTest, NullOutputIsRefusedOnItsRankAndMayBeRepeated) {
       group_.dispatch_recv(outputs);
       ADD_FAILURE() << "no InvalidInputError on this rank";
     } catch (const rocep::InvalidInputError& error) {
-      EXPECT_TRUE(names(error.what(), "rank", last_rank_)) << error.what();
+      EXPECT_EQ(std::string(error.what()),
+                "dispatch_recv: rank " + std::to_string(last_rank_) + " passed a null recv_weights pointer");
     }
   }
   group_.dispatch_recv(buffers.view());  // the valid repetition (the first call on the other ranks)
   expect_dispatch_matches(buffers, problem_);
   combine_and_check(buffers, problem_);
+  expect_usable();
+}
+
+// The same for the fused dispatch, whose error names dispatch (the call made) and each null output.
+TEST_F(EpGroupInvalidInputTest, NullOutputsOfAFusedDispatchAreRefusedNamingDispatch) {
+  DispatchBuffers buffers(problem_);
+  rocep::DispatchOutputs outputs = buffers.view();
+  outputs.recv_tokens = nullptr;
+  outputs.src_info = nullptr;
+  if (last_) {
+    try {
+      group_.dispatch(problem_.mine().view(), outputs);
+      ADD_FAILURE() << "no InvalidInputError on this rank";
+    } catch (const rocep::InvalidInputError& error) {
+      EXPECT_EQ(std::string(error.what()), "dispatch: rank " + std::to_string(last_rank_) +
+                                               " passed null recv_tokens and src_info pointers");
+    }
+  }
+  group_.dispatch(problem_.mine().view(), buffers.view());  // the valid repetition (the first elsewhere)
+  expect_dispatch_matches(buffers, problem_);
+  combine_and_check(buffers, problem_);
+  expect_usable();
+}
+
+// Null combine arguments are refused naming the call made and each null argument.
+TEST_F(EpGroupInvalidInputTest, NullCombineArgumentsAreRefusedByName) {
+  DispatchBuffers buffers(problem_);
+  group_.dispatch(problem_.mine().view(), buffers.view());
+  const std::vector<bf16_bits> y = expert_outputs(problem_, buffers);
+  std::vector<bf16_bits> out(std::size_t{1} * problem_.config.max_tokens_per_rank * problem_.config.hidden);
+  if (last_) {
+    const std::string rank = ": rank " + std::to_string(last_rank_);
+    const rocep::CombineArgs null_out{y.data(), buffers.recv_weights.data(), nullptr, nullptr};
+    const rocep::CombineArgs null_both{nullptr, buffers.recv_weights.data(), nullptr, nullptr};
+    const rocep::CombineArgs null_rows{nullptr, buffers.recv_weights.data(), nullptr, out.data()};
+    try {
+      group_.combine(null_out);
+      ADD_FAILURE() << "a combine with a null out was accepted";
+    } catch (const rocep::InvalidInputError& error) {
+      EXPECT_EQ(std::string(error.what()), "combine" + rank + " passed a null out pointer");
+    }
+    try {
+      group_.combine(null_both);
+      ADD_FAILURE() << "a combine with null expert_outputs and out was accepted";
+    } catch (const rocep::InvalidInputError& error) {
+      EXPECT_EQ(std::string(error.what()), "combine" + rank + " passed null expert_outputs and out pointers");
+    }
+    try {
+      group_.combine_send(null_rows);
+      ADD_FAILURE() << "a combine_send with null expert_outputs was accepted";
+    } catch (const rocep::InvalidInputError& error) {
+      EXPECT_EQ(std::string(error.what()), "combine_send" + rank + " passed a null expert_outputs pointer");
+    }
+  }
+  combine_and_check(buffers, problem_);  // the valid call (the first on the other ranks)
   expect_usable();
 }
 
@@ -1475,7 +1567,13 @@ TEST(EpGroupConstruction, ConfigThatDiffersOnOneRankThrowsOnEveryRank) {
     rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
     ADD_FAILURE() << "no ConfigError on this rank";
   } catch (const rocep::ConfigError& error) {
-    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "different EpConfig", error.what());
+    const std::string last = std::to_string(world_size() - 1);
+    EXPECT_EQ(std::string(error.what())
+                  .find("EpGroup: rank " + last + " differs from rank 0 in " +
+                        "EpConfig.combine_input_buffer (false on rank " + last +
+                        ", true on rank 0); every rank must pass the same"),
+              0u)
+        << error.what();
   }
 }
 
@@ -1489,10 +1587,64 @@ TEST(EpGroupConstruction, ConfigInvalidOnOneRankThrowsOnEveryRank) {
     ADD_FAILURE() << "no ConfigError on this rank";
   } catch (const rocep::ConfigError& error) {
     const std::string message = error.what();
-    // At one rank there is nobody to disagree with: validation itself names the field.
-    EXPECT_PRED_FORMAT2(::testing::IsSubstring, world_size() == 1 ? "hidden = 0" : "different EpConfig",
-                        message);
+    const std::string last = std::to_string(world_size() - 1);
+    // At one rank there is nobody to disagree with: the validation step names the field.
+    EXPECT_EQ(
+        message.find(world_size() == 1
+                         ? "EpGroup: rank 0 failed at validating the EpConfig, backend and "
+                           "ROCEP_GPUS_PER_NODE: EpConfig.hidden = 0 is invalid"
+                         : "EpGroup: rank " + last + " differs from rank 0 in EpConfig.hidden (0 on rank " +
+                               last + ", 7168 on rank 0)"),
+        0u)
+        << message;
   }
+}
+
+// A config invalid alike on every rank is refused on every rank naming the rank and the step of creation
+// that failed, as a failure in any other step is.
+TEST(EpGroupConstruction, ConfigInvalidOnEveryRankNamesTheRankAndTheStep) {
+  EpConfig config;
+  config.num_experts = world_size() == 1 ? 0 : 2 * world_size() + 1;
+  try {
+    rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
+    ADD_FAILURE() << "no ConfigError on this rank";
+  } catch (const rocep::ConfigError& error) {
+    const std::string step =
+        "EpGroup: rank 0 failed at validating the EpConfig, backend and ROCEP_GPUS_PER_NODE: ";
+    EXPECT_EQ(std::string(error.what()),
+              step + (world_size() == 1 ? "EpConfig.num_experts = 0 is invalid: allowed range is [1, 16384]"
+                                        : "EpConfig.num_experts = " + std::to_string(config.num_experts) +
+                                              " is invalid: must be divisible by the world size " +
+                                              std::to_string(world_size())));
+  }
+}
+
+// ROCEP_GPUS_PER_NODE seen on one rank only is refused on every rank, naming the variable and its values.
+TEST(EpGroupConstruction, GpusPerNodeInTheEnvironmentOfOneRankOnlyThrowsOnEveryRank) {
+  if (world_size() == 1) {
+    GTEST_SKIP() << "one rank agrees with itself";
+  }
+  const char* before = std::getenv("ROCEP_GPUS_PER_NODE");
+  const std::string saved = before != nullptr ? before : "";
+  const bool last = world_rank() == world_size() - 1;
+  ASSERT_EQ(last ? setenv("ROCEP_GPUS_PER_NODE", "1", 1) : unsetenv("ROCEP_GPUS_PER_NODE"), 0);
+  EpConfig config;
+  config.num_experts = 8 * world_size();
+  try {
+    rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
+    ADD_FAILURE() << "no ConfigError on this rank";
+  } catch (const rocep::ConfigError& error) {
+    const std::string last_rank = std::to_string(world_size() - 1);
+    EXPECT_EQ(
+        std::string(error.what())
+            .find("EpGroup: rank " + last_rank + " differs from rank 0 in ROCEP_GPUS_PER_NODE (1 on rank " +
+                  last_rank + ", unset (or overridden by EpConfig.gpus_per_node) on rank 0)"),
+        0u)
+        << error.what();
+  }
+  ASSERT_EQ(
+      before != nullptr ? setenv("ROCEP_GPUS_PER_NODE", saved.c_str(), 1) : unsetenv("ROCEP_GPUS_PER_NODE"),
+      0);
 }
 
 }  // namespace
