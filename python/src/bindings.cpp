@@ -280,8 +280,16 @@ rocep::CombineArgs combine_args(const rocep::EpGroup& group, const nb::object& e
                                                    : config.max_recv_rows(group.world_size()));
   const InputArray expert_outputs = input_array("expert_outputs", expert_rows);
   arrays->push_back(expert_outputs);
-  check("expert_outputs", expert_outputs, kBfloat16, "bfloat16 (or its bits as uint16)",
-        {rows, config.hidden}, gpu);
+  try {
+    check("expert_outputs", expert_outputs, kBfloat16, "bfloat16 (or its bits as uint16)",
+          {rows, config.hidden}, gpu);
+  } catch (const rocep::InvalidInputError& bad) {
+    throw rocep::InvalidInputError(std::string(bad.what()) +
+                                   (per_token
+                                        ? " (rows: max_recv_tokens(world) = world x max_tokens_per_rank, "
+                                          "row i for received token i)"
+                                        : " (rows: max_recv_rows(world), row i for dispatched row i)"));
+  }
   rocep::CombineArgs args{expert_outputs.data(), nullptr, nullptr, nullptr};
   if (!row_weights.is_none()) {
     if (per_token) {
@@ -405,8 +413,15 @@ void combine_on_arrays(rocep::EpGroup& group, const nb::object& expert_outputs, 
                        const nb::object& shared_expert_output, const StridedArray& out, float factor,
                        const nb::object& token_factors, const nb::object& residual, std::uintptr_t stream) {
   std::vector<InputArray> arrays;
-  const rocep::CombineArgs args = combine_args(group, expert_outputs, row_weights, shared_expert_output, out,
-                                               factor, token_factors, residual, &arrays);
+  rocep::CombineArgs args;
+  try {
+    args = combine_args(group, expert_outputs, row_weights, shared_expert_output, out, factor, token_factors,
+                        residual, &arrays);
+  } catch (const rocep::InvalidInputError& bad) {
+    throw rocep::InvalidInputError(std::string(bad.what()) +
+                                   "; refused on this rank, nothing issued: its peers wait until it repeats "
+                                   "the call with valid arguments");
+  }
   nb::gil_scoped_release release;
   (group.*kCall)(args, reinterpret_cast<void*>(stream));
 }

@@ -857,3 +857,18 @@ def test_mori_dispatch_refused_on_a_rank_names_its_arguments_and_its_combine_ret
     else:
         out, out_weights, _, out_indices, _ = op.dispatch(tokens, weights, None, ids)
         assert op.combine(out, out_weights, out_indices)[1].shape == (4, 2)
+
+
+def test_combine_refused_for_its_expert_outputs_says_how_many_rows_and_may_be_repeated():
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    seed = shared_seed()
+    rows = bf16.from_float(np.random.default_rng(seed).uniform(-1, 1, (config.max_recv_tokens(WORLD), config.hidden)))
+    tokens, ids, weights = rank_inputs(config, seed, RANK, num_tokens=5)
+    received = group.dispatch(tokens, ids, weights)
+    if RANK == 0:
+        with pytest.raises(rocep.InvalidInputError, match=r"expert_outputs: shape must be .*rows: max_recv_tokens"
+                                                          r".*refused on this rank, nothing issued"):
+            group.combine(rows[:received.count()], 5)
+    out = group.combine(rows, 5)  # the repeated call completes with the peers'
+    assert out.shape == (5, config.hidden)
