@@ -190,8 +190,9 @@ ROCEP_HOST_DEVICE inline bool has_epilogue(const CombineArgs& args) {
 // The residency of the expanded layout's kernels, by which the group's grid is sized
 // (tests/check_registers.py): 3 blocks of kBlockThreads per multiprocessor on NVIDIA (at most 80 registers
 // a thread) and, read by HIP as waves per SIMD, 3 wave64 waves per SIMD on AMD: the same 3 blocks of 256
-// threads per compute unit. The second launch bound of those that the compiler would otherwise give more
-// registers: the combine's epilogue kernels and the fused dispatch kernels.
+// threads per compute unit. The second launch bound of the fused dispatch kernels, which the compiler would
+// otherwise give more registers; the combine's kernels take kExpandedWideThreads as their launch bound,
+// which holds them to the same registers (one block of that size per multiprocessor or compute unit).
 inline constexpr int kExpandedBlocksPerSm = 3;
 
 // The expanded layout's combine kernels are written for any block size up to kExpandedWideThreads, the
