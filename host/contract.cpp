@@ -11,16 +11,18 @@ namespace {
 
 using device::StatusCode;
 
+// The half of a call that recorded an error on the device, by a name that reads for the fused call and for
+// the split one alike.
 const char* operation_name(int32_t operation) {
   switch (static_cast<device::Operation>(operation)) {
     case device::Operation::kDispatchSend:
-      return "dispatch_send";
+      return "dispatch_send (the send half of dispatch)";
     case device::Operation::kDispatchRecv:
-      return "dispatch_recv";
+      return "dispatch_recv (the receive half of dispatch)";
     case device::Operation::kCombineSend:
-      return "combine_send";
+      return "combine_send (the send half of combine)";
     case device::Operation::kCombineRecv:
-      return "combine_recv";
+      return "combine_recv (the receive half of combine)";
     case device::Operation::kNone:
       break;
   }

@@ -307,6 +307,8 @@ TEST(EpGroupOverThreadsTest, InvalidExpertIdsAreRecordedAndTheirSlotsDropped) {
     if (rank == 0) {
       EXPECT_NE(recorded.message.find("token 2, slot 1: expert id 1000"), std::string::npos)
           << recorded.message;
+      EXPECT_EQ(recorded.message.find("dispatch_send (the send half of dispatch) on rank 0"), 0u)
+          << recorded.message;
       EXPECT_TRUE(group.poll_error()) << "poll_error() must not clear";
       EXPECT_THROW(group.synchronize(), rocep::InvalidInputError);
     }
