@@ -138,7 +138,17 @@ std::size_t format_scale_bytes(TokenFormat format, int hidden) {
 }
 
 std::size_t format_scale_tensor_bytes(TokenFormat format, std::size_t rows, int columns) {
-  require_row_elements(format, columns, "columns", format_block_elements(format));
+  // nvfp4's tiles hold whole 4-block columns: a partial one has no place of its own in the layout.
+  require_row_elements(
+      format, columns, "columns",
+      format == TokenFormat::kNvfp4 ? format_column_multiple(format) : format_block_elements(format));
+  // Tiles round rows up to 128: the bytes of 128 more rows must fit too.
+  const std::size_t row_bytes = format_scale_bytes(format, columns);
+  if (row_bytes > 0 && rows > std::numeric_limits<std::size_t>::max() / row_bytes - 128) {
+    throw ConfigError("rows = " + std::to_string(rows) + " is invalid for format " + to_string(format) +
+                      " with " + std::to_string(columns) +
+                      " columns: its scale tensor's bytes overflow size_t");
+  }
   return device::scale_tensor_bytes(static_cast<device::Format>(format), rows, columns);
 }
 

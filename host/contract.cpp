@@ -231,6 +231,13 @@ std::string combine_args_error(const EpConfig& config, const char* call, int ran
            " passed row_weights, but in the per-token layout each row is already weighted and summed over "
            "the rank's experts (row_weights must be null)";
   }
+  if (args.shared_expert_output != nullptr && config.layout == Layout::kExpanded &&
+      args.row_weights == nullptr) {
+    return where +
+           " passed shared_expert_output to an unweighted combine, whose rows come back unreduced (nothing "
+           "to "
+           "add it to): allowed only with row_weights or in the per-token layout";
+  }
   const bool epilogue = has_epilogue_values(args) || args.out_row_stride != 0;
   if (epilogue && config.layout == Layout::kExpanded && args.row_weights == nullptr) {
     return where +
@@ -319,9 +326,16 @@ RecordedError recorded_error(const device::Status& status, const EpConfig& confi
                  std::to_string(config.max_tokens_per_rank) + "]; no token was sent";
       break;
     case StatusCode::kCombineWeightingMismatch:
-      message += ": row_weights was " + std::string(status.value != 0 ? "set" : "null") + " on rank " +
-                 std::to_string(status.peer) +
-                 " but not on this rank; weighted or not must agree on every rank (out is invalid)";
+      if (status.peer == rank) {  // this rank's own send against its receive
+        message +=
+            ": row_weights was " + std::string(status.value != 0 ? "set" : "null") +
+            " in this rank's combine_send but not in its combine_recv; pass combine_recv the arguments "
+            "of its combine_send (out is invalid)";
+      } else {
+        message += ": row_weights was " + std::string(status.value != 0 ? "set" : "null") + " on rank " +
+                   std::to_string(status.peer) +
+                   " but not on this rank; weighted or not must agree on every rank (out is invalid)";
+      }
       break;
     default:
       message += ", token " + std::to_string(status.token) + ", slot " + std::to_string(status.slot) +

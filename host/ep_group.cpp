@@ -297,120 +297,127 @@ EpGroup::~EpGroup() = default;
 EpGroup::EpGroup(EpGroup&&) noexcept = default;
 EpGroup& EpGroup::operator=(EpGroup&&) noexcept = default;
 
+EpGroup::Impl& EpGroup::impl() const {
+  if (impl_ == nullptr) {
+    throw CallOrderError("EpGroup: this group was moved from; call the group it was moved to");
+  }
+  return *impl_;
+}
+
 int EpGroup::rank() const {
-  return impl_->rank();
+  return impl().rank();
 }
 int EpGroup::world_size() const {
-  return impl_->bootstrap->size();
+  return impl().bootstrap->size();
 }
 const EpConfig& EpGroup::config() const {
-  return impl_->config;
+  return impl().config;
 }
 Backend EpGroup::backend() const {
-  return impl_->backend;
+  return impl().backend;
 }
 int EpGroup::num_local_experts() const {
-  return impl_->local_experts;
+  return impl().local_experts;
 }
 std::size_t EpGroup::max_recv_rows() const {
-  return impl_->recv_rows;
+  return impl().recv_rows;
 }
 std::size_t EpGroup::memory_bytes() const {
-  return impl_->implementation->memory_bytes();
+  return impl().implementation->memory_bytes();
 }
 
 void* EpGroup::dispatch_input_buffer() {
-  const std::string error = contract::input_buffer_error(impl_->config);
+  const std::string error = contract::input_buffer_error(impl().config);
   if (!error.empty()) {
     throw ConfigError(error);
   }
-  return impl_->implementation->dispatch_input_buffer();
+  return impl().implementation->dispatch_input_buffer();
 }
 
 void* EpGroup::combine_input_buffer() {
-  const std::string error = contract::combine_input_buffer_error(impl_->config);
+  const std::string error = contract::combine_input_buffer_error(impl().config);
   if (!error.empty()) {
     throw ConfigError(error);
   }
-  return impl_->implementation->combine_input_buffer();
+  return impl().implementation->combine_input_buffer();
 }
 
 void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {
   const ProfilerRange range("rocep::dispatch");
-  impl_->require(Call::kDispatch);
-  EpBackend& backend = *impl_->implementation;
-  Impl::refuse(contract::dispatch_outputs_error(impl_->config, "dispatch", rank(), outputs));
+  impl().require(Call::kDispatch);
+  EpBackend& backend = *impl().implementation;
+  Impl::refuse(contract::dispatch_outputs_error(impl().config, "dispatch", rank(), outputs));
   const std::string error =
-      contract::dispatch_inputs_error(impl_->config, "dispatch", rank(), inputs, backend.dispatch_memory());
+      contract::dispatch_inputs_error(impl().config, "dispatch", rank(), inputs, backend.dispatch_memory());
   backend.dispatch(error.empty() ? inputs : contract::zero_tokens(), outputs, stream);
-  impl_->order.advance(Call::kDispatch);
+  impl().order.advance(Call::kDispatch);
   Impl::refuse(error);
 }
 
 void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
   const ProfilerRange range("rocep::dispatch_send");
-  impl_->require(Call::kDispatchSend);
-  EpBackend& backend = *impl_->implementation;
-  const std::string error = contract::dispatch_inputs_error(impl_->config, "dispatch_send", rank(), inputs,
+  impl().require(Call::kDispatchSend);
+  EpBackend& backend = *impl().implementation;
+  const std::string error = contract::dispatch_inputs_error(impl().config, "dispatch_send", rank(), inputs,
                                                             backend.dispatch_memory());
   backend.dispatch_send(error.empty() ? inputs : contract::zero_tokens(), stream);
-  impl_->order.advance(Call::kDispatchSend);
+  impl().order.advance(Call::kDispatchSend);
   Impl::refuse(error);
 }
 
 void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
   const ProfilerRange range("rocep::dispatch_recv");
-  impl_->require(Call::kDispatchRecv);
-  Impl::refuse(contract::dispatch_outputs_error(impl_->config, "dispatch_recv", rank(), outputs));
-  impl_->implementation->dispatch_recv(outputs, stream);
-  impl_->order.advance(Call::kDispatchRecv);
+  impl().require(Call::kDispatchRecv);
+  Impl::refuse(contract::dispatch_outputs_error(impl().config, "dispatch_recv", rank(), outputs));
+  impl().implementation->dispatch_recv(outputs, stream);
+  impl().order.advance(Call::kDispatchRecv);
 }
 
 void EpGroup::combine(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine");
-  impl_->require(Call::kCombine);
-  Impl::refuse(contract::combine_args_error(impl_->config, "combine", rank(), args,
-                                            impl_->implementation->combine_memory()));
-  impl_->implementation->combine(args, stream);
-  impl_->order.advance(Call::kCombine);
+  impl().require(Call::kCombine);
+  Impl::refuse(contract::combine_args_error(impl().config, "combine", rank(), args,
+                                            impl().implementation->combine_memory()));
+  impl().implementation->combine(args, stream);
+  impl().order.advance(Call::kCombine);
 }
 
 void EpGroup::combine_send(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine_send");
-  impl_->require(Call::kCombineSend);
-  Impl::refuse(contract::combine_args_error(impl_->config, "combine_send", rank(), args,
-                                            impl_->implementation->combine_memory()));
-  impl_->implementation->combine_send(args, stream);
-  impl_->order.advance(Call::kCombineSend);
+  impl().require(Call::kCombineSend);
+  Impl::refuse(contract::combine_args_error(impl().config, "combine_send", rank(), args,
+                                            impl().implementation->combine_memory()));
+  impl().implementation->combine_send(args, stream);
+  impl().order.advance(Call::kCombineSend);
 }
 
 void EpGroup::combine_recv(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine_recv");
-  impl_->require(Call::kCombineRecv);
-  Impl::refuse(contract::combine_args_error(impl_->config, "combine_recv", rank(), args,
-                                            impl_->implementation->combine_memory()));
-  impl_->implementation->combine_recv(args, stream);
-  impl_->order.advance(Call::kCombineRecv);
+  impl().require(Call::kCombineRecv);
+  Impl::refuse(contract::combine_args_error(impl().config, "combine_recv", rank(), args,
+                                            impl().implementation->combine_memory()));
+  impl().implementation->combine_recv(args, stream);
+  impl().order.advance(Call::kCombineRecv);
 }
 
 void EpGroup::combine_recv_with(const CombineArgs& args, const CombineReceiveLauncher& launcher,
                                 void* stream) {
   const ProfilerRange range("rocep::combine_recv");
-  impl_->require(Call::kCombineRecv);
-  Impl::refuse(contract::combine_args_error(impl_->config, "combine_recv_with", rank(), args,
-                                            impl_->implementation->combine_memory()));
-  Impl::refuse(contract::caller_epilogue_error(impl_->config, impl_->backend, rank(), args, launcher));
-  impl_->implementation->combine_recv_with(args, launcher, stream);
-  impl_->order.advance(Call::kCombineRecv);
+  impl().require(Call::kCombineRecv);
+  Impl::refuse(contract::combine_args_error(impl().config, "combine_recv_with", rank(), args,
+                                            impl().implementation->combine_memory()));
+  Impl::refuse(contract::caller_epilogue_error(impl().config, impl().backend, rank(), args, launcher));
+  impl().implementation->combine_recv_with(args, launcher, stream);
+  impl().order.advance(Call::kCombineRecv);
 }
 
 void EpGroup::synchronize(void* stream) {
   const ProfilerRange range("rocep::synchronize");
-  impl_->implementation->synchronize(stream).raise();
+  impl().implementation->synchronize(stream).raise();
 }
 
 RecordedError EpGroup::poll_error() {
-  return impl_->implementation->poll_error();
+  return impl().implementation->poll_error();
 }
 
 }  // namespace rocep

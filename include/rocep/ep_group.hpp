@@ -66,8 +66,10 @@ const char* to_string(Backend backend);
 class EpGroup {
  public:
   // Collective over `bootstrap`: every rank must call it with an equal `config` and `backend`. The group
-  // keeps the bootstrap for its lifetime (its destructor uses it) and uses it only at creation and
-  // destruction, never in dispatch or combine. Allocates: yes (receive buffers, counters, peer tables; see
+  // keeps the bootstrap for its lifetime (its destructor uses it); the GPU backend uses it only at creation
+  // and destruction, never in dispatch or combine. The CPU reference moves its data through the bootstrap's
+  // all_gather in every call: two CPU-reference groups over one bootstrap must be called in the same order
+  // on every rank. Allocates: yes (receive buffers, counters, peer tables; see
   // memory_bytes()). Not graph-safe. The GPU backend uses the calling thread's current device (set it first;
   // one GPU per rank). Which ranks share a node comes from config.gpus_per_node, else from the environment's
   // ROCEP_GPUS_PER_NODE, else from the host identity every rank reports; the GPUs of a node must reach each
@@ -162,7 +164,9 @@ class EpGroup {
   void combine(const CombineArgs& args, void* stream = nullptr);
   // Sends the expert outputs (reduced per token when weighted) back to the ranks the tokens came from.
   void combine_send(const CombineArgs& args, void* stream = nullptr);
-  // Waits for every peer's rows and writes args.out.
+  // Waits for every peer's rows and writes args.out. Takes the CombineArgs of its combine_send (the same
+  // row_weights, shared expert, epilogue and out; a combine_recv weighted otherwise is recorded, out
+  // invalid).
   void combine_recv(const CombineArgs& args, void* stream = nullptr);
   // combine_recv through the caller's own elementwise device epilogue, which its build compiled into the
   // receive: call rocep::combine_recv(group, args, epilogue, stream) of <rocep/combine_epilogue.hpp>, which
@@ -185,6 +189,8 @@ class EpGroup {
 
  private:
   struct Impl;
+  // *impl_; CallOrderError on a group moved from.
+  Impl& impl() const;
   std::unique_ptr<Impl> impl_;
 };
 

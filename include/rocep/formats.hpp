@@ -76,7 +76,8 @@ std::size_t format_payload_bytes(TokenFormat format, int hidden);
 // unknown format or a `hidden` that is negative or not whole blocks (format_block_elements).
 std::size_t format_scale_bytes(TokenFormat format, int hidden);
 // Bytes of the scale tensor in the layout above for `rows` rows of `columns` elements (0 for bf16). Throws
-// ConfigError as format_scale_bytes does for `columns`.
+// ConfigError as format_scale_bytes does for `columns` (for nvfp4, unless a multiple of 64: whole tile
+// columns), and for `rows` whose bytes overflow size_t.
 std::size_t format_scale_tensor_bytes(TokenFormat format, std::size_t rows, int columns);
 
 }  // namespace rocep

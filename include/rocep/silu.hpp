@@ -54,8 +54,9 @@ struct SiluArgs {
 // picks the current GPU's fp8 encoding (resolve_fp8_encoding).
 // Errors: InvalidInputError, naming the field and its value, for a null pointer the format needs,
 // num_groups < 1, n not a positive multiple of the format's requirement, capacity_rows >= 2^31, a negative
-// or NaN clamp_limit, or an unknown format or encoding; GpuRuntimeError if the launch fails; ConfigError in
-// a build without GPU kernels.
+// or NaN clamp_limit, an unknown format or encoding, or a pointer not aligned for its vectors (gate_up 16
+// bytes, out the bytes of 8 columns, out_scales one scale's; host memory included); GpuRuntimeError if the
+// launch fails; ConfigError in a build without GPU kernels.
 void silu_and_quantize(const SiluArgs& args, void* stream = nullptr);
 
 // The CPU reference: the same contract on host memory, the definition the GPU kernels match bit for bit.

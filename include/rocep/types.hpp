@@ -96,14 +96,17 @@ struct CombineArgs {
   // Expanded: [R, hidden] bf16, one expert output row per dispatched row, in the order dispatch produced
   // them. Per-token: [P, hidden] bf16, one row per received token (its local experts' outputs already
   // weighted and summed by the caller); out[t] = the rows of t from every rank that received it, summed in
-  // float32 in ascending rank order (+ the shared expert), rounded to bf16 once.
+  // float32 in ascending rank order (+ the shared expert), rounded to bf16 once. Across nodes (a SHMEM
+  // engine) each other node's rows are first summed there and rounded to bf16 (node sums,
+  // docs/scale-out.md): the bits then depend on how the ranks are placed in nodes.
   const void* expert_outputs = nullptr;
   // Expanded only (null in the per-token layout): [R] weight of each dispatched row, normally
   // DispatchOutputs::recv_weights of the matching dispatch.
   // Set: out[t] = sum_k w[t,k] * y[t,k], out is [num_tokens, hidden].
   // Null: the rows come back unreduced, out is [num_tokens, top_k, hidden]; slots with id -1 are zero.
   const float* row_weights = nullptr;
-  // Optional [num_tokens, hidden] bf16 added (in float32) to the weighted sum before the store.
+  // Optional [num_tokens, hidden] bf16 added (in float32) to the weighted sum before the store (a reduced
+  // combine only: the unweighted expanded combine refuses it).
   const void* shared_expert_output = nullptr;
   // Where the combined tokens go; num_tokens is that of the matching dispatch.
   void* out = nullptr;

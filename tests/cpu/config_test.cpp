@@ -178,6 +178,17 @@ TEST(TokenFormatTest, RowLengthsWithoutWholeBytesOrBlocksThrowConfigError) {
                       message([] { return rocep::format_scale_bytes(TokenFormat::kFp8Block128, 100); }));
   EXPECT_PRED_FORMAT2(::testing::IsSubstring, "columns = -64 is invalid for format nvfp4",
                       message([] { return rocep::format_scale_tensor_bytes(TokenFormat::kNvfp4, 10, -64); }));
+  // nvfp4's tiles take whole 4-block columns: 16 or 80 columns have blocks with no place in a smaller tensor.
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring,
+                      "columns = 80 is invalid for format nvfp4: allowed values are "
+                      "non-negative multiples of 64",
+                      message([] { return rocep::format_scale_tensor_bytes(TokenFormat::kNvfp4, 128, 80); }));
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "columns = 16 is invalid for format nvfp4",
+                      message([] { return rocep::format_scale_tensor_bytes(TokenFormat::kNvfp4, 128, 16); }));
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "its scale tensor's bytes overflow size_t", message([] {
+                        return rocep::format_scale_tensor_bytes(TokenFormat::kFp8Block128,
+                                                                std::size_t{1} << 62, 1280);
+                      }));
   EXPECT_EQ(rocep::format_payload_bytes(TokenFormat::kFp8Block128, 8), 8u);  // a part-row's bytes
   EXPECT_EQ(rocep::format_scale_bytes(TokenFormat::kBf16, 7), 0u);
 }

@@ -1493,7 +1493,7 @@ TEST_F(EpGroupInvalidInputTest, NullCombineArgumentsAreRefusedByName) {
   expect_usable();
 }
 
-TEST_F(EpGroupInvalidInputTest, EpilogueOfAnUnweightedCombineOrAnUnalignedStrideIsRefusedOnItsRank) {
+TEST_F(EpGroupInvalidInputTest, EpilogueOrSharedExpertOfAnUnweightedCombineOrAnUnalignedStrideIsRefused) {
   DispatchBuffers buffers(problem_);
   group_.dispatch(problem_.mine().view(), buffers.view());
   const std::vector<bf16_bits> y = expert_outputs(problem_, buffers);
@@ -1504,8 +1504,12 @@ TEST_F(EpGroupInvalidInputTest, EpilogueOfAnUnweightedCombineOrAnUnalignedStride
     unweighted.factor = 2.0f;
     rocep::CombineArgs unaligned{y.data(), buffers.recv_weights.data(), nullptr, out.data()};
     unaligned.out_row_stride = static_cast<std::size_t>(problem_.config.hidden) + 3;
+    const rocep::CombineArgs shared{y.data(), nullptr, y.data(), out.data()};  // nothing to add it to
     for (const auto& [args, named] :
-         {std::pair{unweighted, "unweighted combine"}, std::pair{unaligned, "out_row_stride = "}}) {
+         {std::pair{unweighted,
+                    "epilogue (factor, token_factors, residual or out_row_stride) to an unweighted"},
+          std::pair{unaligned, "out_row_stride = "},
+          std::pair{shared, "shared_expert_output to an unweighted combine"}}) {
       try {
         group_.combine(args);
         ADD_FAILURE() << "no InvalidInputError for the " << named;
@@ -1617,6 +1621,25 @@ TEST(EpGroupConstruction, ConfigInvalidOnEveryRankNamesTheRankAndTheStep) {
                                               " is invalid: must be divisible by the world size " +
                                               std::to_string(world_size())));
   }
+}
+
+// A group moved from refuses every call with CallOrderError (it held a null implementation: a crash); the
+// group it was moved to works.
+TEST(EpGroupConstruction, AGroupMovedFromRefusesItsCalls) {
+  EpConfig config;
+  config.num_experts = 8 * world_size();
+  rocep::EpGroup moved(MPI_COMM_WORLD, config, rocep::Backend::kCpuReference);
+  rocep::EpGroup group(std::move(moved));
+  EXPECT_EQ(group.rank(), world_rank());
+  try {
+    static_cast<void>(moved.rank());  // NOLINT(bugprone-use-after-move): what is tested
+    ADD_FAILURE() << "no CallOrderError";
+  } catch (const rocep::CallOrderError& error) {
+    EXPECT_EQ(std::string(error.what()),
+              "EpGroup: this group was moved from; call the group it was moved to");
+  }
+  EXPECT_THROW(moved.dispatch({}, {}), rocep::CallOrderError);  // NOLINT(bugprone-use-after-move)
+  EXPECT_THROW(moved.synchronize(), rocep::CallOrderError);     // NOLINT(bugprone-use-after-move)
 }
 
 // ROCEP_GPUS_PER_NODE seen on one rank only is refused on every rank, naming the variable and its values.
