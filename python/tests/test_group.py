@@ -164,12 +164,17 @@ def test_bad_combine_arguments_raise_on_their_rank_after_it_took_part():
     tokens, ids, weights = rank_inputs(config, seed, RANK, num_tokens=8)
     group.dispatch(tokens, ids, weights)
     expected = group.combine(rows, len(ids)).copy()
-    for bad in (dict(num_tokens=3), dict(out=np.zeros((2, config.hidden), np.uint16))):
+    frozen = np.zeros((len(ids), config.hidden), np.uint16)
+    frozen.flags.writeable = False
+    for bad, message in ((dict(num_tokens=3), "num_tokens = 3"),
+                         (dict(out=np.zeros((2, config.hidden), np.uint16)), "out: shape"),
+                         (dict(out=[[0] * config.hidden] * len(ids)), "out: must be a writable array .*is list"),
+                         (dict(out=frozen), r"out: must be a writable array .*is ndarray \(read-only\)")):
         group.dispatch(tokens, ids, weights)
         arguments = dict(num_tokens=len(ids))
         if RANK == 0:
             arguments.update(bad)
-            with pytest.raises(rocep.InvalidInputError, match="num_tokens = 3|out: shape"):
+            with pytest.raises(rocep.InvalidInputError, match=message + ".*went ahead"):
                 group.combine(rows, **arguments)
         else:  # the peers get their rows, rank 0's included
             assert (group.combine(rows, **arguments) == expected).all()
@@ -760,26 +765,6 @@ def test_strided_scales_are_taken_and_missing_ids_beside_scales_raise_after_taki
         result = group.dispatch(payload, ids, weights, token_scales=scales)
         assert not (result.src_info[:result.count(), 0] == 0).any()  # nothing from rank 0
         group.combine(rows, 4)
-
-
-def test_combine_into_an_out_that_is_no_writable_array_raises_after_taking_part():
-    config = make_config()
-    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
-    seed = shared_seed()
-    rows = bf16.from_float(np.random.default_rng(seed).uniform(-1, 1, (config.max_recv_tokens(WORLD), config.hidden)))
-    tokens, ids, weights = rank_inputs(config, seed, RANK, num_tokens=4)
-    group.dispatch(tokens, ids, weights)
-    expected = group.combine(rows, 4).copy()
-    frozen = np.zeros((4, config.hidden), np.uint16)
-    frozen.flags.writeable = False
-    for out, message in (([[0] * config.hidden] * 4, "out: must be a writable array .*is list"),
-                         (frozen, r"out: must be a writable array .*is ndarray \(read-only\)")):
-        group.dispatch(tokens, ids, weights)
-        if RANK == 0:
-            with pytest.raises(rocep.InvalidInputError, match=message + ".*went ahead"):
-                group.combine(rows, 4, out=out)
-        else:  # the peers get their rows, rank 0's included
-            assert (group.combine(rows, 4) == expected).all()
 
 
 def e4m3fn_to_float(codes):
