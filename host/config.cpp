@@ -1,14 +1,13 @@
 #include "rocep/config.hpp"
 
 #include <algorithm>
-#include <array>
-#include <charconv>
 #include <cmath>
 #include <limits>
 #include <string>
 
 #include "hip/ep_params.hpp"
 #include "hip/scale_layout.hpp"
+#include "number_text.hpp"
 #include "rocep/errors.hpp"
 
 namespace rocep {
@@ -162,17 +161,6 @@ constexpr int kMaxTokensPerRank = 1 << 16;
 constexpr int kMaxSms = 1 << 12;  // past any GPU's multiprocessors
 constexpr int kMaxAlignment = 1 << 10;
 constexpr double kMaxTimeoutSeconds = 24 * 3600.0;
-
-// Numbers as text without iostreams: their locale facets are process-wide state, owned by whatever process
-// loads the library (a Python interpreter with other extensions, a server).
-std::string number_text(int value) {
-  return std::to_string(value);
-}
-std::string number_text(double value) {
-  std::array<char, 32> text{};
-  const std::to_chars_result end = std::to_chars(text.data(), text.data() + text.size(), value);
-  return std::string(text.data(), end.ptr);
-}
 
 template <typename T>
 void require(bool ok, const char* field, T value, const std::string& allowed) {

@@ -1,7 +1,6 @@
 #include "rocep/ep_group.hpp"
 
 #include <array>
-#include <charconv>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +12,7 @@
 #include "backend.hpp"
 #include "codecs.hpp"
 #include "contract.hpp"
+#include "number_text.hpp"
 #include "profiler_range.hpp"
 #include "reference.hpp"
 #include "rocep/errors.hpp"
@@ -114,11 +114,8 @@ std::string field_text(FieldKind kind, double value) {
   switch (kind) {
     case FieldKind::kBool:
       return value != 0.0 ? "true" : "false";
-    case FieldKind::kSeconds: {
-      std::array<char, 32> text{};
-      const std::to_chars_result end = std::to_chars(text.data(), text.data() + text.size(), value);
-      return std::string(text.data(), end.ptr);
-    }
+    case FieldKind::kSeconds:
+      return number_text(value);
     case FieldKind::kFormat:
       return enum_text<TokenFormat>(value);
     case FieldKind::kEncoding:
