@@ -87,15 +87,15 @@ __device__ inline void reduce_rows(Vector16* destination, const Vector16* const*
 
 // The weighted sum of `rows` (reduce_rows' arithmetic, float32 fma in list order), quantised to an fp8
 // block-128 message at `message` instead of rounded to bf16: `hidden` codes, then a float32 scale per 128
-// elements (Shape::combine_fp8, the expanded layout's partial for another rank). Every thread of the block
-// runs the same steps (quantize_elements shuffles across lanes); lanes past the row sum nothing and store
-// nothing.
+// elements (Shape::combine_fp8, the expanded layout's partial for another rank). Every thread [thread,
+// num_threads) of the calling group runs the same steps (quantize_elements shuffles across lanes of a wave,
+// and a group is whole waves); lanes past the row sum nothing and store nothing.
 __device__ void reduce_rows_to_fp8(uint8_t* message, const Vector16* const* rows, const float* weights,
-                                   int count, const Shape& shape) {
+                                   int count, const Shape& shape, int thread, int num_threads) {
   const int vectors = shape.hidden / kLanes;
   constexpr int kLanesPerScale = 128 / kLanes;
-  for (int base = 0; base < vectors; base += static_cast<int>(blockDim.x)) {
-    const int vector = base + static_cast<int>(threadIdx.x);
+  for (int base = 0; base < vectors; base += num_threads) {
+    const int vector = base + thread;
     Lanes sum = {};
     if (vector < vectors) {
       for (int j = 0; j < count; ++j) {
@@ -119,12 +119,14 @@ __device__ void reduce_rows_to_fp8(uint8_t* message, const Vector16* const* rows
 }
 
 // out = bf16(the sum of `inputs` in list order), each a bf16 row or (tagged kFp8Input) an fp8 block-128
-// message dequantised as the per-token receive does (add_fp8_row), float32, `epilogue` before the store.
+// message dequantised as the per-token receive does (add_fp8_row), float32, `epilogue` before the store; by
+// the threads [thread, num_threads) of the calling group.
 template <typename Epilogue>
 __device__ void sum_rows_and_messages(Vector16* out, const Vector16* const* inputs, int count,
-                                      const Shape& shape, const Epilogue& epilogue) {
+                                      const Shape& shape, int thread, int num_threads,
+                                      const Epilogue& epilogue) {
   const int vectors = shape.hidden / kLanes;
-  for (int vector = static_cast<int>(threadIdx.x); vector < vectors; vector += static_cast<int>(blockDim.x)) {
+  for (int vector = thread; vector < vectors; vector += num_threads) {
     Lanes sum[1] = {};
     for (int j = 0; j < count; ++j) {
       const auto tagged = reinterpret_cast<uintptr_t>(inputs[j]);
@@ -139,6 +141,28 @@ __device__ void sum_rows_and_messages(Vector16* out, const Vector16* const* inpu
     }
     epilogue.apply(sum[0], vector);
     out[vector] = pack(sum[0]);
+  }
+}
+
+// The part of a block of the expanded combine that sums a pair (send) or a token (receive) by itself: the
+// block's threads in parts of kBlockThreads, so that a wide block (kExpandedWideThreads, a budget's grid)
+// sums as many at once as the kBlockThreads blocks that a multiprocessor holds on the whole GPU's grid, each
+// with its own loads in flight, instead of all its threads on one with a few loads each. A SHMEM build keeps
+// the block whole: its puts (publish_staged, publish_block) synchronise the block.
+struct SubBlock {
+  int index;    // of the block's parts, [0, count)
+  int count;    // parts of the block
+  int thread;   // within the part, [0, threads)
+  int threads;  // of each part
+};
+
+__device__ inline SubBlock sub_block() {
+  const int thread = static_cast<int>(threadIdx.x);
+  if constexpr (kCompiledTransport == Transport::kShmem) {
+    return {0, 1, thread, static_cast<int>(blockDim.x)};
+  } else {  // blockDim.x is kBlockThreads or kExpandedWideThreads
+    return {thread / kBlockThreads, static_cast<int>(blockDim.x) / kBlockThreads, thread % kBlockThreads,
+            kBlockThreads};
   }
 }
 
@@ -252,7 +276,7 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
       const std::size_t partial_offset = partial_row_offset(shape, token);
       uint8_t* partial = group.peers.row_window(source, partial_offset, token * row_bytes);
       if (kFp8 && source != shape.rank) {
-        reduce_rows_to_fp8(partial, inputs, weights, input_count, shape);
+        reduce_rows_to_fp8(partial, inputs, weights, input_count, shape, threadIdx.x, blockDim.x);
       } else {
         reduce_rows(reinterpret_cast<Vector16*>(partial), inputs, weights, input_count, vectors, threadIdx.x,
                     blockDim.x);
@@ -274,12 +298,14 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
 }
 
 // Short rows (two vectors a thread at most): a batch of kBlockThreads / top_k (source, token) pairs at a
-// time, in the same order; on wide blocks the threads past kBlockThreads only sum. Every slot's row and
-// weight is looked up at once (a thread per slot) and each pair's list of inputs made by a thread of its own,
-// so the block waits on those loads and on its barriers once per batch; then its warps sum the pairs one
-// after another without waiting for each other (4096 tokens at EP2 on H200, hidden 2048: 78 -> 62 us). Wide
-// blocks take hidden 7168 here. Taken in small calls too, where a block has one pair: choosing the other
-// function there cost the fused kernel spilled registers on sm_90.
+// time, in the same order. Every slot's row and weight is looked up at once (a thread per slot; on wide
+// blocks the threads past kBlockThreads look up nothing) and each pair's list of inputs made by a thread of
+// its own, so the block waits on those loads and on its barriers once per batch; then its warps sum the pairs
+// one after another without waiting for each other (4096 tokens at EP2 on H200, hidden 2048: 78 -> 62 us),
+// each part of the block (sub_block) pairs of its own. Wide blocks take hidden 7168 here, three pairs at a
+// time: as one part the send of 4096 tokens at 24 SMs took 740-751 us, as three 497-505 (EP2, H100).
+// Taken in small calls too, where a block has one pair: choosing the other function there cost the fused
+// kernel spilled registers on sm_90.
 template <bool kFp8>
 __device__ void send_partials_in_batches(const GroupView& group, const rocep::device::CombineArgs& args) {
   const Shape& shape = group.shape;
@@ -293,9 +319,12 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
   __shared__ const Vector16* inputs[kBlockThreads];
   __shared__ float weights[kBlockThreads];
   __shared__ int input_counts[kBlockThreads];  // [pair of the batch]
-  const int pair = static_cast<int>(threadIdx.x) / shape.top_k;
-  const int k = static_cast<int>(threadIdx.x) % shape.top_k;
+  const SubBlock part = sub_block();
   for (int first = blockIdx.x; first < total; first += batch_pairs * gridDim.x) {
+    // the thread's slot of the batch; worked out again for each batch, which keeps the fused kernels within
+    // their 80 registers without spilling
+    const int pair = static_cast<int>(threadIdx.x) / shape.top_k;
+    const int k = static_cast<int>(threadIdx.x) % shape.top_k;
     const int index = first + pair * static_cast<int>(gridDim.x);
     int32_t row = -1;
     if (pair < batch_pairs && index < total) {
@@ -325,7 +354,8 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
       input_counts[threadIdx.x] = count;
     }
     __syncthreads();
-    for (int b = 0; b < batch_pairs && first + b * static_cast<int>(gridDim.x) < total; ++b) {
+    for (int b = part.index; b < batch_pairs && first + b * static_cast<int>(gridDim.x) < total;
+         b += part.count) {
       const int b_index = first + b * static_cast<int>(gridDim.x);
       const int source = b_index % shape.world;
       const int token = b_index / shape.world;
@@ -336,10 +366,11 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
           const std::size_t partial_offset = partial_row_offset(shape, token);
           uint8_t* partial = group.peers.row_window(source, partial_offset, token * row_bytes);
           if (kFp8 && source != shape.rank) {
-            reduce_rows_to_fp8(partial, inputs + list, weights + list, input_counts[b], shape);
+            reduce_rows_to_fp8(partial, inputs + list, weights + list, input_counts[b], shape, part.thread,
+                               part.threads);
           } else {
             reduce_rows(reinterpret_cast<Vector16*>(partial), inputs + list, weights + list, input_counts[b],
-                        vectors, threadIdx.x, blockDim.x);
+                        vectors, part.thread, part.threads);
           }
           group.peers.publish_staged(source, token * row_bytes, partial_offset, row_bytes);
         }
@@ -351,7 +382,7 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
             const std::size_t output_row = static_cast<std::size_t>(token) * shape.top_k + slot;
             copy_bytes16(region + output_row * shape.hidden,
                          args.expert_outputs + static_cast<std::size_t>(input_row) * shape.hidden, row_bytes,
-                         threadIdx.x, blockDim.x);
+                         part.thread, part.threads);
             group.peers.publish_block(PeerRegion::kCombine, source, output_row * row_bytes, row_bytes);
           }
         }
@@ -380,14 +411,16 @@ __device__ void send_partials(const GroupView& group, const rocep::device::Combi
                    shape.rank, &Signals::combine_arrived);
 }
 
-// The combine receive's tokens per batch: short rows (hidden up to 4096) are summed a batch of tokens at a
-// time where there are more tokens than blocks: each token's list of partials is made by a thread of its own
-// and the block waits on those loads and on its barriers once per batch; then its warps sum the batch's
-// tokens one after another, without waiting for each other (4096 tokens at EP2 on H200, hidden 2048: 26.5
-// -> 21.5 us). Longer rows keep the block busy with one token's loads, and a call with fewer tokens than
-// blocks has one per block anyway: there a batch is one token.
+// The combine receive's tokens per batch: short rows (two vectors a thread at most: hidden up to 4096 on
+// blocks of kBlockThreads, up to 12288 on wide ones) are summed a batch of tokens at a time where there are
+// more tokens than blocks: each token's list of partials is made by a thread of its own and the block waits
+// on those loads and on its barriers once per batch; then its warps sum the batch's tokens one after another,
+// without waiting for each other, each part of the block (sub_block) tokens of its own (4096 tokens at EP2
+// on H200, hidden 2048: 26.5 -> 21.5 us; hidden 7168 on wide blocks at 24 SMs, H100: 344-348 -> 142-146
+// us). Longer rows keep the block busy with one token's loads, and a call with fewer tokens than blocks has
+// one per block anyway: there a batch is one token.
 __device__ inline int combine_batch_items(const Shape& shape, int items, int items_per_batch) {
-  const bool short_rows = shape.hidden / kLanes <= 2 * kBlockThreads;
+  const bool short_rows = shape.hidden / kLanes <= 2 * static_cast<int>(blockDim.x);
   return short_rows && items > static_cast<int>(gridDim.x) ? items_per_batch : 1;
 }
 
@@ -420,6 +453,7 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
   }
   const int list_length = shape.world + 1;
   const int batch_tokens = combine_batch_items(shape, tokens, kBlockThreads / list_length);
+  const SubBlock part = sub_block();
   const auto* region = reinterpret_cast<const uint16_t*>(group.combine_region);
   for (int first = blockIdx.x; arrived && first < tokens; first += batch_tokens * gridDim.x) {
     if (args.row_weights != nullptr) {
@@ -445,37 +479,40 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
         partial_counts[threadIdx.x] = count;
       }
       __syncthreads();
-      for (int b = 0; b < batch_tokens && first + b * static_cast<int>(gridDim.x) < tokens; ++b) {
+      for (int b = part.index; b < batch_tokens && first + b * static_cast<int>(gridDim.x) < tokens;
+           b += part.count) {
         const int b_token = first + b * static_cast<int>(gridDim.x);
         auto* out =
             reinterpret_cast<Vector16*>(args.out + static_cast<std::size_t>(b_token) * args.out_row_stride);
         if constexpr (kFp8) {
           if constexpr (kEpilogue) {
-            sum_rows_and_messages(out, partials + b * list_length, partial_counts[b], shape,
-                                  RowEpilogue(args, b_token, vectors));
+            sum_rows_and_messages(out, partials + b * list_length, partial_counts[b], shape, part.thread,
+                                  part.threads, RowEpilogue(args, b_token, vectors));
           } else {
-            sum_rows_and_messages(out, partials + b * list_length, partial_counts[b], shape, NoEpilogue{});
+            sum_rows_and_messages(out, partials + b * list_length, partial_counts[b], shape, part.thread,
+                                  part.threads, NoEpilogue{});
           }
         } else if constexpr (kEpilogue) {
-          reduce_rows(out, partials + b * list_length, ones, partial_counts[b], vectors, threadIdx.x,
-                      blockDim.x, RowEpilogue(args, b_token, vectors));
+          reduce_rows(out, partials + b * list_length, ones, partial_counts[b], vectors, part.thread,
+                      part.threads, RowEpilogue(args, b_token, vectors));
         } else {
-          reduce_rows(out, partials + b * list_length, ones, partial_counts[b], vectors, threadIdx.x,
-                      blockDim.x);
+          reduce_rows(out, partials + b * list_length, ones, partial_counts[b], vectors, part.thread,
+                      part.threads);
         }
       }
       __syncthreads();  // the shared lists are rewritten for the next batch
     } else {
-      for (int b = 0; b < batch_tokens && first + b * static_cast<int>(gridDim.x) < tokens; ++b) {
+      for (int b = part.index; b < batch_tokens && first + b * static_cast<int>(gridDim.x) < tokens;
+           b += part.count) {
         const int b_token = first + b * static_cast<int>(gridDim.x);
         for (int k = 0; k < shape.top_k; ++k) {
           const std::size_t row = static_cast<std::size_t>(b_token) * shape.top_k + k;
           auto* out = reinterpret_cast<Vector16*>(args.out + row * shape.hidden);
           if (group.sent_ids[row] >= 0) {
-            copy_bytes16(out, region + row * shape.hidden, CombineRegion::row_bytes(shape), threadIdx.x,
-                         blockDim.x);
+            copy_bytes16(out, region + row * shape.hidden, CombineRegion::row_bytes(shape), part.thread,
+                         part.threads);
           } else {
-            for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
+            for (int v = part.thread; v < vectors; v += part.threads) {
               out[v] = Vector16{0, 0, 0, 0};
             }
           }
