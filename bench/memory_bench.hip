@@ -12,6 +12,10 @@
 //                       quantize_rows_to_messages) on --sms multiprocessors, one block of
 //                       PerTokenTuning::kCombineThreads each: the rate of those routines on a small budget,
 //                       without the links
+//   expanded, --sms     the bf16 dispatch receive and the combine's two sums above on --sms multiprocessors,
+//                       one block each: blocks of 256 threads (the expanded dispatch receive's on a budget)
+//                       and of 768 in three parts (the expanded combine's): what the multiprocessors of a
+//                       budget move to and from the HBM, the bound of the expanded layout there
 //
 // The rows of the received tokens are a random permutation. What the links add (the peers' reads of this
 // rank's staged tokens, the peers' partials landing here), signalling and the ranking are not included, so
@@ -48,33 +52,60 @@ using rocep::device::Vector16;
 constexpr int kThreads = 256;
 constexpr int kMaxFan = 16;
 
-// Blocks over tokens: token t of `tokens` (row_bytes each) written into rows row_of[t * fan + f], f < fan.
-__global__ void __launch_bounds__(kThreads)
+// Blocks of kParts parts of kThreads threads, each part working as a block of its own would in a grid of
+// gridDim.x * kParts blocks: kParts 1 on the whole GPU's grid (three blocks per multiprocessor), 3 for a
+// budget's grid of one wide block per multiprocessor, as the expanded combine's sub_block.
+struct Part {
+  int block;
+  int blocks;
+  int thread;
+};
+
+template <int kParts>
+__device__ inline Part part_of_block() {
+  return {static_cast<int>(blockIdx.x) * kParts + static_cast<int>(threadIdx.x) / kThreads,
+          static_cast<int>(gridDim.x) * kParts, static_cast<int>(threadIdx.x) % kThreads};
+}
+
+// Parts over tokens: token t of `tokens` (row_bytes each) written into rows row_of[t * fan + f], f < fan.
+// Every part of a block takes the same number of rounds, so that the block's barriers stay uniform.
+template <int kParts>
+__global__ void __launch_bounds__(kThreads* kParts)
     rocep_bench_tokens_into_rows(const uint8_t* tokens, uint8_t* rows, const int32_t* row_of, int num_tokens,
                                  int fan, int row_bytes) {
-  __shared__ uint8_t* destinations[kMaxFan];
+  __shared__ uint8_t* destinations[kParts][kMaxFan];
+  const Part part = part_of_block<kParts>();
   const std::size_t vectors = static_cast<std::size_t>(row_bytes) / kVectorBytes;
-  for (int token = blockIdx.x; token < num_tokens; token += gridDim.x) {
+  for (int round = 0; round * part.blocks < num_tokens; ++round) {
+    const int token = round * part.blocks + part.block;
+    const bool present = token < num_tokens;
     const uint8_t* source = tokens + static_cast<std::size_t>(token) * row_bytes;
     StagedVectors head;
-    head.load(source, threadIdx.x, vectors, blockDim.x);
-    if (static_cast<int>(threadIdx.x) < fan) {
-      destinations[threadIdx.x] =
-          rows + static_cast<std::size_t>(row_of[token * fan + threadIdx.x]) * row_bytes;
+    if (present) {
+      head.load(source, part.thread, vectors, kThreads);
+      if (part.thread < fan) {
+        destinations[threadIdx.x / kThreads][part.thread] =
+            rows + static_cast<std::size_t>(row_of[token * fan + part.thread]) * row_bytes;
+      }
     }
     __syncthreads();
-    rocep::device::copy_bytes16_to_many(destinations, fan, source, row_bytes, threadIdx.x, blockDim.x, head);
+    if (present) {
+      rocep::device::copy_bytes16_to_many(destinations[threadIdx.x / kThreads], fan, source, row_bytes,
+                                          part.thread, kThreads, head);
+    }
     __syncthreads();  // the destinations are rewritten for the next token
   }
 }
 
-// Blocks over outputs: out[o] = bf16 of the float32 fma sum of the bf16 rows row_of[o * fan + f], f < fan.
-__global__ void __launch_bounds__(kThreads)
+// Parts over outputs: out[o] = bf16 of the float32 fma sum of the bf16 rows row_of[o * fan + f], f < fan.
+template <int kParts>
+__global__ void __launch_bounds__(kThreads* kParts)
     rocep_bench_rows_summed(const uint8_t* rows, uint8_t* out, const int32_t* row_of, int num_outputs,
                             int fan, int row_bytes) {
+  const Part part = part_of_block<kParts>();
   const int vectors = row_bytes / static_cast<int>(kVectorBytes);
-  for (int output = blockIdx.x; output < num_outputs; output += gridDim.x) {
-    for (int first = threadIdx.x; first < vectors; first += kStaged * kThreads) {
+  for (int output = part.block; output < num_outputs; output += part.blocks) {
+    for (int first = part.thread; first < vectors; first += kStaged * kThreads) {
       float sum[kStaged][8] = {};
       for (int f = 0; f < fan; ++f) {
         const auto* row = reinterpret_cast<const Vector16*>(
@@ -244,21 +275,21 @@ int main(int argc, char** argv) {
       time_step(row_bytes == bf16_bytes ? "dispatch receive: bf16 tokens into rows"
                                         : "dispatch receive: fp8 tokens into rows",
                 static_cast<double>(received) * row_bytes * (1 + fan), [&] {
-                  rocep_bench_tokens_into_rows<<<blocks, kThreads, 0, s>>>(
-                      tokens.as<uint8_t>(), row_data.as<uint8_t>(), token_rows.as<int32_t>(), received, fan,
-                      row_bytes);
+                  rocep_bench_tokens_into_rows<1>
+                      <<<blocks, kThreads, 0, s>>>(tokens.as<uint8_t>(), row_data.as<uint8_t>(),
+                                                   token_rows.as<int32_t>(), received, fan, row_bytes);
                 });
     }
     time_step("combine send: each token's rows summed",
               static_cast<double>(received) * bf16_bytes * (fan + 1), [&] {
-                rocep_bench_rows_summed<<<blocks, kThreads, 0, s>>>(
-                    row_data.as<uint8_t>(), tokens.as<uint8_t>(), token_rows.as<int32_t>(), received, fan,
-                    bf16_bytes);
+                rocep_bench_rows_summed<1>
+                    <<<blocks, kThreads, 0, s>>>(row_data.as<uint8_t>(), tokens.as<uint8_t>(),
+                                                 token_rows.as<int32_t>(), received, fan, bf16_bytes);
               });
     time_step("combine receive: the partials summed", token_bytes * (options.world + 1), [&] {
-      rocep_bench_rows_summed<<<blocks, kThreads, 0, s>>>(tokens.as<uint8_t>(), out.as<uint8_t>(),
-                                                          partial_rows.as<int32_t>(), options.tokens,
-                                                          options.world, bf16_bytes);
+      rocep_bench_rows_summed<1><<<blocks, kThreads, 0, s>>>(tokens.as<uint8_t>(), out.as<uint8_t>(),
+                                                             partial_rows.as<int32_t>(), options.tokens,
+                                                             options.world, bf16_bytes);
     });
     // The per-token combine send's routines over another rank's tokens, on --sms multiprocessors.
     rocep::device::Shape fp8_rows{};
@@ -281,11 +312,40 @@ int main(int argc, char** argv) {
                 rocep_bench_send_rows<true><<<send_blocks, kSendThreads, 0, s>>>(
                     tokens.as<uint8_t>(), row_data.as<uint8_t>(), options.tokens, fp8_rows);
               });
+    // The expanded layout's steps on --sms multiprocessors, a block each: blocks of 256 (the dispatch
+    // receive's on a budget) and wide blocks of three parts (the combine's, kExpandedWideThreads).
+    const std::string budget = "expanded, " + std::to_string(send_blocks) + " SMs ";
+    const std::string into_rows = budget + "x 256: bf16 tokens into rows";
+    time_step(into_rows.c_str(), static_cast<double>(received) * bf16_bytes * (1 + fan), [&] {
+      rocep_bench_tokens_into_rows<1><<<send_blocks, kThreads, 0, s>>>(
+          tokens.as<uint8_t>(), row_data.as<uint8_t>(), token_rows.as<int32_t>(), received, fan, bf16_bytes);
+    });
+    constexpr int kParts = rocep::device::kExpandedBlocksPerSm;
+    const std::string wide_into_rows = budget + "x 768: bf16 tokens into rows";
+    time_step(wide_into_rows.c_str(), static_cast<double>(received) * bf16_bytes * (1 + fan), [&] {
+      rocep_bench_tokens_into_rows<kParts><<<send_blocks, kParts * kThreads, 0, s>>>(
+          tokens.as<uint8_t>(), row_data.as<uint8_t>(), token_rows.as<int32_t>(), received, fan, bf16_bytes);
+    });
+    const std::string wide_summed = budget + "x 768: each token's rows summed";
+    time_step(wide_summed.c_str(), static_cast<double>(received) * bf16_bytes * (fan + 1), [&] {
+      rocep_bench_rows_summed<kParts><<<send_blocks, kParts * kThreads, 0, s>>>(
+          row_data.as<uint8_t>(), tokens.as<uint8_t>(), token_rows.as<int32_t>(), received, fan, bf16_bytes);
+    });
+    const std::string wide_partials = budget + "x 768: the partials summed";
+    time_step(wide_partials.c_str(), token_bytes * (options.world + 1), [&] {
+      rocep_bench_rows_summed<kParts><<<send_blocks, kParts * kThreads, 0, s>>>(
+          tokens.as<uint8_t>(), out.as<uint8_t>(), partial_rows.as<int32_t>(), options.tokens, options.world,
+          bf16_bytes);
+    });
     ROCEP_GPU_CHECK(hipGetLastError());
     std::printf("\nfloors of the fused calls (their steps one after the other, without the links):\n");
     std::printf("  dispatch bf16: %.1f us (staged), %.1f us (from the input buffer)\n",
                 (steps[0].seconds + steps[1].seconds) * 1e6, steps[1].seconds * 1e6);
     std::printf("  combine: %.1f us\n", (steps[3].seconds + steps[4].seconds) * 1e6);
+    std::printf(
+        "  expanded at %d SMs: dispatch receive %.1f us (blocks of 256), %.1f us (768); combine %.1f us\n",
+        send_blocks, steps[7].seconds * 1e6, steps[8].seconds * 1e6,
+        (steps[9].seconds + steps[10].seconds) * 1e6);
     return 0;
   } catch (const std::exception& error) {  // rocep's errors, and memory the sizes asked for
     std::fprintf(stderr, "rocep_memory_bench: %s\n", error.what());
