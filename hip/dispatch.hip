@@ -844,6 +844,36 @@ __device__ void store_batch_slot(const GroupView& group, const DispatchRecvArgs&
       row;  // the final row, for combine
 }
 
+// The padding rows after each expert's rows, blocks over experts: zero payload (none where `input_scaled`:
+// the input scales' kernel writes every row's codes), no source, weight 0; and zero scales in
+// `scale_layout` where `scales_here` (scaled rows whose scales are laid out with the payloads).
+__device__ inline void lay_out_padding_rows(const GroupView& group, const DispatchRecvArgs& args,
+                                            const RankedRows& layout, bool input_scaled, bool scales_here,
+                                            const ScaleGroups& scale_layout) {
+  const Shape& shape = group.shape;
+  for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
+    const uint32_t first = layout.offsets[expert] + rows_before_chunk(group, layout, shape.world, 0, expert);
+    for (uint32_t row = first; row < layout.offsets[expert + 1]; ++row) {
+      uint8_t* destination = args.recv_tokens + static_cast<std::size_t>(row) * shape.payload_bytes;
+      for (uint32_t i = threadIdx.x; !input_scaled && i < shape.payload_bytes / kVectorBytes;
+           i += blockDim.x) {
+        reinterpret_cast<Vector16*>(destination)[i] = Vector16{0, 0, 0, 0};
+      }
+      if (scales_here) {
+        const auto padding_row = static_cast<int32_t>(row);
+        store_scales_to_rows(nullptr, args.recv_scales, scale_layout, &padding_row, 1, threadIdx.x,
+                             blockDim.x);
+      }
+      if (threadIdx.x == 0) {
+        args.src_info[3 * static_cast<std::size_t>(row) + 0] = -1;
+        args.src_info[3 * static_cast<std::size_t>(row) + 1] = -1;
+        args.src_info[3 * static_cast<std::size_t>(row) + 2] = -1;
+        args.recv_weights[row] = 0.0f;
+      }
+    }
+  }
+}
+
 // Blocks over (source, token), the sources interleaved so that local copies and reads over the links run
 // side by side: each token's payload and scales into its rows, with src_info and weight; then the padding
 // rows. Reading from the sources' regions (a pull), each token crosses the link once per receiving rank
@@ -971,28 +1001,120 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
     }
     __syncthreads();  // batch_rows is rewritten next
   }
-  // Padding rows after each expert's rows: zero payload, no source, weight 0.
-  for (int expert = blockIdx.x; expert < shape.local_experts; expert += gridDim.x) {
-    const uint32_t first = layout.offsets[expert] + rows_before_chunk(group, layout, shape.world, 0, expert);
-    for (uint32_t row = first; row < layout.offsets[expert + 1]; ++row) {
-      uint8_t* destination = args.recv_tokens + static_cast<std::size_t>(row) * shape.payload_bytes;
-      for (uint32_t i = threadIdx.x; !input_scaled && i < shape.payload_bytes / kVectorBytes;
-           i += blockDim.x) {
-        reinterpret_cast<Vector16*>(destination)[i] = Vector16{0, 0, 0, 0};
-      }
-      if (scaled && !scales_later) {
-        const auto padding_row = static_cast<int32_t>(row);
-        store_scales_to_rows(nullptr, args.recv_scales, scale_layout, &padding_row, 1, threadIdx.x,
-                             blockDim.x);
-      }
-      if (threadIdx.x == 0) {
-        args.src_info[3 * static_cast<std::size_t>(row) + 0] = -1;
-        args.src_info[3 * static_cast<std::size_t>(row) + 1] = -1;
-        args.src_info[3 * static_cast<std::size_t>(row) + 2] = -1;
-        args.recv_weights[row] = 0.0f;
-      }
-    }
+  lay_out_padding_rows(group, args, layout, input_scaled, scaled && !scales_later, scale_layout);
+}
+
+// The items a block of the wide bf16 receive expands at a time (expand_bf16_tokens). EP2, hidden 7168, 4096
+// tokens, 24 SMs, H100: the fused dispatch 858-859 us one at a time, 703-705 three, 695-696 four, 676-682
+// six (its kernels 195-200 registers on sm_90, no spills).
+inline constexpr int kWideExpansionItems = 6;
+
+// expand_tokens for bf16 payloads on a budget's grid (one block per multiprocessor, LaunchGrid::wide),
+// kItems of the block's items at a time: their payloads' first loads all go out before the block waits on
+// any, so that one block keeps several tokens' loads in flight, as the kExpandedBlocksPerSm blocks that a
+// multiprocessor holds on the whole GPU's grid do, each waiting on its own. Its kernels may take the
+// registers of a whole multiprocessor (one block each): kItems heads of StagedVectors. Same rows, same
+// bytes, same metadata as expand_tokens; bf16 has no scales to stage between the loads and the stores.
+template <int kItems>
+__device__ void expand_bf16_tokens(const GroupView& group, const DispatchRecvArgs& args,
+                                   const RankedRows& layout) {
+  const Shape& shape = group.shape;
+  __shared__ int32_t batch_rows[kBlockThreads];  // [item of the batch][k]: batch_slot_row
+  __shared__ const uint8_t* source_regions[kMaxWorld];
+  for (int source = threadIdx.x; source < shape.world; source += blockDim.x) {
+    source_regions[source] = group.peers.read_window(PeerRegion::kDispatch, source);
   }
+  __shared__ uint8_t* row_starts[kItems][kMaxTopK];
+  __shared__ int row_counts[kItems];
+  const auto vectors = static_cast<uint32_t>(shape.payload_bytes / kVectorBytes);
+  const bool input_scaled = args.expert_input_scales != nullptr;  // no payloads copied (expand_tokens)
+  const bool halves = (2 * shape.world - 1) * layout.tokens <= static_cast<int>(gridDim.x);
+  __shared__ ExpansionItem batch_items[kMaxBatchItems];
+  ExpansionBatch batch{static_cast<int>(blockIdx.x),
+                       0,
+                       min(kBlockThreads / shape.top_k, kMaxBatchItems),
+                       (halves ? 2 * shape.world - 1 : shape.world) * layout.tokens,
+                       halves,
+                       !halves && gridDim.x % shape.world == 0,
+                       batch_items};
+  for (; batch.first_item < batch.total;
+       batch.first_item += batch.batch_items * gridDim.x, batch.first_round += batch.batch_items) {
+    const int32_t slot_row = batch_slot_row(group, layout, batch);
+    batch_rows[threadIdx.x] = slot_row;
+    bool metadata_pending = true;
+    if (batch.halves) {
+      store_batch_slot(group, args, batch, slot_row);
+      metadata_pending = false;
+    }
+    __syncthreads();
+    for (int first = 0;
+         first < batch.batch_items && batch.first_item + first * static_cast<int>(gridDim.x) < batch.total;
+         first += kItems) {
+      // The items [first, first + kItems) of the batch: a token part's payload where any of its slots names
+      // a local expert (uniform across the block), null otherwise.
+      const uint8_t* payloads[kItems];
+      uint32_t item_vectors[kItems];
+      StagedVectors heads[kItems];
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        const int j = first + i;
+        payloads[i] = nullptr;
+        item_vectors[i] = 0;
+        if (j >= batch.batch_items || batch.first_item + j * static_cast<int>(gridDim.x) >= batch.total) {
+          continue;
+        }
+        bool wanted = false;
+        for (int k = 0; k < shape.top_k; ++k) {
+          wanted = wanted || batch_rows[j * shape.top_k + k] >= 0;
+        }
+        if (!wanted) {
+          continue;
+        }
+        const ExpansionItem it = batch.items[j];
+        const uint32_t first_vector = it.half == 2 ? vectors / 2 : 0u;
+        item_vectors[i] = it.half == 0 ? vectors : (it.half == 1 ? vectors / 2 : vectors - vectors / 2);
+        payloads[i] = source_regions[it.source] + DispatchRegion::message_offset(shape, it.token) +
+                      first_vector * kVectorBytes;
+        heads[i].load(payloads[i], threadIdx.x, item_vectors[i], blockDim.x);
+      }
+      if (metadata_pending) {
+        store_batch_slot(group, args, batch, batch_rows[threadIdx.x]);
+        metadata_pending = false;
+      }
+      if (static_cast<int>(threadIdx.x) < kItems) {
+        const int j = first + static_cast<int>(threadIdx.x);
+        int count = 0;
+        if (j < batch.batch_items) {
+          const ExpansionItem it = batch.items[j];
+          const uint32_t first_vector = it.half == 2 ? vectors / 2 : 0u;
+          for (int k = 0; k < shape.top_k; ++k) {
+            const int32_t row = batch_rows[j * shape.top_k + k];
+            if (row >= 0) {
+              row_starts[threadIdx.x][count++] = args.recv_tokens +
+                                                 static_cast<std::size_t>(row) * shape.payload_bytes +
+                                                 first_vector * kVectorBytes;
+            }
+          }
+        }
+        row_counts[threadIdx.x] = count;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        if (payloads[i] != nullptr && !input_scaled) {  // uniform across the block
+          copy_bytes16_to_many(row_starts[i], row_counts[i], payloads[i], item_vectors[i] * kVectorBytes,
+                               threadIdx.x, blockDim.x, heads[i]);
+        }
+      }
+      __syncthreads();  // row_starts is rewritten next
+    }
+    if (metadata_pending) {
+      store_batch_slot(group, args, batch, batch_rows[threadIdx.x]);
+    }
+    __syncthreads();  // batch_rows is rewritten next
+  }
+  const ScaleGroups no_scales{};
+  lay_out_padding_rows(group, args, layout, input_scaled, false, no_scales);
 }
 
 // Four scale words of a received token: groups [first, first + 4) of its row in received_scales (zeros past
@@ -1096,7 +1218,9 @@ __device__ inline void invalidate_layout(const Shape& shape, const DispatchRecvA
   }
 }
 
-template <bool kScalesLater>
+// kItems: the items of a block expanded at a time, more than one for bf16 payloads on a budget's grid
+// (expand_bf16_tokens).
+template <bool kScalesLater, int kItems = 1>
 __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
                                RowLayout* layout) {
   const Shape& shape = group.shape;
@@ -1115,7 +1239,11 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
     invalidate_layout(shape, args);
     return;
   }
-  expand_tokens(group, args, ranked, kScalesLater, scale_words);
+  if constexpr (kItems > 1) {
+    expand_bf16_tokens<kItems>(group, args, ranked);
+  } else {
+    expand_tokens(group, args, ranked, kScalesLater, scale_words);
+  }
   if constexpr (kScalesLater) {
     if (grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
                      Operation::kDispatchRecv)) {
@@ -1124,10 +1252,10 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
   }
 }
 
-template <bool kScalesLater>
+template <bool kScalesLater, int kItems = 1>
 __device__ void receive_kernel(const GroupView& group, const DispatchRecvArgs& args) {
   __shared__ RowLayout layout;
-  receive_tokens<kScalesLater>(group, args, group.block_calls[blockIdx.x].dispatches + 1, &layout);
+  receive_tokens<kScalesLater, kItems>(group, args, group.block_calls[blockIdx.x].dispatches + 1, &layout);
 }
 
 // --- the per-token layout -------------------------------------------------------------------------------
@@ -1416,14 +1544,14 @@ __device__ void dispatch_per_token_kernel(const GroupView& group, const Dispatch
   receive_per_token<kScaled>(group, recv_args, sequence, &layout);
 }
 
-template <bool kScalesLater>
+template <bool kScalesLater, int kItems = 1>
 __device__ void dispatch_kernel(const GroupView& group, const DispatchSendArgs& send_args,
                                 const DispatchRecvArgs& recv_args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
   __shared__ RowLayout layout;
   send_tokens<false>(group, send_args, layout.masks);
   __syncthreads();  // the send's scratch is the receive's masks
-  receive_tokens<kScalesLater>(group, recv_args, sequence, &layout);
+  receive_tokens<kScalesLater, kItems>(group, recv_args, sequence, &layout);
 }
 
 }  // namespace
@@ -1483,6 +1611,19 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm)
     ROCEP_EP_KERNEL(rocep_dispatch)(GroupView group, DispatchSendArgs send_args, DispatchRecvArgs recv_args) {
   dispatch_kernel<false>(group, send_args, recv_args);
+}
+
+// The bf16 receive and fused dispatch on a budget's grid (LaunchGrid::wide), a block per multiprocessor:
+// kWideExpansionItems items at a time (expand_bf16_tokens), with the registers of a multiprocessor.
+extern "C" __global__ void __launch_bounds__(kBlockThreads, 1)
+    ROCEP_EP_KERNEL(rocep_dispatch_recv_wide)(GroupView group, DispatchRecvArgs args) {
+  receive_kernel<false, kWideExpansionItems>(group, args);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads, 1)
+    ROCEP_EP_KERNEL(rocep_dispatch_wide)(GroupView group, DispatchSendArgs send_args,
+                                         DispatchRecvArgs recv_args) {
+  dispatch_kernel<false, kWideExpansionItems>(group, send_args, recv_args);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
@@ -1563,15 +1704,42 @@ hipError_t EpKernels<kCompiledTransport>::load_dispatch_kernels(bool per_token, 
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_per_token_scaled)),
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token_scaled)),
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token_quantizing))};
+  const std::initializer_list<const void*> expanded_wide = {
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_wide)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_wide))};
   int unused = 1 << 30;  // the other layout's kernels are loaded too, but their residency is not the group's
   constexpr int kPerTokenThreads = PerTokenTuning::kDispatchThreads;
   hipError_t status = per_token ? load_kernels(by_token, resident_blocks, kPerTokenThreads)
                                 : load_kernels(expanded, resident_blocks);
+  if (status == hipSuccess && !per_token) {
+    // A wide grid's kernels (one block per multiprocessor) must be resident too: counted as no block if not.
+    int wide = 1 << 30;
+    status = load_kernels(expanded_wide, &wide);
+    *resident_blocks = wide < 1 ? 0 : *resident_blocks;
+  }
   if (status == hipSuccess) {
     status = per_token ? load_kernels(expanded, &unused) : load_kernels(by_token, &unused, kPerTokenThreads);
   }
+  if (status == hipSuccess && per_token) {
+    status = load_kernels(expanded_wide, &unused);
+  }
   return status;
 }
+
+namespace {
+
+// The expanded receive's kernel on `grid`: bf16 payloads on a budget's grid take the wide kernels
+// (expand_bf16_tokens), scales laid out after the payloads their own (scales_laid_out_later).
+template <typename Kernel>
+Kernel expanded_receive_kernel(const Shape& shape, const LaunchGrid& grid, Kernel plain, Kernel wide,
+                               Kernel scale_runs) {
+  if (scales_laid_out_later(shape)) {
+    return scale_runs;
+  }
+  return grid.wide && shape.format == Format::kBf16 ? wide : plain;
+}
+
+}  // namespace
 
 // The send waits on nobody; the receive (a grid barrier where the whole grid ranks the rows or lays out the
 // scales) and the fused call (its own send's signal) wait on their grid.
@@ -1614,8 +1782,9 @@ hipError_t EpKernels<kCompiledTransport>::launch_dispatch_recv(const GroupView& 
         grid, Residency::kWholeGrid, stream, group, args);
   }
   const hipError_t status =
-      launch_kernel(scales_laid_out_later(group.shape) ? &ROCEP_EP_KERNEL(rocep_dispatch_recv_scale_runs)
-                                                       : &ROCEP_EP_KERNEL(rocep_dispatch_recv),
+      launch_kernel(expanded_receive_kernel(group.shape, grid, &ROCEP_EP_KERNEL(rocep_dispatch_recv),
+                                            &ROCEP_EP_KERNEL(rocep_dispatch_recv_wide),
+                                            &ROCEP_EP_KERNEL(rocep_dispatch_recv_scale_runs)),
                     grid, Residency::kWholeGrid, stream, group, args);
   return status == hipSuccess ? launch_input_scales(group, args, grid, stream) : status;
 }
@@ -1634,8 +1803,9 @@ hipError_t EpKernels<kCompiledTransport>::launch_dispatch(const GroupView& group
         grid, Residency::kWholeGrid, stream, group, send_args, recv_args);
   }
   const hipError_t status =
-      launch_kernel(scales_laid_out_later(group.shape) ? &ROCEP_EP_KERNEL(rocep_dispatch_scale_runs)
-                                                       : &ROCEP_EP_KERNEL(rocep_dispatch),
+      launch_kernel(expanded_receive_kernel(group.shape, grid, &ROCEP_EP_KERNEL(rocep_dispatch),
+                                            &ROCEP_EP_KERNEL(rocep_dispatch_wide),
+                                            &ROCEP_EP_KERNEL(rocep_dispatch_scale_runs)),
                     grid, Residency::kWholeGrid, stream, group, send_args, recv_args);
   return status == hipSuccess ? launch_input_scales(group, recv_args, grid, stream) : status;
 }

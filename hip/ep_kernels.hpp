@@ -192,7 +192,9 @@ ROCEP_HOST_DEVICE inline bool has_epilogue(const CombineArgs& args) {
 // a thread) and, read by HIP as waves per SIMD, 3 wave64 waves per SIMD on AMD: the same 3 blocks of 256
 // threads per compute unit. The second launch bound of the fused dispatch kernels, which the compiler would
 // otherwise give more registers; the combine's kernels take kExpandedWideThreads as their launch bound,
-// which holds them to the same registers (one block of that size per multiprocessor or compute unit).
+// which holds them to the same registers (one block of that size per multiprocessor or compute unit). The
+// wide bf16 dispatch kernels, launched only on a budget's grid (LaunchGrid::wide), hold one block of
+// kBlockThreads per multiprocessor and take its registers.
 inline constexpr int kExpandedBlocksPerSm = 3;
 
 // The expanded layout's combine kernels are written for any block size up to kExpandedWideThreads, the
