@@ -49,8 +49,9 @@ struct EpConfig {
   // The multiprocessors (SMs; CUs on AMD) that this rank's dispatch / combine kernels may occupy, so that
   // the experts' kernels keep the rest. kDefaultSms: the default share, 3/16 of the GPU's multiprocessors
   // rounded down (24 of an H100's or H200's 132 SMs, DeepEP's budget there; 57 of an MI300X's 304 CUs).
-  // N >= 1: N of them; each kernel then runs one block per multiprocessor of the budget (the hardware
-  // spreads a grid over idle multiprocessors first, so more blocks would occupy more of them). kAllSms: the
+  // N >= 1: N of them; each kernel then runs one block per multiprocessor of the budget, which may take
+  // most of that multiprocessor's registers (the hardware spreads a grid over idle multiprocessors first,
+  // so more blocks would occupy more of them). kAllSms: the
   // kernels own every multiprocessor, and run every block that stays resident there (several per
   // multiprocessor: the fastest when nothing runs beside them). Either way all blocks are resident at once:
   // the grid is sized at creation from the kernels' occupancy, and on NVIDIA, below kAllSms, the kernels
