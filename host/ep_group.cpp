@@ -270,10 +270,11 @@ struct EpGroup::Impl {
     order.require(call, rank());
   }
 
-  // Throws InvalidInputError for `error` (not empty) before anything is issued.
-  static void refuse(const std::string& error) {
+  // Throws InvalidInputError for `error` (not empty): before anything is issued, or with `issued` after
+  // this rank's part of the call was issued with zero tokens (InvalidInputError::issued).
+  static void refuse(const std::string& error, bool issued = false) {
     if (!error.empty()) {
-      throw InvalidInputError(error);
+      throw InvalidInputError(error, issued);
     }
   }
 
@@ -348,7 +349,7 @@ void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outp
       contract::dispatch_inputs_error(impl().config, "dispatch", rank(), inputs, backend.dispatch_memory());
   backend.dispatch(error.empty() ? inputs : contract::zero_tokens(), outputs, stream);
   impl().order.advance(Call::kDispatch);
-  Impl::refuse(error);
+  Impl::refuse(error, true);
 }
 
 void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
@@ -359,7 +360,7 @@ void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
                                                             backend.dispatch_memory());
   backend.dispatch_send(error.empty() ? inputs : contract::zero_tokens(), stream);
   impl().order.advance(Call::kDispatchSend);
-  Impl::refuse(error);
+  Impl::refuse(error, true);
 }
 
 void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {

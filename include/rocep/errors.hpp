@@ -34,10 +34,18 @@ class TimeoutError : public Error {
 };
 
 // Data handed to a call is invalid (an expert id out of range, a token count above the maximum, ...). The
-// message names the rank, the token and the slot where they are known.
+// message names the rank, the token and the slot where they are known. issued() tells what the group
+// expects next: true where this rank's part of the call was issued anyway (dispatch / dispatch_send with
+// bad inputs take part as a rank with zero tokens; errors the kernels recorded), so the next call is the one
+// after it; false where the call was refused before anything was issued, so it may be repeated.
 class InvalidInputError : public Error {
  public:
-  explicit InvalidInputError(const std::string& message) : Error(message) {}
+  explicit InvalidInputError(const std::string& message, bool issued = false)
+      : Error(message), issued_(issued) {}
+  bool issued() const { return issued_; }
+
+ private:
+  bool issued_;
 };
 
 // A call came out of the order dispatch (or dispatch_send, dispatch_recv), combine (or combine_send,
@@ -64,7 +72,7 @@ struct RecordedError {
   // Throws the typed exception: InvalidInputError or TimeoutError. Does nothing for kNone.
   void raise() const {
     if (kind == Kind::kInvalidInput) {
-      throw InvalidInputError(message);
+      throw InvalidInputError(message, true);
     }
     if (kind == Kind::kTimeout) {
       throw TimeoutError(message);
