@@ -60,6 +60,12 @@ if(ROCEP_PLATFORM STREQUAL "amd")
     set(ROCEP_AMD_HIP_LANGUAGE ON)
   elseif(NOT CMAKE_CXX_COMPILER)
     set(CMAKE_CXX_COMPILER ${ROCEP_HIPCC})
+  elseif(NOT CMAKE_CXX_COMPILER MATCHES "(hipcc|clang)[^/]*$")
+    # A folder configured before for another platform keeps its C++ compiler, which cannot compile HIP.
+    message(FATAL_ERROR "ROCEP_GPU_PLATFORM=amd compiles with hipcc (or a HIP clang) as the C++ compiler, but "
+                        "this build folder's CMAKE_CXX_COMPILER is ${CMAKE_CXX_COMPILER}, kept from an earlier "
+                        "configuration: configure a fresh build folder, or pass "
+                        "-DCMAKE_CXX_COMPILER=${ROCEP_HIPCC}")
   endif()
   if(ROCEP_AMD_HIP_LANGUAGE)
     set(_rocep_how "CMake HIP language")

@@ -2,6 +2,7 @@
 // memory on the CPU reference backend; shapes are given in elements.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace rocep {
