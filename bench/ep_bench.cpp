@@ -1,7 +1,8 @@
 // Dispatch / combine benchmark under MPI. Every rank runs every call; a call's time is the slowest rank's
 // (MPI_MAX), since a collective step is as slow as its slowest member. Rank 0 prints the table: median time
 // per call, the spread of the per-rank medians (each rank's own times), bytes that crossed to other ranks,
-// and the resulting GB/s. --iterations counts the timed calls of each kind.
+// and the resulting GB/s. --iterations: the timed calls of each kind, rounded up to whole rounds of 8 in the
+// fused, split and concurrent cases (the rows' iterations count rounds).
 //
 // Scaled dispatch formats (--formats=fp8,...) quantise the bf16 tokens inside dispatch (--inputs=copied) or
 // take them already quantised (--inputs=quantised); their remote bytes are the payload and scales that
@@ -143,6 +144,31 @@ bool on_gpu() {
 #endif
 }
 
+// What --help prints: the flags above, then Google Benchmark's own.
+constexpr const char* kUsage =
+    "usage: mpirun -np <ranks> rocep_bench [flags], each flag at most once, as --name=value:\n"
+    "  --tokens=128,4096            tokens per rank of each case (CPU reference: 128,1024)\n"
+    "  --formats=bf16               dispatch formats: bf16, fp8 (fp8_block128), mxfp8, mxfp4, nvfp4\n"
+    "  --layouts=expanded,per-token EpConfig::layout of every case\n"
+    "  --sms=default,all            SM budgets: default, all, or a multiprocessor count\n"
+    "  --cases=fused,split,concurrent  also: graph (20 dispatch + combine pairs in one graph)\n"
+    "  --inputs=copied              also: input_buffer, quantised (scaled formats quantised beforehand)\n"
+    "  --combine=bf16               or fp8: the per-token rows cross ranks as fp8 block-128\n"
+    "  --local_only=0               1: each rank dispatches to its own experts only\n"
+    "  --hidden=7168 --top_k=8 --experts=256 (rounded up to a multiple of the ranks)\n"
+    "  --iterations=20              timed calls of each kind (rounds of 8 in fused, split, concurrent)\n"
+    "  --max_tokens=N               size the groups of smaller cases for N tokens per rank\n"
+    "  --concurrent_tokens=4096     tokens of the concurrent case\n"
+    "  --benchmark_*                Google Benchmark's flags (--benchmark_filter, --benchmark_out, ...)\n"
+    "details: the header of bench/ep_bench.cpp\n";
+
+// Whether the command line asks for the usage text.
+bool wants_help(int argc, char** argv) {
+  return std::any_of(argv + 1, argv + argc, [](const char* argument) {
+    return std::strcmp(argument, "--help") == 0 || std::strcmp(argument, "-h") == 0;
+  });
+}
+
 BenchOptions parse_options(int& argc, char** argv) {
   BenchOptions options;
   options.tokens = on_gpu() ? std::vector<int>{128, 4096} : std::vector<int>{128, 1024};
@@ -173,9 +199,18 @@ BenchOptions parse_options(int& argc, char** argv) {
     options.sms.clear();
     std::stringstream list(value);
     for (std::string item; std::getline(list, item, ',');) {
-      options.sms.push_back(item == "default" ? rocep::EpConfig::kDefaultSms
-                            : item == "all"   ? rocep::EpConfig::kAllSms
-                                              : parse_positive(item, "sms", 1 << 12));
+      if (item == "default" || item == "all") {
+        options.sms.push_back(item == "default" ? rocep::EpConfig::kDefaultSms : rocep::EpConfig::kAllSms);
+        continue;
+      }
+      try {
+        options.sms.push_back(parse_positive(item, "sms", 1 << 12));
+      } catch (const rocep::ConfigError&) {
+        throw rocep::ConfigError(
+            "--sms: '" + item +
+            "' is invalid: allowed are default, all and multiprocessor counts from 1 to " +
+            std::to_string(1 << 12));
+      }
     }
   }
   if (take_flag(argc, argv, "cases", value)) {
@@ -264,7 +299,7 @@ std::string settings_line(const BenchOptions& options, const rocep::EpConfig& co
     text += " " + std::to_string(tokens);
   }
   if (options.max_tokens > 0) {
-    text += " (groups sized for " + std::to_string(options.max_tokens) + ")";
+    text += " (groups sized for at least " + std::to_string(options.max_tokens) + ")";
   }
   return text;
 }
@@ -945,6 +980,13 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   int status = 0;
+  if (wants_help(argc, argv)) {
+    if (rank == 0) {
+      std::fputs(kUsage, stdout);
+    }
+    MPI_Finalize();
+    return 0;
+  }
   try {
     const BenchOptions options = parse_options(argc, argv);
     rocep::EpConfig config;
@@ -972,8 +1014,7 @@ int main(int argc, char** argv) {
         unknown += std::string(i > 1 ? " " : "") + argv[i];
       }
       throw rocep::ConfigError("unknown or repeated argument(s): " + unknown +
-                               " (flags: bench/ep_bench.cpp's header, each at most once, as --name=value; "
-                               "--benchmark_* are Google Benchmark's)");
+                               " (each flag at most once, as --name=value; --help lists them)");
     }
     int cases = 0;  // registered below
     double link_peak = 0.0;

@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <exception>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -43,7 +44,6 @@
 namespace {
 
 using rocep::DeviceBuffer;
-using rocep::bench::parse_flag;
 using rocep::device::kStaged;
 using rocep::device::kVectorBytes;
 using rocep::device::StagedVectors;
@@ -179,27 +179,33 @@ struct Options {
   int sms = 24;  // multiprocessors of the per-token send routines' steps
 };
 
-Options parse_options(int argc, char** argv) {
+constexpr const char* kUsage =
+    "usage: rocep_memory_bench [--tokens=4096] [--hidden=7168] [--top_k=8] [--world=2] [--iterations=30]\n"
+    "                          [--sms=24]\n"
+    "  the HBM traffic of one rank's dispatch and combine steps on one GPU, without the links (header of\n"
+    "  bench/memory_bench.hip); --hidden a multiple of 128, --top_k a multiple of --world\n";
+
+// The options, or none where --help printed the usage.
+std::optional<Options> parse_options(int argc, char** argv) {
   constexpr long kMaxValue = 1L << 20;
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    const char* argument = argv[i];
-    if (!parse_flag(argument, "tokens", &options.tokens, kMaxValue) &&
-        !parse_flag(argument, "hidden", &options.hidden, kMaxValue) &&
-        !parse_flag(argument, "top_k", &options.top_k, kMaxValue) &&
-        !parse_flag(argument, "world", &options.world, kMaxValue) &&
-        !parse_flag(argument, "iterations", &options.iterations, kMaxValue) &&
-        !parse_flag(argument, "sms", &options.sms, kMaxValue)) {
-      throw rocep::ConfigError(std::string("unknown argument ") + argv[i] +
-                               " (flags: --tokens, --hidden, --top_k, --world, --iterations, --sms)");
-    }
+  if (!rocep::bench::parse_int_flags(argc, argv,
+                                     {{"tokens", &options.tokens, kMaxValue},
+                                      {"hidden", &options.hidden, kMaxValue},
+                                      {"top_k", &options.top_k, kMaxValue},
+                                      {"world", &options.world, kMaxFan},
+                                      {"iterations", &options.iterations, kMaxValue},
+                                      {"sms", &options.sms, 1L << 12}},
+                                     kUsage)) {
+    return std::nullopt;
   }
-  if (options.hidden % 128 != 0 || options.top_k % options.world != 0 ||
-      options.top_k / options.world > kMaxFan || options.world > kMaxFan) {
-    throw rocep::ConfigError(
-        "--hidden must be a multiple of 128, --top_k a multiple of --world, and top_k / world "
-        "and world at most " +
-        std::to_string(kMaxFan));
+  if (options.hidden % 128 != 0) {
+    throw rocep::ConfigError("--hidden=" + std::to_string(options.hidden) + " is invalid: a multiple of 128");
+  }
+  if (options.top_k % options.world != 0 || options.top_k / options.world > kMaxFan) {
+    throw rocep::ConfigError("--top_k=" + std::to_string(options.top_k) +
+                             " is invalid with --world=" + std::to_string(options.world) +
+                             ": a multiple of it, at most " + std::to_string(kMaxFan) + " times it");
   }
   return options;
 }
@@ -218,7 +224,11 @@ rocep::DeviceBuffer random_rows(std::size_t rows, std::mt19937& random) {
 
 int main(int argc, char** argv) {
   try {
-    const Options options = parse_options(argc, argv);
+    const std::optional<Options> parsed = parse_options(argc, argv);
+    if (!parsed) {
+      return 0;
+    }
+    const Options& options = *parsed;
     if (rocep::device_count() == 0) {
       std::printf("rocep_memory_bench: no GPU visible: nothing to time\n");
       return 0;

@@ -27,6 +27,10 @@ if [ "$gpu_build" -eq 0 ] && [ "$gpus" -gt 0 ]; then
   gpus=0
 fi
 ranks=${ROCEP_RANKS:-$((gpus >= 1 ? gpus : 2))}
+if ! [[ "$ranks" =~ ^[1-9][0-9]*$ ]]; then
+  echo "bench/run.sh: ROCEP_RANKS='$ranks' is invalid: a positive number of ranks" >&2
+  exit 2
+fi
 if [ "$gpus" -eq 0 ]; then
   echo "bench/run.sh: no GPU to run on: running the CPU reference backend on $ranks ranks"
 elif [ "$gpus" -eq 1 ] && [ "$ranks" -eq 1 ]; then
@@ -37,6 +41,12 @@ elif [ "$gpus" -lt "$ranks" ]; then
     "so the dispatch/combine times are not those of one GPU per rank"
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+for argument in "$@"; do
+  if [ "$argument" = "--help" ] || [ "$argument" = "-h" ]; then
+    "$build/bench/rocep_bench" --help
+    exit 0
+  fi
+done
 mpirun --oversubscribe --bind-to none -np "$ranks" "$build/bench/rocep_bench" --benchmark_color=false "$@"
 
 # The fused SiLU kernels: one GPU, one process (flags: ROCEP_SILU_BENCH_ARGS, e.g. "--rows=32768 --n=2048").

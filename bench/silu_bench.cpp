@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -36,7 +37,6 @@ using rocep::TokenFormat;
 using rocep::bench::copy_peak_bytes_per_second;
 using rocep::bench::kWarmUpSeconds;
 using rocep::bench::median_seconds;
-using rocep::bench::parse_flag;
 
 constexpr double kTargetFraction = 0.85;
 constexpr int kGroups = 8;  // the rows are split evenly over this many groups (experts)
@@ -48,16 +48,21 @@ struct Options {
   int check_rows = 2048;
 };
 
-Options parse_options(int argc, char** argv) {
+constexpr const char* kUsage =
+    "usage: rocep_silu_bench [--rows=32768] [--n=2048] [--iterations=100] [--check_rows=2048]\n"
+    "  times rocep::silu_and_quantize in every output format and layout on one GPU, each first checked\n"
+    "  bit for bit against the CPU reference on --check_rows rows; --n a multiple of 128\n";
+
+// The options, or none where --help printed the usage.
+std::optional<Options> parse_options(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    const char* argument = argv[i];
-    if (!parse_flag(argument, "rows", &options.rows) && !parse_flag(argument, "n", &options.n) &&
-        !parse_flag(argument, "iterations", &options.iterations) &&
-        !parse_flag(argument, "check_rows", &options.check_rows)) {
-      throw rocep::ConfigError(std::string("unknown argument ") + argv[i] +
-                               " (flags: --rows, --n, --iterations, --check_rows)");
-    }
+  if (!rocep::bench::parse_int_flags(argc, argv,
+                                     {{"rows", &options.rows},
+                                      {"n", &options.n},
+                                      {"iterations", &options.iterations},
+                                      {"check_rows", &options.check_rows}},
+                                     kUsage)) {
+    return std::nullopt;
   }
   // Every format runs: n must be whole blocks of each (fp8 block-128's 128 covers the others).
   const int multiple = rocep::format_column_multiple(TokenFormat::kFp8Block128);
@@ -126,7 +131,11 @@ std::string check_against_reference(const rocep::testing::SiluCase& test, hipStr
 
 int main(int argc, char** argv) {
   try {
-    const Options options = parse_options(argc, argv);
+    const std::optional<Options> parsed = parse_options(argc, argv);
+    if (!parsed) {
+      return 0;
+    }
+    const Options& options = *parsed;
     if (rocep::device_count() == 0) {
       std::printf("rocep_silu_bench: no GPU visible: nothing to time\n");
       return 0;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds rocep for the GPU platform found on this machine (or the CPU reference only) and runs every test:
-# CPU tests at 1-4 MPI ranks, GPU tests at 2 ranks (they report SKIPPED without a GPU) and, with more GPUs,
-# at one rank per GPU, then the Python package's tests (built into a venv of its own, on the CPU reference,
-# pytest at 2 and 4 MPI ranks).
+# Builds rocep for the GPU platform whose compiler is found on this machine (hipcc before nvcc; neither:
+# the CPU reference only) and runs every test: CPU tests at 1-4 MPI ranks, GPU tests at 2 ranks (in a GPU
+# build; they report SKIPPED without a GPU) and, with more GPUs, at one rank per GPU, then the Python
+# package's tests (built into a venv of its own, on the CPU reference, pytest at 2 and 4 MPI ranks).
 #   ROCEP_BUILD_DIR   build folder (default: build/tests)
 #   ROCEP_CMAKE_ARGS  extra CMake arguments, e.g. -DROCEP_GPU_PLATFORM=none
 #   ROCEP_REQUIRE_PYTHON_TESTS=1  fail, rather than skip, where the Python tests cannot run (CI sets it)
