@@ -16,6 +16,8 @@
 //
 // --experts: 256 by default, rounded up to a multiple of the rank count (the experts split evenly).
 // An argument that is none of these flags nor Google Benchmark's, or a flag given twice, is refused.
+// With --benchmark_format=json (or csv) stdout holds Google Benchmark's output alone: the header and the
+// table go to stderr.
 // --combine: EpConfig::combine_dtype of every case (fp8: the per-token layout's rows cross ranks as fp8
 // block-128; the header line's config says which).
 // --local_only=1: EpConfig::local_only of every case, allreduce_world_size the world's: each rank dispatches
@@ -402,13 +404,15 @@ std::vector<SummaryRow> summary;
 // One line per concurrent case, printed below the table.
 std::vector<std::string> overlap_summary;
 
-void print_summary(double link_peak) {
+// Prints the table to `out`.
+void print_summary(double link_peak, std::FILE* out) {
   if (link_peak > 0) {
-    std::printf("\nP2P link peak measured in this run: %.1f GB/s per rank (copy engine, all ranks at once)\n",
-                link_peak);
+    std::fprintf(
+        out, "\nP2P link peak measured in this run: %.1f GB/s per rank (copy engine, all ranks at once)\n",
+        link_peak);
   }
-  std::printf("\n%-60s %-20s %12s %17s %12s %13s %10s %10s %10s\n", "case", "backend, SMs", "median [us]",
-              "ranks [us]", "remote [MB]", "logical [MB]", "GB/s", "of link", "host [us]");
+  std::fprintf(out, "\n%-60s %-20s %12s %17s %12s %13s %10s %10s %10s\n", "case", "backend, SMs",
+               "median [us]", "ranks [us]", "remote [MB]", "logical [MB]", "GB/s", "of link", "host [us]");
   for (const SummaryRow& row : summary) {
     char host[32] = "-";
     if (row.host_us > 0) {
@@ -418,16 +422,16 @@ void print_summary(double link_peak) {
     if (link_peak > 0) {
       std::snprintf(of_link, sizeof(of_link), "%.0f%%", 100 * row.gb_per_s / link_peak);
     }
-    std::printf("%-60s %-20s %12.1f %8.1f-%-8.1f %12.3f %13.3f %10.3f %10s %10s\n", row.name.c_str(),
-                row.backend.c_str(), row.median_us, row.fastest_rank_us, row.slowest_rank_us, row.remote_mb,
-                row.logical_mb, row.gb_per_s, of_link, host);
+    std::fprintf(out, "%-60s %-20s %12.1f %8.1f-%-8.1f %12.3f %13.3f %10.3f %10s %10s\n", row.name.c_str(),
+                 row.backend.c_str(), row.median_us, row.fastest_rank_us, row.slowest_rank_us, row.remote_mb,
+                 row.logical_mb, row.gb_per_s, of_link, host);
   }
   if (!overlap_summary.empty()) {
-    std::printf(
-        "\nConcurrent cases: both together as a multiple of the longer alone (1 = overlapped, "
-        "2 = serialised)\n");
+    std::fprintf(out,
+                 "\nConcurrent cases: both together as a multiple of the longer alone (1 = overlapped, "
+                 "2 = serialised)\n");
     for (const std::string& line : overlap_summary) {
-      std::printf("%s\n", line.c_str());
+      std::fprintf(out, "%s\n", line.c_str());
     }
   }
 }
@@ -1007,6 +1011,10 @@ int main(int argc, char** argv) {
                                              }) -
                               argv);
     }
+    const bool machine_readable = std::any_of(argv + 1, argv + argc, [](const char* argument) {
+      return std::strncmp(argument, "--benchmark_format=", 19) == 0 &&
+             std::strcmp(argument, "--benchmark_format=console") != 0;
+    });
     benchmark::Initialize(&argc, argv);
     if (argc > 1) {  // what neither parse_options nor Google Benchmark took
       std::string unknown;
@@ -1127,10 +1135,13 @@ int main(int argc, char** argv) {
           "GPU)");
     }
     if (rank == 0) {
-      std::printf("rocep benchmark: %d rank(s), %s\n%s%s", world, settings_line(options, config).c_str(),
-                  budgets.c_str(), topology.c_str());
+      // Where Google Benchmark writes JSON or CSV to stdout, this benchmark's own text goes to stderr.
+      std::FILE* report = machine_readable ? stderr : stdout;
+      std::fprintf(report, "rocep benchmark: %d rank(s), %s\n%s%s", world,
+                   settings_line(options, config).c_str(), budgets.c_str(), topology.c_str());
+      std::fflush(report);
       benchmark::RunSpecifiedBenchmarks();
-      print_summary(link_peak);
+      print_summary(link_peak, report);
     } else {
       SilentReporter silent;
       benchmark::RunSpecifiedBenchmarks(&silent);
