@@ -70,6 +70,14 @@ _SCALE_DTYPES = {
 }
 
 
+def _issued(message: str):
+    """The InvalidInputError of a call that went ahead on this rank anyway (its `issued` is True, as the
+    library's own for bad dispatch inputs): the group expects the next call, not this one again."""
+    error = _rocep.InvalidInputError(message)
+    error.issued = True
+    return error
+
+
 def _torch():
     import torch
 
@@ -364,7 +372,7 @@ class Group:
         inputs, result, error = self._checked(tokens, topk_ids, topk_weights, token_scales, global_scale, out)
         self._took_part(self._group.dispatch, inputs, result.native, expert_input_scales, self._stream())
         if error:
-            raise _rocep.InvalidInputError(error)
+            raise _issued(error)
         return result
 
     def _took_part(self, call, inputs, *arguments):
@@ -388,7 +396,7 @@ class Group:
             raise
         self._sent = inputs  # kept alive until dispatch_recv
         if error:
-            raise _rocep.InvalidInputError(error)
+            raise _issued(error)
 
     def dispatch_recv(self, out=None, *, expert_input_scales=None) -> DispatchResult:
         """The receive half of dispatch: waits for every peer's send and returns this rank's tokens (into
@@ -398,7 +406,7 @@ class Group:
         self._group.dispatch_recv(result.native, expert_input_scales, self._stream())
         self._sent = None
         if bad_out:
-            raise _rocep.InvalidInputError("out: must be a result of an earlier dispatch of this group (the "
+            raise _issued("out: must be a result of an earlier dispatch of this group (the "
                                            "receive went ahead into outputs of its own)")
         return result
 
@@ -451,7 +459,7 @@ class Group:
                                                            row_weights, out, (factor, token_factors, residual))
         self._group.combine(*arguments, self._stream())
         if error:
-            raise _rocep.InvalidInputError(error)
+            raise _issued(error)
         return result
 
     def combine_send(self, expert_outputs, num_tokens: int, shared_expert_output=None, row_weights=None,
@@ -463,7 +471,7 @@ class Group:
         self._pending = (arguments, result)
         self._group.combine_send(*arguments, self._stream())
         if error:
-            raise _rocep.InvalidInputError(error)
+            raise _issued(error)
 
     def combine_recv(self):
         """The receive half of combine: waits for every peer's rows and returns this rank's tokens."""

@@ -194,7 +194,9 @@ class EpDispatchCombineOp:
             self._weights = self._group._empty((0, self.config.num_experts_per_token), "float32")
             message = re.sub(r"\b(tokens|topk_ids|topk_weights|token_scales)(?=:)",
                              lambda match: _ARGUMENT_NAMES[match.group(1)], str(error))
-            raise _rocep.InvalidInputError(message) from None
+            renamed = _rocep.InvalidInputError(message)
+            renamed.issued = error.issued
+            raise renamed from None
         self._weights = weights
 
     def dispatch(self, input, weights, scales, indices, **launch_settings):

@@ -258,9 +258,10 @@ rocep::DispatchInputs dispatch_inputs(const rocep::EpGroup& group, const nb::obj
   return inputs;
 }
 
+// Raised after this rank's part of the call was issued with zero tokens (InvalidInputError::issued).
 void raise_if(const std::string& error) {
   if (!error.empty()) {
-    throw rocep::InvalidInputError(error);
+    throw rocep::InvalidInputError(error, true);
   }
 }
 
@@ -647,4 +648,16 @@ NB_MODULE(_rocep, m) {
   static nb::exception<rocep::TimeoutError> timeout(m, "TimeoutError", error);
   static nb::exception<rocep::BootstrapError> bootstrap(m, "BootstrapError", error);
   static nb::exception<rocep::GpuRuntimeError> gpu_runtime(m, "GpuRuntimeError", error);
+  // InvalidInputError.issued: InvalidInputError::issued(), False unless set (the class's default). Tried
+  // before the translator nb::exception registered.
+  invalid_input.attr("issued") = false;
+  nb::register_exception_translator([](const std::exception_ptr& thrown, void*) {
+    try {
+      std::rethrow_exception(thrown);
+    } catch (const rocep::InvalidInputError& bad) {
+      nb::object raised = invalid_input(bad.what());
+      raised.attr("issued") = bad.issued();
+      PyErr_SetObject(invalid_input.ptr(), raised.ptr());
+    }
+  });
 }

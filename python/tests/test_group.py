@@ -146,8 +146,9 @@ def test_bad_input_raises_on_its_rank_and_the_peers_complete():
         arguments.update(change)
         if RANK == 0:
             # This rank took part with zero tokens: the peers receive nothing from it, and complete.
-            with pytest.raises(rocep.InvalidInputError, match=message):
+            with pytest.raises(rocep.InvalidInputError, match=message) as raised:
                 group.dispatch(arguments["tokens"], arguments["ids"], arguments["weights"])
+            assert raised.value.issued  # the next call is combine, not this dispatch again
             out = group.combine(rows, 0)
         else:
             result = group.dispatch(tokens, ids, weights)
@@ -174,8 +175,9 @@ def test_bad_combine_arguments_raise_on_their_rank_after_it_took_part():
         arguments = dict(num_tokens=len(ids))
         if RANK == 0:
             arguments.update(bad)
-            with pytest.raises(rocep.InvalidInputError, match=message + ".*went ahead"):
+            with pytest.raises(rocep.InvalidInputError, match=message + ".*went ahead") as raised:
                 group.combine(rows, **arguments)
+            assert raised.value.issued
         else:  # the peers get their rows, rank 0's included
             assert (group.combine(rows, **arguments) == expected).all()
 
@@ -186,8 +188,9 @@ def test_expert_input_scales_of_a_wrong_dtype_raise_after_taking_part():
     tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=6)
     scales = np.full(config.num_local_experts(WORLD), 0.5, np.float64)
     if RANK == 0:
-        with pytest.raises(rocep.InvalidInputError, match="expert_input_scales: dtype must be float32"):
+        with pytest.raises(rocep.InvalidInputError, match="expert_input_scales: dtype must be float32") as raised:
             group.dispatch(tokens, ids, weights, expert_input_scales=scales)
+        assert raised.value.issued
         tokens_here = 0
     else:
         result = group.dispatch(tokens, ids, weights)
@@ -211,8 +214,9 @@ def test_read_only_inputs_are_taken_and_a_strided_row_of_out_is_refused():
     count = writable.count()
     assert frozen.count() == count and (frozen.src_info[:count] == writable.src_info[:count]).all()
     if RANK == 0:  # refused on this rank before anything is issued; the peers wait until it is repeated
-        with pytest.raises(rocep.InvalidInputError, match="each row must be contiguous"):
+        with pytest.raises(rocep.InvalidInputError, match="each row must be contiguous") as raised:
             group.combine(rows, 1, out=np.zeros((1, 2 * config.hidden), np.uint16)[:, ::2])
+        assert not raised.value.issued  # repeat the combine
     assert (group.combine(rows, 1) == expected).all()
 
 
