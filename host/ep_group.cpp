@@ -263,9 +263,10 @@ struct EpGroup::Impl {
   // Checks that the group can take `call` now: not broken, and in order.
   void require(Call call) const {
     if (implementation->broken()) {
-      throw Error(
-          std::string("EpGroup::") + contract::to_string(call) + " on rank " + std::to_string(rank()) +
-          ": a previous call timed out or failed to launch; this group is unusable and must be destroyed");
+      throw Error(std::string("EpGroup::") + contract::to_string(call) + " on rank " +
+                  std::to_string(rank()) +
+                  ": a previous call timed out or failed to launch (poll_error() shows what, synchronize() "
+                  "throws it); this group is unusable and must be destroyed");
     }
     order.require(call, rank());
   }
