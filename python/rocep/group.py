@@ -406,8 +406,8 @@ class Group:
         self._group.dispatch_recv(result.native, expert_input_scales, self._stream())
         self._sent = None
         if bad_out:
-            raise _issued("out: must be a result of an earlier dispatch of this group (the "
-                                           "receive went ahead into outputs of its own)")
+            raise _issued("out: must be a result of an earlier dispatch of this group (the receive went "
+                          "ahead into outputs of its own)")
         return result
 
     def _combine_arguments(self, expert_outputs, num_tokens, shared_expert_output, row_weights, out,
