@@ -42,6 +42,12 @@ def rank_inputs(config, seed, rank, num_tokens=None):
     return tokens, ids, weights
 
 
+def expert_output_rows(config, seed, bound=1.0):
+    """A per-token combine's expert outputs: max_recv_tokens(WORLD) random bf16 rows in [-bound, bound)."""
+    return bf16.from_float(np.random.default_rng(seed).uniform(-bound, bound,
+                                                               (config.max_recv_tokens(WORLD), config.hidden)))
+
+
 def bootstraps():
     return {
         "mpi4py": lambda: bootstrap.from_mpi4py(COMM),
@@ -161,7 +167,7 @@ def test_bad_combine_arguments_raise_on_their_rank_after_it_took_part():
     config = make_config()
     group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
     seed = shared_seed()
-    rows = bf16.from_float(np.random.default_rng(seed).uniform(-1, 1, (config.max_recv_tokens(WORLD), config.hidden)))
+    rows = expert_output_rows(config, seed)
     tokens, ids, weights = rank_inputs(config, seed, RANK, num_tokens=8)
     group.dispatch(tokens, ids, weights)
     expected = group.combine(rows, len(ids)).copy()
@@ -204,8 +210,7 @@ def test_read_only_inputs_are_taken_and_a_strided_row_of_out_is_refused():
     config = make_config()
     group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
     tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=1)
-    rows = bf16.from_float(np.random.default_rng(shared_seed()).uniform(-1, 1, (config.max_recv_tokens(WORLD),
-                                                                                config.hidden)))
+    rows = expert_output_rows(config, shared_seed())
     writable = group.dispatch(tokens, ids, weights)
     expected = group.combine(rows, 1).copy()
     for array in (tokens, ids, weights, rows):
@@ -246,8 +251,7 @@ def test_calls_out_of_order_raise_call_order_error_and_the_group_goes_on():
     with pytest.raises(rocep.CallOrderError):
         group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), 0)
     tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=config.max_tokens_per_rank)
-    rows = bf16.from_float(np.random.default_rng(shared_seed() + RANK).uniform(-2, 2, (
-        config.max_recv_tokens(WORLD), config.hidden)))
+    rows = expert_output_rows(config, shared_seed() + RANK, bound=2.0)
     fresh = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
     fresh.dispatch(tokens, ids, weights)
     expected = fresh.combine(rows, len(ids)).copy()  # the same step with no refused call before it
@@ -852,7 +856,7 @@ def test_combine_refused_for_its_expert_outputs_says_how_many_rows_and_may_be_re
     config = make_config()
     group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
     seed = shared_seed()
-    rows = bf16.from_float(np.random.default_rng(seed).uniform(-1, 1, (config.max_recv_tokens(WORLD), config.hidden)))
+    rows = expert_output_rows(config, seed)
     tokens, ids, weights = rank_inputs(config, seed, RANK, num_tokens=5)
     received = group.dispatch(tokens, ids, weights)
     if RANK == 0:
