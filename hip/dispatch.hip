@@ -874,6 +874,28 @@ __device__ inline void lay_out_padding_rows(const GroupView& group, const Dispat
   }
 }
 
+// Every thread of the block: source_regions[s] (shared, kMaxWorld) = where this rank reads the messages of
+// source s (PeerTransport::read_window). The block's barrier after it orders them before their loads.
+__device__ inline void load_source_regions(const GroupView& group, const uint8_t** source_regions) {
+  for (int source = threadIdx.x; source < group.shape.world; source += blockDim.x) {
+    source_regions[source] = group.peers.read_window(PeerRegion::kDispatch, source);
+  }
+}
+
+// The block's first batch of the expansion's items (`items`: shared, kMaxBatchItems entries): tokens whole,
+// or halved where the items would leave blocks idle (batch_slot_expansion_item).
+__device__ inline ExpansionBatch first_expansion_batch(const Shape& shape, const RankedRows& layout,
+                                                       ExpansionItem* items) {
+  const bool halves = (2 * shape.world - 1) * layout.tokens <= static_cast<int>(gridDim.x);
+  return {static_cast<int>(blockIdx.x),
+          0,
+          min(kBlockThreads / shape.top_k, kMaxBatchItems),
+          (halves ? 2 * shape.world - 1 : shape.world) * layout.tokens,
+          halves,
+          !halves && gridDim.x % shape.world == 0,
+          items};
+}
+
 // Blocks over (source, token), the sources interleaved so that local copies and reads over the links run
 // side by side: each token's payload and scales into its rows, with src_info and weight; then the padding
 // rows. Reading from the sources' regions (a pull), each token crosses the link once per receiving rank
@@ -891,9 +913,7 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
   __shared__ int32_t batch_rows[kBlockThreads];  // [item of the batch][k]: batch_slot_row
   // The sources' regions, loaded with the first batch's rows: each item's payload loads wait on none.
   __shared__ const uint8_t* source_regions[kMaxWorld];
-  for (int source = threadIdx.x; source < shape.world; source += blockDim.x) {
-    source_regions[source] = group.peers.read_window(PeerRegion::kDispatch, source);
-  }
+  load_source_regions(group, source_regions);
   __shared__ uint8_t* row_starts[kMaxTopK];
   __shared__ int row_count;
   const auto vectors = static_cast<uint32_t>(shape.payload_bytes / kVectorBytes);
@@ -903,15 +923,8 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
   const bool input_scaled = args.expert_input_scales != nullptr;
   const bool scaled = shape.format != Format::kBf16;
   const ScaleGroups scale_layout = scale_groups(shape.format, args.scale_rows, shape.hidden);
-  const bool halves = (2 * shape.world - 1) * layout.tokens <= static_cast<int>(gridDim.x);
   __shared__ ExpansionItem batch_items[kMaxBatchItems];
-  ExpansionBatch batch{static_cast<int>(blockIdx.x),
-                       0,
-                       min(kBlockThreads / shape.top_k, kMaxBatchItems),
-                       (halves ? 2 * shape.world - 1 : shape.world) * layout.tokens,
-                       halves,
-                       !halves && gridDim.x % shape.world == 0,
-                       batch_items};
+  ExpansionBatch batch = first_expansion_batch(shape, layout, batch_items);
   for (; batch.first_item < batch.total;
        batch.first_item += batch.batch_items * gridDim.x, batch.first_round += batch.batch_items) {
     const int32_t slot_row = batch_slot_row(group, layout, batch);
@@ -1021,22 +1034,13 @@ __device__ void expand_bf16_tokens(const GroupView& group, const DispatchRecvArg
   const Shape& shape = group.shape;
   __shared__ int32_t batch_rows[kBlockThreads];  // [item of the batch][k]: batch_slot_row
   __shared__ const uint8_t* source_regions[kMaxWorld];
-  for (int source = threadIdx.x; source < shape.world; source += blockDim.x) {
-    source_regions[source] = group.peers.read_window(PeerRegion::kDispatch, source);
-  }
+  load_source_regions(group, source_regions);
   __shared__ uint8_t* row_starts[kItems][kMaxTopK];
   __shared__ int row_counts[kItems];
   const auto vectors = static_cast<uint32_t>(shape.payload_bytes / kVectorBytes);
   const bool input_scaled = args.expert_input_scales != nullptr;  // no payloads copied (expand_tokens)
-  const bool halves = (2 * shape.world - 1) * layout.tokens <= static_cast<int>(gridDim.x);
   __shared__ ExpansionItem batch_items[kMaxBatchItems];
-  ExpansionBatch batch{static_cast<int>(blockIdx.x),
-                       0,
-                       min(kBlockThreads / shape.top_k, kMaxBatchItems),
-                       (halves ? 2 * shape.world - 1 : shape.world) * layout.tokens,
-                       halves,
-                       !halves && gridDim.x % shape.world == 0,
-                       batch_items};
+  ExpansionBatch batch = first_expansion_batch(shape, layout, batch_items);
   for (; batch.first_item < batch.total;
        batch.first_item += batch.batch_items * gridDim.x, batch.first_round += batch.batch_items) {
     const int32_t slot_row = batch_slot_row(group, layout, batch);
@@ -1504,9 +1508,7 @@ __device__ void receive_per_token(const GroupView& group, const DispatchRecvArgs
   count_received_tokens(group, args, ranked, bases);
   const uint32_t* token_bases = ranked.total <= kTokenBaseEntries ? bases : nullptr;
   __shared__ const uint8_t* source_regions[kMaxWorld];  // where each source's messages are read
-  for (int source = threadIdx.x; source < shape.world; source += blockDim.x) {
-    source_regions[source] = group.peers.read_window(PeerRegion::kDispatch, source);
-  }
+  load_source_regions(group, source_regions);
   const uint64_t generation = rank_chunks<PerTokenTuning::kDispatchThreads>(group, layout, ranked);
   __syncthreads();  // source_regions
   const TokenCopyGroups groups = token_copy_groups(shape);
