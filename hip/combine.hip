@@ -147,8 +147,9 @@ __device__ void sum_rows_and_messages(Vector16* out, const Vector16* const* inpu
 // The part of a block of the expanded combine that sums a pair (send) or a token (receive) by itself: the
 // block's threads in parts of kBlockThreads, so that a wide block (kExpandedWideThreads, a budget's grid)
 // sums as many at once as the kBlockThreads blocks that a multiprocessor holds on the whole GPU's grid, each
-// with its own loads in flight, instead of all its threads on one with a few loads each. A SHMEM build keeps
-// the block whole: its puts (publish_staged, publish_block) synchronise the block.
+// with its own loads in flight, instead of all its threads on one with a few loads each. A batch of one item
+// (pair or token) takes the whole block, which would otherwise leave all parts but the first idle. A SHMEM
+// build keeps the block whole: its puts (publish_staged, publish_block) synchronise the block.
 struct SubBlock {
   int index;    // of the block's parts, [0, count)
   int count;    // parts of the block
@@ -156,14 +157,14 @@ struct SubBlock {
   int threads;  // of each part
 };
 
-__device__ inline SubBlock sub_block() {
+__device__ inline SubBlock sub_block(int batch_items) {
   const int thread = static_cast<int>(threadIdx.x);
-  if constexpr (kCompiledTransport == Transport::kShmem) {
+  if (kCompiledTransport == Transport::kShmem || batch_items == 1) {
     return {0, 1, thread, static_cast<int>(blockDim.x)};
-  } else {  // blockDim.x is kBlockThreads or kExpandedWideThreads
-    return {thread / kBlockThreads, static_cast<int>(blockDim.x) / kBlockThreads, thread % kBlockThreads,
-            kBlockThreads};
   }
+  // blockDim.x is kBlockThreads or kExpandedWideThreads
+  return {thread / kBlockThreads, static_cast<int>(blockDim.x) / kBlockThreads, thread % kBlockThreads,
+          kBlockThreads};
 }
 
 // The most tokens any rank sent in the last dispatch (Signals::tokens_from), in every thread of the
@@ -319,7 +320,7 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
   __shared__ const Vector16* inputs[kBlockThreads];
   __shared__ float weights[kBlockThreads];
   __shared__ int input_counts[kBlockThreads];  // [pair of the batch]
-  const SubBlock part = sub_block();
+  const SubBlock part = sub_block(batch_pairs);
   for (int first = blockIdx.x; first < total; first += batch_pairs * gridDim.x) {
     // the thread's slot of the batch; worked out again for each batch, which keeps the fused kernels within
     // their 80 registers without spilling
@@ -453,7 +454,7 @@ __device__ void receive_partials(const GroupView& group, const rocep::device::Co
   }
   const int list_length = shape.world + 1;
   const int batch_tokens = combine_batch_items(shape, tokens, kBlockThreads / list_length);
-  const SubBlock part = sub_block();
+  const SubBlock part = sub_block(batch_tokens);
   const auto* region = reinterpret_cast<const uint16_t*>(group.combine_region);
   for (int first = blockIdx.x; arrived && first < tokens; first += batch_tokens * gridDim.x) {
     if (args.row_weights != nullptr) {

@@ -1038,7 +1038,9 @@ __device__ void expand_bf16_tokens(const GroupView& group, const DispatchRecvArg
   __shared__ uint8_t* row_starts[kItems][kMaxTopK];
   __shared__ int row_counts[kItems];
   const auto vectors = static_cast<uint32_t>(shape.payload_bytes / kVectorBytes);
-  const bool input_scaled = args.expert_input_scales != nullptr;  // no payloads copied (expand_tokens)
+  // With expert input scales the rows are fp8 codes, which rocep_dispatch_input_scales writes afterwards:
+  // no payload is loaded or copied.
+  const bool input_scaled = args.expert_input_scales != nullptr;
   __shared__ ExpansionItem batch_items[kMaxBatchItems];
   ExpansionBatch batch = first_expansion_batch(shape, layout, batch_items);
   for (; batch.first_item < batch.total;
@@ -1071,7 +1073,7 @@ __device__ void expand_bf16_tokens(const GroupView& group, const DispatchRecvArg
         for (int k = 0; k < shape.top_k; ++k) {
           wanted = wanted || batch_rows[j * shape.top_k + k] >= 0;
         }
-        if (!wanted) {
+        if (!wanted || input_scaled) {  // uniform across the block
           continue;
         }
         const ExpansionItem it = batch.items[j];
@@ -1105,7 +1107,7 @@ __device__ void expand_bf16_tokens(const GroupView& group, const DispatchRecvArg
       __syncthreads();
 #pragma unroll
       for (int i = 0; i < kItems; ++i) {
-        if (payloads[i] != nullptr && !input_scaled) {  // uniform across the block
+        if (payloads[i] != nullptr) {  // uniform across the block
           copy_bytes16_to_many(row_starts[i], row_counts[i], payloads[i], item_vectors[i] * kVectorBytes,
                                threadIdx.x, blockDim.x, heads[i]);
         }
