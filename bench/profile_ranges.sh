@@ -58,7 +58,7 @@ if [ -z "$profiled" ]; then
   exit 1
 fi
 # dispatch()'s kernels: the fused dispatch of either layout and format, and the input scales' kernel after it.
-if grep -qvE ' rocep_dispatch(_per_token(_scaled|_quantizing)?|_wide|_scale_runs|_input_scales)?$' <<<"$profiled"; then
+if grep -qvE ' rocep_dispatch(_per_token(_scaled|_quantizing)?|_wide(_scaled)?|_scale_runs(_wide)?|_input_scales)?$' <<<"$profiled"; then
   echo "profile_ranges: FAIL: ncu profiled kernels that dispatch() does not launch"
   exit 1
 fi

@@ -19,6 +19,9 @@
 //                        nvfp4, and fp8 block-128 fanned out 4 rows or more per token, when too large to
 //                        rank in each block): after a grid barrier they lay out the scales of all rows in
 //                        whole 512-byte runs of 128 rows
+//   rocep_dispatch_wide, rocep_dispatch_wide_scaled, rocep_dispatch_scale_runs_wide, and their _recv
+//                        kernels: the same on a budget's grid (LaunchGrid::wide), a block per
+//                        multiprocessor expanding kWideExpansionItems tokens at a time
 #include "atomics.hpp"
 #include "bf16.hpp"
 #include "block_scan.hpp"
@@ -1017,20 +1020,27 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
   lay_out_padding_rows(group, args, layout, input_scaled, scaled && !scales_later, scale_layout);
 }
 
-// The items a block of the wide bf16 receive expands at a time (expand_bf16_tokens). EP2, hidden 7168, 4096
-// tokens, 24 SMs, H100: the fused dispatch 858-859 us one at a time, 703-705 three, 695-696 four, 676-682
-// six (its kernels 195-200 registers on sm_90, no spills).
+// The items a block of the wide receive expands at a time (expand_tokens_wide). EP2, hidden 7168, 4096
+// tokens, 24 SMs, H100, bf16: the fused dispatch 858-859 us one at a time, 703-705 three, 695-696 four,
+// 676-682 six (its kernels 195-200 registers on sm_90, no spills).
 inline constexpr int kWideExpansionItems = 6;
 
-// expand_tokens for bf16 payloads on a budget's grid (one block per multiprocessor, LaunchGrid::wide),
-// kItems of the block's items at a time: their payloads' first loads all go out before the block waits on
-// any, so that one block keeps several tokens' loads in flight, as the kExpandedBlocksPerSm blocks that a
-// multiprocessor holds on the whole GPU's grid do, each waiting on its own. Its kernels may take the
-// registers of a whole multiprocessor (one block each): kItems heads of StagedVectors. Same rows, same
-// bytes, same metadata as expand_tokens; bf16 has no scales to stage between the loads and the stores.
-template <int kItems>
-__device__ void expand_bf16_tokens(const GroupView& group, const DispatchRecvArgs& args,
-                                   const RankedRows& layout) {
+// How the blocks of an expanded receive take their items: one at a time (expand_tokens), or on a budget's
+// grid (LaunchGrid::wide) kWideExpansionItems at a time (expand_tokens_wide), bf16 payloads or scaled ones.
+enum class Expansion { kOneAtATime, kWideBf16, kWideScaled };
+
+// expand_tokens on a budget's grid (one block per multiprocessor, LaunchGrid::wide), kWideExpansionItems of
+// the block's items at a time: their payloads' first loads (and, kScaled, each thread's first scale word of
+// their tokens) all go out before the block waits on any, so that one block keeps several tokens' loads in
+// flight, as the kExpandedBlocksPerSm blocks that a multiprocessor holds on the whole GPU's grid do, each
+// waiting on its own. Its kernels may take the registers of a whole multiprocessor (one block each): a head
+// of StagedVectors per item. Same rows, same bytes, same metadata as expand_tokens; the scales of each item
+// then go to its rows one item after another through `message_scales`, or to received_scales where
+// `scales_later`.
+template <bool kScaled>
+__device__ void expand_tokens_wide(const GroupView& group, const DispatchRecvArgs& args,
+                                   const RankedRows& layout, bool scales_later, uint32_t* message_scales) {
+  constexpr int kItems = kWideExpansionItems;
   const Shape& shape = group.shape;
   __shared__ int32_t batch_rows[kBlockThreads];  // [item of the batch][k]: batch_slot_row
   __shared__ const uint8_t* source_regions[kMaxWorld];
@@ -1038,9 +1048,12 @@ __device__ void expand_bf16_tokens(const GroupView& group, const DispatchRecvArg
   __shared__ uint8_t* row_starts[kItems][kMaxTopK];
   __shared__ int row_counts[kItems];
   const auto vectors = static_cast<uint32_t>(shape.payload_bytes / kVectorBytes);
-  // With expert input scales the rows are fp8 codes, which rocep_dispatch_input_scales writes afterwards:
-  // no payload is loaded or copied.
-  const bool input_scaled = args.expert_input_scales != nullptr;
+  // With expert input scales (bf16 only) the rows are fp8 codes, which rocep_dispatch_input_scales writes
+  // afterwards: no payload is loaded or copied.
+  const bool input_scaled = !kScaled && args.expert_input_scales != nullptr;
+  const uint32_t scale_words = (shape.scale_bytes + 3) / 4;  // whole words: messages are padded to 16 bytes
+  const ScaleGroups scale_layout =
+      kScaled ? scale_groups(shape.format, args.scale_rows, shape.hidden) : ScaleGroups{};
   __shared__ ExpansionItem batch_items[kMaxBatchItems];
   ExpansionBatch batch = first_expansion_batch(shape, layout, batch_items);
   for (; batch.first_item < batch.total;
@@ -1061,11 +1074,13 @@ __device__ void expand_bf16_tokens(const GroupView& group, const DispatchRecvArg
       const uint8_t* payloads[kItems];
       uint32_t item_vectors[kItems];
       StagedVectors heads[kItems];
+      uint32_t first_words[kItems];  // kScaled: the thread's word of the item's scales, where it has them
 #pragma unroll
       for (int i = 0; i < kItems; ++i) {
         const int j = first + i;
         payloads[i] = nullptr;
         item_vectors[i] = 0;
+        first_words[i] = 0;
         if (j >= batch.batch_items || batch.first_item + j * static_cast<int>(gridDim.x) >= batch.total) {
           continue;
         }
@@ -1082,6 +1097,10 @@ __device__ void expand_bf16_tokens(const GroupView& group, const DispatchRecvArg
         payloads[i] = source_regions[it.source] + DispatchRegion::message_offset(shape, it.token) +
                       first_vector * kVectorBytes;
         heads[i].load(payloads[i], threadIdx.x, item_vectors[i], blockDim.x);
+        if (kScaled && it.half != 2 &&
+            threadIdx.x < scale_words) {  // the message's scales follow its payload
+          first_words[i] = reinterpret_cast<const uint32_t*>(payloads[i] + shape.payload_bytes)[threadIdx.x];
+        }
       }
       if (metadata_pending) {
         store_batch_slot(group, args, batch, batch_rows[threadIdx.x]);
@@ -1112,6 +1131,33 @@ __device__ void expand_bf16_tokens(const GroupView& group, const DispatchRecvArg
                                threadIdx.x, blockDim.x, heads[i]);
         }
       }
+      if constexpr (kScaled) {
+#pragma unroll
+        for (int i = 0; i < kItems; ++i) {
+          if (payloads[i] == nullptr || batch.items[first + i].half == 2) {  // uniform across the block
+            continue;
+          }
+          const ExpansionItem it = batch.items[first + i];
+          const auto* message_words = reinterpret_cast<const uint32_t*>(payloads[i] + shape.payload_bytes);
+          uint32_t* kept =
+              scales_later ? reinterpret_cast<uint32_t*>(group.received_scales +
+                                                         ReceivedScales::offset(shape, it.source, it.token))
+                           : message_scales;
+          if (threadIdx.x < scale_words) {
+            kept[threadIdx.x] = first_words[i];
+          }
+          for (uint32_t w = threadIdx.x + blockDim.x; w < scale_words; w += blockDim.x) {
+            kept[w] = message_words[w];
+          }
+          if (!scales_later) {
+            __syncthreads();
+            store_scales_to_rows(reinterpret_cast<const uint8_t*>(message_scales), args.recv_scales,
+                                 scale_layout, batch_rows + (first + i) * shape.top_k, shape.top_k,
+                                 threadIdx.x, blockDim.x);
+            __syncthreads();  // message_scales is rewritten next
+          }
+        }
+      }
       __syncthreads();  // row_starts is rewritten next
     }
     if (metadata_pending) {
@@ -1119,8 +1165,7 @@ __device__ void expand_bf16_tokens(const GroupView& group, const DispatchRecvArg
     }
     __syncthreads();  // batch_rows is rewritten next
   }
-  const ScaleGroups no_scales{};
-  lay_out_padding_rows(group, args, layout, input_scaled, false, no_scales);
+  lay_out_padding_rows(group, args, layout, input_scaled, kScaled && !scales_later, scale_layout);
 }
 
 // Four scale words of a received token: groups [first, first + 4) of its row in received_scales (zeros past
@@ -1224,9 +1269,7 @@ __device__ inline void invalidate_layout(const Shape& shape, const DispatchRecvA
   }
 }
 
-// kItems: the items of a block expanded at a time, more than one for bf16 payloads on a budget's grid
-// (expand_bf16_tokens).
-template <bool kScalesLater, int kItems = 1>
+template <bool kScalesLater, Expansion kExpansion = Expansion::kOneAtATime>
 __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& args, uint64_t sequence,
                                RowLayout* layout) {
   const Shape& shape = group.shape;
@@ -1245,10 +1288,10 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
     invalidate_layout(shape, args);
     return;
   }
-  if constexpr (kItems > 1) {
-    expand_bf16_tokens<kItems>(group, args, ranked);
-  } else {
+  if constexpr (kExpansion == Expansion::kOneAtATime) {
     expand_tokens(group, args, ranked, kScalesLater, scale_words);
+  } else {
+    expand_tokens_wide<kExpansion == Expansion::kWideScaled>(group, args, ranked, kScalesLater, scale_words);
   }
   if constexpr (kScalesLater) {
     if (grid_barrier(&group.state->barrier, shape.rank, group.timeout_ticks, group.status,
@@ -1258,10 +1301,11 @@ __device__ void receive_tokens(const GroupView& group, const DispatchRecvArgs& a
   }
 }
 
-template <bool kScalesLater, int kItems = 1>
+template <bool kScalesLater, Expansion kExpansion = Expansion::kOneAtATime>
 __device__ void receive_kernel(const GroupView& group, const DispatchRecvArgs& args) {
   __shared__ RowLayout layout;
-  receive_tokens<kScalesLater, kItems>(group, args, group.block_calls[blockIdx.x].dispatches + 1, &layout);
+  receive_tokens<kScalesLater, kExpansion>(group, args, group.block_calls[blockIdx.x].dispatches + 1,
+                                           &layout);
 }
 
 // --- the per-token layout -------------------------------------------------------------------------------
@@ -1548,14 +1592,14 @@ __device__ void dispatch_per_token_kernel(const GroupView& group, const Dispatch
   receive_per_token<kScaled>(group, recv_args, sequence, &layout);
 }
 
-template <bool kScalesLater, int kItems = 1>
+template <bool kScalesLater, Expansion kExpansion = Expansion::kOneAtATime>
 __device__ void dispatch_kernel(const GroupView& group, const DispatchSendArgs& send_args,
                                 const DispatchRecvArgs& recv_args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
   __shared__ RowLayout layout;
   send_tokens<false>(group, send_args, layout.masks);
   __syncthreads();  // the send's scratch is the receive's masks
-  receive_tokens<kScalesLater, kItems>(group, recv_args, sequence, &layout);
+  receive_tokens<kScalesLater, kExpansion>(group, recv_args, sequence, &layout);
 }
 
 }  // namespace
@@ -1617,17 +1661,40 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads, kExpandedBlocksPerSm
   dispatch_kernel<false>(group, send_args, recv_args);
 }
 
-// The bf16 receive and fused dispatch on a budget's grid (LaunchGrid::wide), a block per multiprocessor:
-// kWideExpansionItems items at a time (expand_bf16_tokens), with the registers of a multiprocessor.
+// The receive and fused dispatch on a budget's grid (LaunchGrid::wide), a block per multiprocessor:
+// kWideExpansionItems items at a time (expand_tokens_wide), with the registers of a multiprocessor. bf16
+// payloads, scaled ones (`_scaled`), and scaled ones whose scales are laid out later (`_scale_runs_wide`).
 extern "C" __global__ void __launch_bounds__(kBlockThreads, 1)
     ROCEP_EP_KERNEL(rocep_dispatch_recv_wide)(GroupView group, DispatchRecvArgs args) {
-  receive_kernel<false, kWideExpansionItems>(group, args);
+  receive_kernel<false, Expansion::kWideBf16>(group, args);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, 1)
     ROCEP_EP_KERNEL(rocep_dispatch_wide)(GroupView group, DispatchSendArgs send_args,
                                          DispatchRecvArgs recv_args) {
-  dispatch_kernel<false, kWideExpansionItems>(group, send_args, recv_args);
+  dispatch_kernel<false, Expansion::kWideBf16>(group, send_args, recv_args);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads, 1)
+    ROCEP_EP_KERNEL(rocep_dispatch_recv_wide_scaled)(GroupView group, DispatchRecvArgs args) {
+  receive_kernel<false, Expansion::kWideScaled>(group, args);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads, 1)
+    ROCEP_EP_KERNEL(rocep_dispatch_wide_scaled)(GroupView group, DispatchSendArgs send_args,
+                                                DispatchRecvArgs recv_args) {
+  dispatch_kernel<false, Expansion::kWideScaled>(group, send_args, recv_args);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads, 1)
+    ROCEP_EP_KERNEL(rocep_dispatch_recv_scale_runs_wide)(GroupView group, DispatchRecvArgs args) {
+  receive_kernel<true, Expansion::kWideScaled>(group, args);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads, 1)
+    ROCEP_EP_KERNEL(rocep_dispatch_scale_runs_wide)(GroupView group, DispatchSendArgs send_args,
+                                                    DispatchRecvArgs recv_args) {
+  dispatch_kernel<true, Expansion::kWideScaled>(group, send_args, recv_args);
 }
 
 extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
@@ -1710,7 +1777,11 @@ hipError_t EpKernels<kCompiledTransport>::load_dispatch_kernels(bool per_token, 
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token_quantizing))};
   const std::initializer_list<const void*> expanded_wide = {
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_wide)),
-      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_wide))};
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_wide)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_wide_scaled)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_wide_scaled)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_scale_runs_wide)),
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_scale_runs_wide))};
   int unused = 1 << 30;  // the other layout's kernels are loaded too, but their residency is not the group's
   constexpr int kPerTokenThreads = PerTokenTuning::kDispatchThreads;
   hipError_t status = per_token ? load_kernels(by_token, resident_blocks, kPerTokenThreads)
@@ -1732,15 +1803,28 @@ hipError_t EpKernels<kCompiledTransport>::load_dispatch_kernels(bool per_token, 
 
 namespace {
 
-// The expanded receive's kernel on `grid`: bf16 payloads on a budget's grid take the wide kernels
-// (expand_bf16_tokens), scales laid out after the payloads their own (scales_laid_out_later).
+// The expanded receive's kernels (the receive's or the fused call's), one per Expansion and way of laying
+// out the scales.
 template <typename Kernel>
-Kernel expanded_receive_kernel(const Shape& shape, const LaunchGrid& grid, Kernel plain, Kernel wide,
-                               Kernel scale_runs) {
+struct ExpandedKernels {
+  Kernel plain;            // expand_tokens, scales with the payloads
+  Kernel wide;             // expand_tokens_wide, bf16
+  Kernel wide_scaled;      // expand_tokens_wide, scales with the payloads
+  Kernel scale_runs;       // expand_tokens, scales_laid_out_later
+  Kernel scale_runs_wide;  // expand_tokens_wide, scales_laid_out_later
+};
+
+// The expanded receive's kernel on `grid`: a budget's grid (LaunchGrid::wide) takes the wide kernels.
+template <typename Kernel>
+Kernel expanded_receive_kernel(const Shape& shape, const LaunchGrid& grid,
+                               const ExpandedKernels<Kernel>& kernels) {
   if (scales_laid_out_later(shape)) {
-    return scale_runs;
+    return grid.wide ? kernels.scale_runs_wide : kernels.scale_runs;
   }
-  return grid.wide && shape.format == Format::kBf16 ? wide : plain;
+  if (!grid.wide) {
+    return kernels.plain;
+  }
+  return shape.format == Format::kBf16 ? kernels.wide : kernels.wide_scaled;
 }
 
 }  // namespace
@@ -1786,9 +1870,13 @@ hipError_t EpKernels<kCompiledTransport>::launch_dispatch_recv(const GroupView& 
         grid, Residency::kWholeGrid, stream, group, args);
   }
   const hipError_t status =
-      launch_kernel(expanded_receive_kernel(group.shape, grid, &ROCEP_EP_KERNEL(rocep_dispatch_recv),
-                                            &ROCEP_EP_KERNEL(rocep_dispatch_recv_wide),
-                                            &ROCEP_EP_KERNEL(rocep_dispatch_recv_scale_runs)),
+      launch_kernel(expanded_receive_kernel(
+                        group.shape, grid,
+                        ExpandedKernels<decltype(&ROCEP_EP_KERNEL(rocep_dispatch_recv))>{
+                            &ROCEP_EP_KERNEL(rocep_dispatch_recv), &ROCEP_EP_KERNEL(rocep_dispatch_recv_wide),
+                            &ROCEP_EP_KERNEL(rocep_dispatch_recv_wide_scaled),
+                            &ROCEP_EP_KERNEL(rocep_dispatch_recv_scale_runs),
+                            &ROCEP_EP_KERNEL(rocep_dispatch_recv_scale_runs_wide)}),
                     grid, Residency::kWholeGrid, stream, group, args);
   return status == hipSuccess ? launch_input_scales(group, args, grid, stream) : status;
 }
@@ -1806,11 +1894,14 @@ hipError_t EpKernels<kCompiledTransport>::launch_dispatch(const GroupView& group
                                             : &ROCEP_EP_KERNEL(rocep_dispatch_per_token)),
         grid, Residency::kWholeGrid, stream, group, send_args, recv_args);
   }
-  const hipError_t status =
-      launch_kernel(expanded_receive_kernel(group.shape, grid, &ROCEP_EP_KERNEL(rocep_dispatch),
-                                            &ROCEP_EP_KERNEL(rocep_dispatch_wide),
-                                            &ROCEP_EP_KERNEL(rocep_dispatch_scale_runs)),
-                    grid, Residency::kWholeGrid, stream, group, send_args, recv_args);
+  const hipError_t status = launch_kernel(
+      expanded_receive_kernel(
+          group.shape, grid,
+          ExpandedKernels<decltype(&ROCEP_EP_KERNEL(rocep_dispatch))>{
+              &ROCEP_EP_KERNEL(rocep_dispatch), &ROCEP_EP_KERNEL(rocep_dispatch_wide),
+              &ROCEP_EP_KERNEL(rocep_dispatch_wide_scaled), &ROCEP_EP_KERNEL(rocep_dispatch_scale_runs),
+              &ROCEP_EP_KERNEL(rocep_dispatch_scale_runs_wide)}),
+      grid, Residency::kWholeGrid, stream, group, send_args, recv_args);
   return status == hipSuccess ? launch_input_scales(group, recv_args, grid, stream) : status;
 }
 

@@ -193,7 +193,7 @@ ROCEP_HOST_DEVICE inline bool has_epilogue(const CombineArgs& args) {
 // threads per compute unit. The second launch bound of the fused dispatch kernels, which the compiler would
 // otherwise give more registers; the combine's kernels take kExpandedWideThreads as their launch bound,
 // which holds them to the same registers (one block of that size per multiprocessor or compute unit). The
-// wide bf16 dispatch kernels, launched only on a budget's grid (LaunchGrid::wide), hold one block of
+// wide dispatch kernels, launched only on a budget's grid (LaunchGrid::wide), hold one block of
 // kBlockThreads per multiprocessor and take its registers.
 inline constexpr int kExpandedBlocksPerSm = 3;
 

@@ -2,8 +2,9 @@
 """The registers of the expanded layout's dispatch / combine kernels on sm_90, from ptxas: each must keep
 three blocks of 256 threads resident per SM (at most 80 registers a thread), the occupancy the full-budget
 grid (EpConfig::kAllSms) is sized by. One kernel over it shrinks every grid of the group by a third
-(docs/performance-notes.md, perf-seam-1). The wide bf16 dispatch kernels (rocep_dispatch_wide,
-rocep_dispatch_recv_wide) run only on a budget's grid, one block per multiprocessor, and take more.
+(docs/performance-notes.md, perf-seam-1). The wide dispatch kernels (rocep_dispatch_wide and its
+_scaled and _scale_runs_wide kin, each with its receive) run only on a budget's grid, one block per
+multiprocessor, and take more.
 
     python3 tests/check_registers.py [--nvcc nvcc]
 """

@@ -293,7 +293,7 @@ TEST_F(GpuEp, QuantisedDispatchMatchesReference) {
     int hidden;
     int alignment;
     int max_tokens;  // 48: one chunk of 64 tokens per source; 576: nine; 1088: ranked by the whole grid
-    int num_sms;     // 0: the default budget; N: a grid of N blocks
+    int num_sms;     // 0: the default budget; N: N multiprocessors; kAllSms: every resident block
   };
   const Case cases[] = {
       {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 7168, 1, 48, 0},
@@ -310,6 +310,10 @@ TEST_F(GpuEp, QuantisedDispatchMatchesReference) {
       {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2880, 3, 1088, 0},
       // Several tokens per block, in batches: quantised one after another after one check of their ids.
       {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 7168, 1, 576, 8},
+      // Every resident block (the cases above run on a budget's grid, whose blocks expand several tokens
+      // at a time): scales with the payloads, and laid out later.
+      {rocep::TokenFormat::kMxfp8, rocep::Fp8Encoding::kAuto, 2048, 1, 576, EpConfig::kAllSms},
+      {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 7168, 128, 1088, EpConfig::kAllSms},
   };
   for (const Case& c : cases) {
     EpConfig config = make_config(c.hidden, 8, 64 / world, c.max_tokens, c.alignment, c.num_sms);
