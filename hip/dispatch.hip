@@ -336,10 +336,11 @@ __device__ void stage_token(const GroupView& group, const DispatchSendArgs& args
               quantize, shape, global_scale, head);
 }
 
-// Quantises bf16 rows from[i] into messages to[i] (i < count) in the group's scaled format.
+// Quantises bf16 rows from[i] into messages to[i] (i < count) in the group's scaled format, by a block of
+// kThreads threads.
+template <int kThreads>
 __device__ void quantize_rows(const uint8_t* const* from, uint8_t* const* to, int count, const Shape& shape,
                               float global_scale) {
-  constexpr int kThreads = PerTokenTuning::kDispatchThreads;
   constexpr int kSlices = PerTokenTuning::kDispatchQuantizedSlices;
   switch (shape.format) {
     case Format::kFp8Block128:
@@ -390,8 +391,10 @@ __device__ void copy_run_scales(const uint8_t* scales, uint8_t* const* to, int c
 // (run r by block r % gridDim.x): bf16 tokens, or tokens that arrived quantised with their scales
 // (args.token_scales), as they are, with PerTokenTuning::kVectorsInFlight loads in flight per thread; or
 // (`quantize`) bf16 tokens quantised into the group's scaled format, PerTokenTuning::kDispatchQuantizedSlices
-// slices of 16 elements per block at a time. Each run is then shared as one range. The per-token send's
-// staging, which a small grid otherwise waits on token by token.
+// slices of 16 elements per block at a time. Each run is then shared as one range. The staging of the
+// per-token send and of the expanded one on a budget's grid (blocks of kThreads), which a small grid
+// otherwise waits on token by token.
+template <int kThreads>
 __device__ void stage_token_batches(const GroupView& group, const DispatchSendArgs& args, int num_tokens,
                                     bool quantize) {
   const Shape& shape = group.shape;
@@ -412,7 +415,7 @@ __device__ void stage_token_batches(const GroupView& group, const DispatchSendAr
     __syncthreads();
     const int count = min(run, num_tokens - first);
     if (quantize) {
-      quantize_rows(from, to, count, shape, global_scale);
+      quantize_rows<kThreads>(from, to, count, shape, global_scale);
     } else {
       copy_rows<PerTokenTuning::kVectorsInFlight>(from, to, count, shape.payload_bytes / kVectorBytes);
     }
@@ -435,8 +438,9 @@ __device__ void stage_token_batches(const GroupView& group, const DispatchSendAr
 // loaded. Block 0 first tells every peer the token count, and the grid's last block then signals the peers'
 // dispatch_arrived[rank] words. `scratch`: shared, kBlockRankingMasks words. kMayQuantize: false in the
 // per-token kernels launched where the send does not quantise (quantizes), so that they carry no
-// quantisation.
-template <bool kPerToken, bool kMayQuantize = true>
+// quantisation. kStagesRuns: the tokens are staged in runs (stage_token_batches), as the per-token send and
+// the expanded one on a budget's grid do; else one token per block at a time.
+template <bool kPerToken, bool kMayQuantize = true, bool kStagesRuns = kPerToken>
 __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args,
                             unsigned long long* scratch) {
   const Shape& shape = group.shape;
@@ -470,8 +474,9 @@ __device__ void send_tokens(const GroupView& group, const DispatchSendArgs& args
   int first = static_cast<int>(blockIdx.x) * tokens;
   BatchSlot slot = load_batch_slot(shape, args, first, batch_count(first));
   if (!args.tokens_in_place) {
-    if constexpr (kPerToken) {
-      stage_token_batches(group, args, num_tokens, kMayQuantize && quantizes(shape, args));
+    if constexpr (kStagesRuns) {
+      constexpr int kThreads = kPerToken ? PerTokenTuning::kDispatchThreads : kBlockThreads;
+      stage_token_batches<kThreads>(group, args, num_tokens, kMayQuantize && quantizes(shape, args));
     } else {
       for (int staged = static_cast<int>(blockIdx.x); staged < num_tokens; staged += stride) {
         stage_token(group, args, staged);
@@ -1597,7 +1602,7 @@ __device__ void dispatch_kernel(const GroupView& group, const DispatchSendArgs& 
                                 const DispatchRecvArgs& recv_args) {
   const uint64_t sequence = group.block_calls[blockIdx.x].dispatches + 1;
   __shared__ RowLayout layout;
-  send_tokens<false>(group, send_args, layout.masks);
+  send_tokens<false, true, kExpansion != Expansion::kOneAtATime>(group, send_args, layout.masks);
   __syncthreads();  // the send's scratch is the receive's masks
   receive_tokens<kScalesLater, kExpansion>(group, recv_args, sequence, &layout);
 }
@@ -1649,6 +1654,13 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     ROCEP_EP_KERNEL(rocep_dispatch_send)(GroupView group, DispatchSendArgs args) {
   __shared__ unsigned long long scratch[kBlockRankingMasks];
   send_tokens<false>(group, args, scratch);
+}
+
+// The send on a budget's grid (LaunchGrid::wide), a block per multiprocessor: its tokens staged in runs.
+extern "C" __global__ void __launch_bounds__(kBlockThreads, 1)
+    ROCEP_EP_KERNEL(rocep_dispatch_send_wide)(GroupView group, DispatchSendArgs args) {
+  __shared__ unsigned long long scratch[kBlockRankingMasks];
+  send_tokens<false, true, true>(group, args, scratch);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
@@ -1776,6 +1788,7 @@ hipError_t EpKernels<kCompiledTransport>::load_dispatch_kernels(bool per_token, 
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token_scaled)),
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_per_token_quantizing))};
   const std::initializer_list<const void*> expanded_wide = {
+      reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_send_wide)),
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_wide)),
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_wide)),
       reinterpret_cast<const void*>(&ROCEP_EP_KERNEL(rocep_dispatch_recv_wide_scaled)),
@@ -1841,8 +1854,9 @@ hipError_t EpKernels<kCompiledTransport>::launch_dispatch_send(const GroupView& 
                                      : &ROCEP_EP_KERNEL(rocep_dispatch_send_per_token),
         grid, Residency::kBlockByBlock, stream, group, args);
   }
-  return launch_kernel(&ROCEP_EP_KERNEL(rocep_dispatch_send), grid, Residency::kBlockByBlock, stream, group,
-                       args);
+  return launch_kernel(
+      grid.wide ? &ROCEP_EP_KERNEL(rocep_dispatch_send_wide) : &ROCEP_EP_KERNEL(rocep_dispatch_send), grid,
+      Residency::kBlockByBlock, stream, group, args);
 }
 
 namespace {
