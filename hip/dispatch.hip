@@ -1046,8 +1046,10 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
 
 // The items a block of the wide receive expands at a time (expand_tokens_wide). EP2, hidden 7168, 4096
 // tokens, 24 SMs, H100, bf16: the fused dispatch 858-859 us one at a time, 703-705 three, 695-696 four,
-// 676-682 six (its kernels 195-200 registers on sm_90, no spills).
-inline constexpr int kWideExpansionItems = 6;
+// 676-682 six; then, with the send in runs, 621-627 six and 612-620 eight (fp8 619-621 -> 595-596; at 8
+// SMs 3-4% less in both formats, but fp8 decode, 128 tokens at 8 SMs, 93.7 -> 96.1). Eight take the scaled
+// kernels to 248-254 registers on sm_90, no spills: more would spill.
+inline constexpr int kWideExpansionItems = 8;
 
 // How the blocks of an expanded receive take their items: one at a time (expand_tokens), or on a budget's
 // grid (LaunchGrid::wide) kWideExpansionItems at a time (expand_tokens_wide), bf16 payloads or scaled ones.
