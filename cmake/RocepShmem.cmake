@@ -6,7 +6,8 @@
 # Out: ROCEP_SHMEM_ENGINE (nvshmem | rocshmem | none); when not none, the INTERFACE target rocep_shmem (the
 #      engine's headers, its host library and ROCEP_SHMEM_NVSHMEM / ROCEP_SHMEM_ROCSHMEM), and
 #      ROCEP_SHMEM_DEVICE_LIBRARY: NVSHMEM's device library, which targets whose kernels call the engine link
-#      with separable compilation (rocep_add_shmem_device_code).
+#      with separable compilation (rocep_add_shmem_device_code); ROCEP_SHMEM_LIBRARY_DIR, the folder of the
+#      engine's host library, which the installed library finds it in (its INSTALL_RPATH).
 
 set(ROCEP_SHMEM off CACHE STRING "SHMEM engine for peers on other nodes: auto, nvshmem, rocshmem or off")
 set_property(CACHE ROCEP_SHMEM PROPERTY STRINGS auto nvshmem rocshmem off)
@@ -51,6 +52,7 @@ if(_rocep_shmem_wanted STREQUAL "nvshmem")
     target_link_libraries(rocep_shmem INTERFACE ${ROCEP_NVSHMEM_HOST_LIBRARY} CUDA::cuda_driver)
     target_compile_definitions(rocep_shmem INTERFACE ROCEP_SHMEM_NVSHMEM)
     set(ROCEP_SHMEM_DEVICE_LIBRARY ${ROCEP_NVSHMEM_DEVICE_LIBRARY})
+    get_filename_component(ROCEP_SHMEM_LIBRARY_DIR ${ROCEP_NVSHMEM_HOST_LIBRARY} DIRECTORY)
     message(STATUS "rocep: SHMEM engine NVSHMEM (${ROCEP_NVSHMEM_HOST_LIBRARY})")
   elseif(ROCEP_SHMEM STREQUAL "nvshmem")
     message(FATAL_ERROR "ROCEP_SHMEM=nvshmem: NVSHMEM not found (looked for include/nvshmem.h, \
@@ -68,6 +70,7 @@ elseif(_rocep_shmem_wanted STREQUAL "rocshmem")
     target_link_libraries(rocep_shmem INTERFACE ${ROCEP_ROCSHMEM_LIBRARY})
     target_compile_definitions(rocep_shmem INTERFACE ROCEP_SHMEM_ROCSHMEM)
     set(ROCEP_SHMEM_DEVICE_LIBRARY "")
+    get_filename_component(ROCEP_SHMEM_LIBRARY_DIR ${ROCEP_ROCSHMEM_LIBRARY} DIRECTORY)
     message(STATUS "rocep: SHMEM engine rocSHMEM (${ROCEP_ROCSHMEM_LIBRARY})")
   elseif(ROCEP_SHMEM STREQUAL "rocshmem")
     message(FATAL_ERROR "ROCEP_SHMEM=rocshmem: rocSHMEM not found (looked for include/rocshmem/rocshmem.hpp and \
