@@ -21,7 +21,8 @@
 //                        whole 512-byte runs of 128 rows
 //   rocep_dispatch_wide, rocep_dispatch_wide_scaled, rocep_dispatch_scale_runs_wide, and their _recv
 //                        kernels: the same on a budget's grid (LaunchGrid::wide), a block per
-//                        multiprocessor expanding kWideExpansionItems tokens at a time
+//                        multiprocessor expanding kWideExpansionItems tokens at a time; with
+//                        rocep_dispatch_send_wide, their sends stage runs of tokens (stage_tokens)
 #include "atomics.hpp"
 #include "bf16.hpp"
 #include "block_scan.hpp"
