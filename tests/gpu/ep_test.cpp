@@ -308,7 +308,8 @@ TEST_F(GpuEp, QuantisedDispatchMatchesReference) {
       {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 2688, 4, 1088, 0},
       {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 7168, 128, 1088, 0},
       {rocep::TokenFormat::kNvfp4, rocep::Fp8Encoding::kAuto, 2880, 3, 1088, 0},
-      // Several tokens per block, in batches: quantised one after another after one check of their ids.
+      // Several tokens per block: quantised in runs of consecutive tokens (stage_tokens; with 48 tokens a
+      // block quantises its few one at a time).
       {rocep::TokenFormat::kFp8Block128, rocep::Fp8Encoding::kE4m3fn, 7168, 1, 576, 8},
       // Every resident block (the cases above run on a budget's grid, whose blocks expand several tokens
       // at a time): scales with the payloads, and laid out later.
