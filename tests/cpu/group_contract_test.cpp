@@ -171,6 +171,19 @@ void on_thread_ranks(int world, const std::function<void(int, rocep::EpGroup&)>&
   }
 }
 
+// `call` refused before anything was issued: an InvalidInputError with issued() false whose message names
+// `named`; `accepted` is the failure reported if it returns.
+template <typename Call>
+void expect_refused(const Call& call, const std::string& named, const char* accepted) {
+  try {
+    call();
+    ADD_FAILURE() << accepted;
+  } catch (const rocep::InvalidInputError& error) {
+    EXPECT_FALSE(error.issued()) << error.what();
+    EXPECT_NE(std::string(error.what()).find(named), std::string::npos) << error.what();
+  }
+}
+
 // One dispatch + experts + weighted combine of `step` on this rank; returns the first num_tokens rows of out.
 std::vector<bf16_bits> run_step(rocep::EpGroup& group, const Step& step, int rank, int passed_tokens) {
   RankBuffers buffers(group);
@@ -267,13 +280,7 @@ TEST(EpGroupOverThreadsTest, ABadDispatchOutputIsRefusedAndTheCallRepeated) {
     if (rank == kBadRank) {
       rocep::DispatchOutputs bad = buffers.outputs();
       bad.recv_tokens = nullptr;
-      try {
-        group.dispatch(inputs, bad);
-        ADD_FAILURE() << "a null recv_tokens was accepted";
-      } catch (const rocep::InvalidInputError& error) {
-        EXPECT_FALSE(error.issued()) << error.what();
-        EXPECT_NE(std::string(error.what()).find("recv_tokens"), std::string::npos) << error.what();
-      }
+      expect_refused([&] { group.dispatch(inputs, bad); }, "recv_tokens", "a null recv_tokens was accepted");
     }
     group.dispatch(inputs, buffers.outputs());
     buffers.run_experts(rank);
@@ -308,13 +315,8 @@ TEST(EpGroupOverThreadsTest, CallsOutOfOrderAreRefusedAndChangeNothing) {
                                                    return 0;
                                                  },
                                                  &launched};
-    try {
-      group.combine_recv_with(combine_args, launcher);
-      ADD_FAILURE() << "combine_recv_with on the CPU reference was not refused";
-    } catch (const rocep::InvalidInputError& error) {
-      EXPECT_FALSE(error.issued()) << error.what();
-      EXPECT_NE(std::string(error.what()).find("CPU reference"), std::string::npos) << error.what();
-    }
+    expect_refused([&] { group.combine_recv_with(combine_args, launcher); }, "CPU reference",
+                   "combine_recv_with on the CPU reference was not refused");
     EXPECT_FALSE(launched);
     group.combine_recv(combine_args);
     const std::vector<bf16_bits> out(buffers.out.begin(),
