@@ -148,8 +148,9 @@ __device__ void sum_rows_and_messages(Vector16* out, const Vector16* const* inpu
 // block's threads in parts of kBlockThreads, so that a wide block (kExpandedWideThreads, a budget's grid)
 // sums as many at once as the kBlockThreads blocks that a multiprocessor holds on the whole GPU's grid, each
 // with its own loads in flight, instead of all its threads on one with a few loads each. A batch of one item
-// (pair or token) takes the whole block, which would otherwise leave all parts but the first idle. A SHMEM
-// build keeps the block whole: its puts (publish_staged, publish_block) synchronise the block.
+// takes the whole block, which would otherwise leave all parts but the first idle: the receive's batches of
+// one token (combine_batch_items); the send's batches always hold kBlockThreads / top_k pairs. A SHMEM build
+// keeps the block whole: its puts (publish_staged, publish_block) synchronise the block.
 struct SubBlock {
   int index;    // of the block's parts, [0, count)
   int count;    // parts of the block
