@@ -70,7 +70,8 @@ def kernel_registers(nvcc: str, source: pathlib.Path) -> tuple:
 
 
 def llvm_tools(name: str) -> list:
-    """Every `name` (or `name`-NN) of the PATH and of the LLVM install folders, newest LLVM first."""
+    """Every `name` found: the PATH's, then those of the LLVM install folders (/usr/lib/llvm-NN/bin), newest
+    LLVM first."""
     found = [shutil.which(name)] + sorted(map(str, pathlib.Path("/usr/lib").glob(f"llvm-*/bin/{name}")),
                                           key=lambda path: int(re.search(r"llvm-(\d+)", path).group(1)),
                                           reverse=True)
