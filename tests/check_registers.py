@@ -46,6 +46,13 @@ WIDE = {
 }
 
 
+def broken_rules(kernel: str, registers: int, spilled: int, limit: int) -> str:
+    """The rules `kernel` breaks with `registers` (`limit` the expanded kernels' most) and `spilled` (bytes or
+    registers), as marks for the end of its line: "" where it breaks none."""
+    return ((f"  OVER {limit}" if kernel in EXPANDED and registers > limit else "")
+            + ("  SPILLS" if kernel in WIDE and spilled > 0 else ""))
+
+
 def kernel_registers(nvcc: str, source: pathlib.Path) -> tuple:
     """(registers, spilled bytes) of each kernel of `source`, by name."""
     with tempfile.TemporaryDirectory() as folder:
@@ -143,12 +150,10 @@ def check_amd(builds: list) -> int:
             return 1
         for (target, kernel), fields in sorted(kernels.items()):
             vgprs, spilled = int(fields["vgpr_count"]), int(fields.get("vgpr_spill_count", 0))
-            over = kernel in EXPANDED and vgprs > AMD_LIMIT
-            spilling = kernel in WIDE and spilled > 0
-            failed = failed or over or spilling
+            broken = broken_rules(kernel, vgprs, spilled, AMD_LIMIT)
+            failed = failed or bool(broken)
             print(f"{target} {kernel}: {vgprs} vector registers ({fields.get('agpr_count', 0)} accumulation), "
-                  f"{spilled} spilled, {fields.get('private_segment_fixed_size', 0)} bytes of scratch"
-                  + (f"  OVER {AMD_LIMIT}" if over else "") + ("  SPILLS" if spilling else ""))
+                  f"{spilled} spilled, {fields.get('private_segment_fixed_size', 0)} bytes of scratch{broken}")
     return 1 if failed else 0
 
 
@@ -171,11 +176,9 @@ def main() -> int:
         return 1
     failed = False
     for kernel in sorted(registers):
-        over = kernel in EXPANDED and registers[kernel] > LIMIT
-        spilling = kernel in WIDE and spills.get(kernel, 0) > 0
-        failed = failed or over or spilling
-        print(f"{kernel}: {registers[kernel]} registers, {spills.get(kernel, 0)} bytes spilled"
-              + (f"  OVER {LIMIT}" if over else "") + ("  SPILLS" if spilling else ""))
+        broken = broken_rules(kernel, registers[kernel], spills.get(kernel, 0), LIMIT)
+        failed = failed or bool(broken)
+        print(f"{kernel}: {registers[kernel]} registers, {spills.get(kernel, 0)} bytes spilled{broken}")
     return 1 if failed else 0
 
 
