@@ -775,10 +775,18 @@ __device__ inline int32_t row_of(const GroupView& group, const RankedRows& layou
 }
 
 // An item of the expansion: a token of one source, whole (half 0) or its first or second half (1, 2).
+// Of a payload of `vectors` 16-byte vectors, the item holds [first_vector, first_vector + part_vectors);
+// the item of the token's first part (half 0 or 1) also carries its scales and metadata.
 struct ExpansionItem {
   int token;
   int source;
   int half;
+
+  __device__ uint32_t first_vector(uint32_t vectors) const { return half == 2 ? vectors / 2 : 0u; }
+  __device__ uint32_t part_vectors(uint32_t vectors) const {
+    return half == 0 ? vectors : (half == 1 ? vectors / 2 : vectors - vectors / 2);
+  }
+  __device__ bool first_part() const { return half != 2; }
 };
 
 // A batch of expand_tokens' items: items first_item + j * gridDim.x for j < batch_items, one thread per
@@ -910,6 +918,62 @@ __device__ inline void load_source_regions(const GroupView& group, const uint8_t
   }
 }
 
+// Whether any slot of an item (rows: its top_k entries of batch_rows) names a local expert.
+__device__ inline bool names_local_expert(const int32_t* rows, int top_k) {
+  bool named = false;
+  for (int k = 0; k < top_k; ++k) {
+    named = named || rows[k] >= 0;
+  }
+  return named;
+}
+
+// Where the part of item `it` starts in each of its rows (rows: its top_k entries of batch_rows, >= 0
+// where a row), into row_starts in slot order; returns how many.
+__device__ inline int part_row_starts(const Shape& shape, const DispatchRecvArgs& args,
+                                      const ExpansionItem& it, const int32_t* rows, uint32_t vectors,
+                                      uint8_t** row_starts) {
+  const std::size_t offset = it.first_vector(vectors) * kVectorBytes;
+  int count = 0;
+  for (int k = 0; k < shape.top_k; ++k) {
+    if (rows[k] >= 0) {
+      row_starts[count++] =
+          args.recv_tokens + static_cast<std::size_t>(rows[k]) * shape.payload_bytes + offset;
+    }
+  }
+  return count;
+}
+
+// Every thread of the block: the scales of the first part of item `it` (rows: its top_k entries of
+// batch_rows), from the scale words after the payload of its `message`, each thread's first one already
+// loaded into `first_word` (with the payload), the rest (past blockDim.x) read here. Kept into
+// received_scales where `scales_later` (for lay_out_scales), else into `message_scales` (shared,
+// kMaxScaleWords words, which no thread may still be reading) and from there, after a barrier, into the
+// item's rows.
+__device__ inline void keep_item_scales(const GroupView& group, const DispatchRecvArgs& args,
+                                        const ExpansionItem& it, const int32_t* rows,
+                                        const ScaleGroups& scale_layout, bool scales_later,
+                                        const uint8_t* message, uint32_t first_word,
+                                        uint32_t* message_scales) {
+  const Shape& shape = group.shape;
+  const auto* message_words = reinterpret_cast<const uint32_t*>(message + shape.payload_bytes);
+  const uint32_t scale_words = shape.scale_words();
+  uint32_t* kept = scales_later
+                       ? reinterpret_cast<uint32_t*>(group.received_scales +
+                                                     ReceivedScales::offset(shape, it.source, it.token))
+                       : message_scales;
+  if (threadIdx.x < scale_words) {
+    kept[threadIdx.x] = first_word;
+  }
+  for (uint32_t w = threadIdx.x + blockDim.x; w < scale_words; w += blockDim.x) {
+    kept[w] = message_words[w];
+  }
+  if (!scales_later) {
+    __syncthreads();
+    store_scales_to_rows(reinterpret_cast<const uint8_t*>(message_scales), args.recv_scales, scale_layout,
+                         rows, shape.top_k, threadIdx.x, blockDim.x);
+  }
+}
+
 // The block's first batch of the expansion's items (`items`: shared, kMaxBatchItems entries): tokens whole,
 // or halved where the items would leave blocks idle (batch_slot_expansion_item).
 __device__ inline ExpansionBatch first_expansion_batch(const Shape& shape, const RankedRows& layout,
@@ -972,70 +1036,40 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
         break;
       }
       const int32_t* rows = batch_rows + j * shape.top_k;
-      bool wanted = false;
-      for (int k = 0; k < shape.top_k; ++k) {
-        wanted = wanted || rows[k] >= 0;
-      }
-      if (!wanted) {
+      if (!names_local_expert(rows, shape.top_k)) {
         continue;  // uniform across the block; also a token past its source's count
       }
       const ExpansionItem it = batch.items[j];
-      const uint32_t first_vector = it.half == 2 ? vectors / 2 : 0u;
-      const uint32_t part_vectors =
-          it.half == 0 ? vectors : (it.half == 1 ? vectors / 2 : vectors - vectors / 2);
-      const bool first_part = it.half != 2;  // stores the token's scales
+      const uint32_t first_vector = it.first_vector(vectors);
+      const uint32_t part_vectors = it.part_vectors(vectors);
       const uint8_t* message = source_regions[it.source] + DispatchRegion::message_offset(shape, it.token);
       StagedVectors head{};
       head.load(message + first_vector * kVectorBytes, threadIdx.x, part_vectors, blockDim.x);
-      // Whole words: the message is padded to 16 bytes past its scales. Read once with the payload's first
-      // loads: every row of the token stores them, and reading them from the source once per row put a
-      // read over the link behind each row's stores. A thread's first word waits in a register until the
-      // payload has landed, so the block does not wait on it before the copy.
-      const uint32_t scale_words = (shape.scale_bytes + 3) / 4;
+      // Read once with the payload's first loads: every row of the token stores them, and reading them from
+      // the source once per row put a read over the link behind each row's stores. A thread's first word
+      // waits in a register until the payload has landed, so the block does not wait on it before the copy.
       const auto* message_words = reinterpret_cast<const uint32_t*>(message + shape.payload_bytes);
-      uint32_t* kept = scales_later
-                           ? reinterpret_cast<uint32_t*>(group.received_scales +
-                                                         ReceivedScales::offset(shape, it.source, it.token))
-                           : message_scales;
       uint32_t first_word = 0;
-      if (scaled && first_part) {
-        if (threadIdx.x < scale_words) {
-          first_word = message_words[threadIdx.x];
-        }
-        for (uint32_t w = threadIdx.x + blockDim.x; w < scale_words; w += blockDim.x) {
-          kept[w] = message_words[w];
-        }
+      if (scaled && it.first_part() && threadIdx.x < shape.scale_words()) {
+        first_word = message_words[threadIdx.x];
       }
       if (metadata_pending) {
         store_batch_slot(group, args, batch, batch_rows[threadIdx.x]);
         metadata_pending = false;
       }
       if (threadIdx.x == 0) {
-        int count = 0;
-        for (int k = 0; k < shape.top_k; ++k) {
-          if (rows[k] >= 0) {
-            row_starts[count++] = args.recv_tokens + static_cast<std::size_t>(rows[k]) * shape.payload_bytes +
-                                  first_vector * kVectorBytes;
-          }
-        }
-        row_count = count;
+        row_count = part_row_starts(shape, args, it, rows, vectors, row_starts);
       }
       __syncthreads();
       if (!input_scaled) {  // uniform across the block
         copy_bytes16_to_many(row_starts, row_count, message + first_vector * kVectorBytes,
                              part_vectors * kVectorBytes, threadIdx.x, blockDim.x, head);
       }
-      if (scaled && first_part) {  // uniform across the block
-        if (threadIdx.x < scale_words) {
-          kept[threadIdx.x] = first_word;
-        }
-        if (!scales_later) {
-          __syncthreads();
-          store_scales_to_rows(reinterpret_cast<const uint8_t*>(message_scales), args.recv_scales,
-                               scale_layout, rows, shape.top_k, threadIdx.x, blockDim.x);
-        }
+      if (scaled && it.first_part()) {  // uniform across the block
+        keep_item_scales(group, args, it, rows, scale_layout, scales_later, message, first_word,
+                         message_scales);
       }
-      __syncthreads();
+      __syncthreads();  // row_starts and message_scales are rewritten next
     }
     if (metadata_pending) {
       store_batch_slot(group, args, batch, batch_rows[threadIdx.x]);
@@ -1078,7 +1112,6 @@ __device__ void expand_tokens_wide(const GroupView& group, const DispatchRecvArg
   // With expert input scales (bf16 only) the rows are fp8 codes, which rocep_dispatch_input_scales writes
   // afterwards: no payload is loaded or copied.
   const bool input_scaled = !kScaled && args.expert_input_scales != nullptr;
-  const uint32_t scale_words = (shape.scale_bytes + 3) / 4;  // whole words: messages are padded to 16 bytes
   const ScaleGroups scale_layout =
       kScaled ? scale_groups(shape.format, args.scale_rows, shape.hidden) : ScaleGroups{};
   __shared__ ExpansionItem batch_items[kMaxBatchItems];
@@ -1111,21 +1144,17 @@ __device__ void expand_tokens_wide(const GroupView& group, const DispatchRecvArg
         if (j >= batch.batch_items || batch.first_item + j * static_cast<int>(gridDim.x) >= batch.total) {
           continue;
         }
-        bool wanted = false;
-        for (int k = 0; k < shape.top_k; ++k) {
-          wanted = wanted || batch_rows[j * shape.top_k + k] >= 0;
-        }
-        if (!wanted || input_scaled) {  // uniform across the block
+        if (!names_local_expert(batch_rows + j * shape.top_k, shape.top_k) ||
+            input_scaled) {  // uniform across the block
           continue;
         }
         const ExpansionItem it = batch.items[j];
-        const uint32_t first_vector = it.half == 2 ? vectors / 2 : 0u;
-        item_vectors[i] = it.half == 0 ? vectors : (it.half == 1 ? vectors / 2 : vectors - vectors / 2);
+        item_vectors[i] = it.part_vectors(vectors);
         payloads[i] = source_regions[it.source] + DispatchRegion::message_offset(shape, it.token) +
-                      first_vector * kVectorBytes;
+                      it.first_vector(vectors) * kVectorBytes;
         heads[i].load(payloads[i], threadIdx.x, item_vectors[i], blockDim.x);
-        if (kScaled && it.half != 2 &&
-            threadIdx.x < scale_words) {  // the message's scales follow its payload
+        if (kScaled && it.first_part() &&
+            threadIdx.x < shape.scale_words()) {  // the message's scales follow its payload
           first_words[i] = reinterpret_cast<const uint32_t*>(payloads[i] + shape.payload_bytes)[threadIdx.x];
         }
       }
@@ -1135,20 +1164,10 @@ __device__ void expand_tokens_wide(const GroupView& group, const DispatchRecvArg
       }
       if (static_cast<int>(threadIdx.x) < kItems) {
         const int j = first + static_cast<int>(threadIdx.x);
-        int count = 0;
-        if (j < batch.batch_items) {
-          const ExpansionItem it = batch.items[j];
-          const uint32_t first_vector = it.half == 2 ? vectors / 2 : 0u;
-          for (int k = 0; k < shape.top_k; ++k) {
-            const int32_t row = batch_rows[j * shape.top_k + k];
-            if (row >= 0) {
-              row_starts[threadIdx.x][count++] = args.recv_tokens +
-                                                 static_cast<std::size_t>(row) * shape.payload_bytes +
-                                                 first_vector * kVectorBytes;
-            }
-          }
-        }
-        row_counts[threadIdx.x] = count;
+        row_counts[threadIdx.x] =
+            j < batch.batch_items ? part_row_starts(shape, args, batch.items[j], batch_rows + j * shape.top_k,
+                                                    vectors, row_starts[threadIdx.x])
+                                  : 0;
       }
       __syncthreads();
 #pragma unroll
@@ -1159,33 +1178,22 @@ __device__ void expand_tokens_wide(const GroupView& group, const DispatchRecvArg
         }
       }
       if constexpr (kScaled) {
+        bool message_scales_read = false;  // by store_scales_to_rows, since the last barrier
 #pragma unroll
         for (int i = 0; i < kItems; ++i) {
-          if (payloads[i] == nullptr || batch.items[first + i].half == 2) {  // uniform across the block
+          if (payloads[i] == nullptr || !batch.items[first + i].first_part()) {  // uniform across the block
             continue;
           }
           const ExpansionItem it = batch.items[first + i];
-          const auto* message_words = reinterpret_cast<const uint32_t*>(payloads[i] + shape.payload_bytes);
-          uint32_t* kept =
-              scales_later ? reinterpret_cast<uint32_t*>(group.received_scales +
-                                                         ReceivedScales::offset(shape, it.source, it.token))
-                           : message_scales;
-          if (threadIdx.x < scale_words) {
-            kept[threadIdx.x] = first_words[i];
-          }
-          for (uint32_t w = threadIdx.x + blockDim.x; w < scale_words; w += blockDim.x) {
-            kept[w] = message_words[w];
-          }
-          if (!scales_later) {
+          if (message_scales_read) {
             __syncthreads();
-            store_scales_to_rows(reinterpret_cast<const uint8_t*>(message_scales), args.recv_scales,
-                                 scale_layout, batch_rows + (first + i) * shape.top_k, shape.top_k,
-                                 threadIdx.x, blockDim.x);
-            __syncthreads();  // message_scales is rewritten next
           }
+          keep_item_scales(group, args, it, batch_rows + (first + i) * shape.top_k, scale_layout,
+                           scales_later, payloads[i], first_words[i], message_scales);
+          message_scales_read = !scales_later;
         }
       }
-      __syncthreads();  // row_starts is rewritten next
+      __syncthreads();  // row_starts and message_scales are rewritten next
     }
     if (metadata_pending) {
       store_batch_slot(group, args, batch, batch_rows[threadIdx.x]);

@@ -83,6 +83,9 @@ struct Shape {
   // before they cross (docs/scale-out.md, NodeSums): the node sums each rank keeps (a slot of T rows per
   // source on another node whose messages it holds, the most any rank holds); 0: every rank's row crosses
   int32_t node_sums;
+
+  // A token's scales in whole 32-bit words (its message is padded to 16 bytes past them)
+  ROCEP_HOST_DEVICE uint32_t scale_words() const { return (scale_bytes + 3) / 4; }
 };
 
 // Whether a combine adds the shared expert to `token` of this rank's call of `tokens`: every token, or in

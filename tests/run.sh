@@ -17,9 +17,7 @@ ctest --test-dir "$build" --output-on-failure
 # ctest runs the GPU tests at 2 ranks; a machine with more GPUs also runs them on all of them, one rank each.
 gpus=$(bash "$root/.ci/count-gpus")
 if [ "$gpus" -gt 2 ] && [ -x "$build/tests/rocep_gpu_tests" ]; then
-  echo "GPU tests at $gpus ranks, one per GPU"
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    timeout 1200 mpirun --oversubscribe --bind-to none -np "$gpus" "$build/tests/rocep_gpu_tests"
+  ROCEP_BUILD_DIR=$build ROCEP_RANKS=$gpus ROCEP_TEST_TIMEOUT=1200 bash "$root/tests/run_mps.sh"
 fi
 
 build=$(cd "$build" && pwd)  # absolute: the Python tests run from inside it

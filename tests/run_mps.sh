@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the GPU tests at more ranks than GPUs: ROCEP_RANKS ranks (default 4), the same number on each GPU.
-# On NVIDIA they share each GPU under MPS: the script starts an MPS control daemon of its own (its pipe and
+# Runs the GPU tests at ROCEP_RANKS ranks (default 4), the same number on each GPU. Where that is more than
+# one, on NVIDIA they share each GPU under MPS: the script starts an MPS control daemon of its own (its pipe and
 # log folders in a temporary folder), gives each rank 100 / (ranks per GPU) percent of the GPU's threads
 # (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) and stops the daemon however the run ends. On AMD the ranks share each
 # GPU as they are. Arguments go to rocep_gpu_tests, e.g. --gtest_filter='GpuPerToken.*'.
@@ -32,7 +32,9 @@ if [ $((ranks % gpus)) -ne 0 ]; then
 fi
 per_gpu=$((ranks / gpus))
 
-if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+if [ "$per_gpu" -eq 1 ]; then
+  echo "GPU tests at $ranks ranks, one per GPU"
+elif command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   folder=$(mktemp -d)
   export CUDA_MPS_PIPE_DIRECTORY=$folder/pipe CUDA_MPS_LOG_DIRECTORY=$folder/log
   export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / per_gpu))
