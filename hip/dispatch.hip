@@ -1045,9 +1045,10 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
       const uint8_t* message = source_regions[it.source] + DispatchRegion::message_offset(shape, it.token);
       StagedVectors head{};
       head.load(message + first_vector * kVectorBytes, threadIdx.x, part_vectors, blockDim.x);
-      // Read once with the payload's first loads: every row of the token stores them, and reading them from
-      // the source once per row put a read over the link behind each row's stores. A thread's first word
-      // waits in a register until the payload has landed, so the block does not wait on it before the copy.
+      // The token's scale words, read once with the payload's first loads: every row of the token stores
+      // them, and reading them from the source once per row put a read over the link behind each row's
+      // stores. A thread's first word waits in a register until the payload has landed, so the block does
+      // not wait on it before the copy.
       const auto* message_words = reinterpret_cast<const uint32_t*>(message + shape.payload_bytes);
       uint32_t first_word = 0;
       if (scaled && it.first_part() && threadIdx.x < shape.scale_words()) {
