@@ -1185,19 +1185,21 @@ __device__ void expand_tokens_wide(const GroupView& group, const DispatchRecvArg
         }
       }
       if constexpr (kScaled) {
+        bool message_scales_read = false;  // by store_scales_to_rows, since the last barrier
 #pragma unroll
         for (int i = 0; i < kItems; ++i) {
           if (payloads[i] == nullptr || !batch.items[first + i].first_part()) {  // uniform across the block
             continue;
           }
+          if (message_scales_read) {
+            __syncthreads();
+          }
           keep_item_scales(group, args, batch.items[first + i], batch_rows + (first + i) * shape.top_k,
                            scale_layout, scales_later, payloads[i], first_words[i], message_scales);
-          if (!scales_later) {
-            __syncthreads();  // message_scales is rewritten next
-          }
+          message_scales_read = !scales_later;
         }
       }
-      __syncthreads();  // row_starts is rewritten next
+      __syncthreads();  // row_starts and message_scales are rewritten next
     }
     if (metadata_pending) {
       store_batch_slot(group, args, batch, batch_rows[threadIdx.x]);
