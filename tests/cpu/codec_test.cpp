@@ -12,11 +12,13 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "codec_cases.hpp"
+#include "hip/bf16.hpp"
 #include "hip/codecs.hpp"
 #include "mpi_support.hpp"
 #include "rocep/formats.hpp"
@@ -278,6 +280,34 @@ TEST(ElementCodecTest, E4m3ThroughFloat16MatchesDecode) {
         ASSERT_EQ(device::float_bits(half_value * (scale * factor)), device::float_bits(decoded * scale))
             << "code " << code << ", scale " << rocep::testing::describe(scale);
       }
+    }
+  }
+}
+
+// float_to_bf16 (hip/bf16.hpp), which the kernels' bf16 stores and the CPU reference share, against round
+// to nearest even written out on the bits: the word's high half, plus one where the dropped low half is more
+// than half a step, or exactly half with an odd high half (a carry into the exponent rounds up to the next
+// binade or to infinity); a NaN keeps its high half with the quiet bit set. Every high half (every sign,
+// exponent and kept mantissa, NaNs and infinities among them), each with the low halves at and beside the
+// rounding boundaries and random ones drawn fresh.
+TEST(ElementCodecTest, Bf16RoundsToNearestEvenOnEveryHighHalf) {
+  const uint64_t seed = rocep::testing::fresh_seed();
+  SCOPED_TRACE(rocep::testing::seed_trace(seed));
+  std::mt19937_64 random(seed);
+  const auto expected = [](uint32_t word) {
+    const uint32_t high = word >> 16;
+    const uint32_t low = word & 0xffffu;
+    if ((word & 0x7fffffffu) > 0x7f800000u) {
+      return static_cast<uint16_t>(high | 0x40u);
+    }
+    return static_cast<uint16_t>(high + ((low > 0x8000u || (low == 0x8000u && (high & 1u) != 0)) ? 1u : 0u));
+  };
+  for (uint32_t high = 0; high <= 0xffffu; ++high) {
+    for (const uint32_t low :
+         {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu, static_cast<uint32_t>(random() & 0xffffu)}) {
+      const uint32_t word = high << 16 | low;
+      ASSERT_EQ(rocep::float_to_bf16(device::bits_float(word)), expected(word))
+          << "float32 bits 0x" << std::hex << word;
     }
   }
 }
