@@ -22,9 +22,10 @@
 // block-128; the header line's config says which).
 // --local_only=1: EpConfig::local_only of every case, allreduce_world_size the world's: each rank dispatches
 // its tokens to its own experts only, so nothing crosses (remote bytes 0; logical bytes its own rows).
-// --inputs=input_buffer also times bf16 dispatch from tokens written into EpGroup::dispatch_input_buffer(),
-// and the per-token bf16 combine from expert outputs in EpGroup::combine_input_buffer(), in the fused,
-// split and graph cases. --inputs=quantised times the scaled formats' dispatch from tokens quantised
+// --inputs=input_buffer also times dispatch from tokens written into EpGroup::dispatch_input_buffer() (a
+// scaled format's quantised beforehand on the host, each row its payload and then its scales), and the
+// per-token bf16 combine from expert outputs in EpGroup::combine_input_buffer(), in the fused, split and
+// graph cases. --inputs=quantised times the scaled formats' dispatch from tokens quantised
 // beforehand (on the host, by the CPU reference's codec) and passed with DispatchInputs::token_scales, as a
 // server whose previous kernel quantises them hands them over: the send copies payloads and scales.
 // --sms: the SM budgets (EpConfig::num_sms) every case runs at: default (the library's share), all, or N
@@ -89,8 +90,9 @@ using rocep::bench::median;
 using rocep::bench::parse_positive;
 
 // Where dispatch's tokens come from: a buffer of the caller's, bf16 (dispatch stages them, quantising them
-// for a scaled format); the group's input buffer (EpGroup::dispatch_input_buffer, bf16 only); or a buffer of
-// the caller's holding them already quantised, with their scales (scaled formats only).
+// for a scaled format); the group's input buffer (EpGroup::dispatch_input_buffer: bf16, or a scaled format's
+// already quantised with their scales); or a buffer of the caller's holding them already quantised, with
+// their scales (scaled formats only).
 enum class TokenInputs { kCopied, kInputBuffer, kQuantised };
 
 struct BenchOptions {
@@ -583,16 +585,17 @@ CaseCalls::CaseCalls(rocep::EpGroup& group, int num_tokens, TokenInputs token_in
   inputs = {memory.make(workload.tokens), memory.make(workload.topk_ids), memory.make(workload.topk_weights),
             num_tokens, nullptr};
   const bool in_input_buffer = token_inputs == TokenInputs::kInputBuffer;
-  if (in_input_buffer) {
-    // Written once: the calls only read it, as a server's previous layer would have written it there.
-    memory.copy_in(group.dispatch_input_buffer(), workload.tokens.data(),
-                   workload.tokens.size() * sizeof(rocep::bf16_bits));
-    inputs.tokens = group.dispatch_input_buffer();
-  }
   // nvfp4: a global scale that keeps the block scales of values in [-4, 4] inside e4m3's range.
   const float global_scale = 448.0f * 6.0f / 4.0f;
   inputs.global_scale = memory.make(std::vector<float>{global_scale});
-  if (token_inputs == TokenInputs::kQuantised) {
+  // The input buffer is written once: the calls only read it, as a server's previous layer would have
+  // written it there (a scaled format's tokens already quantised, each row its payload, then its scales).
+  std::vector<uint8_t> buffer_rows;
+  if (in_input_buffer && bf16) {
+    buffer_rows.resize(workload.tokens.size() * sizeof(rocep::bf16_bits));
+    std::memcpy(buffer_rows.data(), workload.tokens.data(), buffer_rows.size());
+  }
+  if (token_inputs == TokenInputs::kQuantised || (in_input_buffer && !bf16)) {
     const std::size_t payload_bytes = rocep::format_payload_bytes(config.dispatch_format, config.hidden);
     const std::size_t scale_bytes = rocep::format_scale_bytes(config.dispatch_format, config.hidden);
     std::vector<uint8_t> payloads(std::max<std::size_t>(std::size_t{1} * num_tokens * payload_bytes, 1));
@@ -600,8 +603,22 @@ CaseCalls::CaseCalls(rocep::EpGroup& group, int num_tokens, TokenInputs token_in
     rocep::reference::quantize_bf16_rows(config.dispatch_format, config.fp8_encoding, workload.tokens.data(),
                                          num_tokens, config.hidden, global_scale, payloads.data(),
                                          scales.data());
-    inputs.tokens = memory.make(payloads);
-    inputs.token_scales = memory.make(scales);
+    if (in_input_buffer) {
+      const std::size_t row_bytes = rocep::format_input_row_bytes(config.dispatch_format, config.hidden);
+      buffer_rows.assign(std::size_t{1} * num_tokens * row_bytes, 0);
+      for (std::size_t token = 0; token < static_cast<std::size_t>(num_tokens); ++token) {
+        std::memcpy(&buffer_rows[token * row_bytes], &payloads[token * payload_bytes], payload_bytes);
+        std::memcpy(&buffer_rows[token * row_bytes + payload_bytes], &scales[token * scale_bytes],
+                    scale_bytes);
+      }
+    } else {
+      inputs.tokens = memory.make(payloads);
+      inputs.token_scales = memory.make(scales);
+    }
+  }
+  if (in_input_buffer) {
+    memory.copy_in(group.dispatch_input_buffer(), buffer_rows.data(), buffer_rows.size());
+    inputs.tokens = group.dispatch_input_buffer();
   }
   if (config.layout == rocep::Layout::kPerToken) {
     // A row per received token; sorted_token_ids and its blocks sized by the expanded row bound.
@@ -1089,9 +1106,8 @@ int main(int argc, char** argv) {
           format_config.validate(world);
           for (const TokenInputs token_inputs : options.inputs) {
             const bool bf16 = format == rocep::TokenFormat::kBf16;
-            if ((token_inputs == TokenInputs::kInputBuffer && !bf16) ||
-                (token_inputs == TokenInputs::kQuantised && bf16)) {
-              continue;  // the input buffer holds bf16 tokens; bf16 has nothing to quantise
+            if (token_inputs == TokenInputs::kQuantised && bf16) {
+              continue;  // bf16 has nothing to quantise
             }
             for (const int tokens : options.tokens) {
               rocep::EpConfig case_config = format_config;

@@ -21,8 +21,8 @@ class EpBackend {
 
   // Bytes the backend allocated for itself (outputs not included).
   virtual std::size_t memory_bytes() const = 0;
-  // bf16 groups: the input buffer (see EpGroup::dispatch_input_buffer); its memory, for the check of
-  // misplaced tokens.
+  // The dispatch input buffer (see EpGroup::dispatch_input_buffer); its memory, for the check of misplaced
+  // tokens.
   virtual void* dispatch_input_buffer() = 0;
   virtual contract::OwnMemory dispatch_memory() const = 0;
   // bf16 per-token groups: the combine input buffer (see EpGroup::combine_input_buffer); the combine's own

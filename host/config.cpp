@@ -136,6 +136,10 @@ std::size_t format_scale_bytes(TokenFormat format, int hidden) {
                     " is not a known format");
 }
 
+std::size_t format_input_row_bytes(TokenFormat format, int hidden) {
+  return format_payload_bytes(format, hidden) + (format_scale_bytes(format, hidden) + 15) / 16 * 16;
+}
+
 std::size_t format_scale_tensor_bytes(TokenFormat format, std::size_t rows, int columns) {
   // nvfp4's tiles hold whole 4-block columns: a partial one has no place of its own in the layout.
   require_row_elements(

@@ -157,8 +157,15 @@ std::string dispatch_inputs_error(const EpConfig& config, const char* call, int 
   if (config.dispatch_format == TokenFormat::kBf16 && inputs.token_scales != nullptr) {
     return where + " passed token_scales, but dispatch_format bf16 has no scales";
   }
+  // Tokens in the input buffer arrive as they are, each row its payload and then its scales.
+  const bool in_buffer = inputs.tokens != nullptr && inputs.tokens == memory.input_buffer;
+  if (in_buffer && inputs.token_scales != nullptr) {
+    return where +
+           " passed token_scales with tokens at dispatch_input_buffer(), whose rows hold each token's scales "
+           "after its payload (format_input_row_bytes): pass token_scales = nullptr";
+  }
   if (has_tokens && config.dispatch_format == TokenFormat::kNvfp4 && inputs.token_scales == nullptr &&
-      inputs.global_scale == nullptr) {
+      !in_buffer && inputs.global_scale == nullptr) {
     return where + " passed a null global_scale: nvfp4 tokens quantised in dispatch need one";
   }
   // Anywhere in the group's own dispatch memory but at the input buffer, the staging copy would overwrite
@@ -275,14 +282,6 @@ std::string caller_epilogue_error(const EpConfig& config, Backend backend, int r
            "rocep::combine_recv of <rocep/combine_epilogue.hpp>)";
   }
   return {};
-}
-
-std::string input_buffer_error(const EpConfig& config) {
-  if (config.dispatch_format == TokenFormat::kBf16) {
-    return {};
-  }
-  return std::string("EpGroup::dispatch_input_buffer: dispatch_format is ") +
-         to_string(config.dispatch_format) + "; the input buffer holds bf16 tokens only";
 }
 
 std::string combine_input_buffer_error(const EpConfig& config) {

@@ -67,8 +67,6 @@ std::string combine_args_error(const EpConfig& config, const char* call, int ran
 // A combine_recv through the caller's epilogue (EpGroup::combine_recv_with), beyond combine_args_error.
 std::string caller_epilogue_error(const EpConfig& config, Backend backend, int rank, const CombineArgs& args,
                                   const CombineReceiveLauncher& launcher);
-// Empty when config.dispatch_format has an input buffer (bf16), else the ConfigError's message.
-std::string input_buffer_error(const EpConfig& config);
 // Empty when the group has a combine input buffer (per-token layout, bf16 combine_dtype), else the
 // ConfigError's message.
 std::string combine_input_buffer_error(const EpConfig& config);

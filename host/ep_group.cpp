@@ -326,10 +326,6 @@ std::size_t EpGroup::memory_bytes() const {
 }
 
 void* EpGroup::dispatch_input_buffer() {
-  const std::string error = contract::input_buffer_error(impl().config);
-  if (!error.empty()) {
-    throw ConfigError(error);
-  }
   return impl().implementation->dispatch_input_buffer();
 }
 

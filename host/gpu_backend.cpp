@@ -127,7 +127,7 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
   shape.alignment = config.expert_alignment;
   shape.payload_bytes = static_cast<uint32_t>(format_payload_bytes(config.dispatch_format, config.hidden));
   shape.scale_bytes = static_cast<uint32_t>(format_scale_bytes(config.dispatch_format, config.hidden));
-  shape.message_bytes = shape.payload_bytes + (shape.scale_bytes + 15) / 16 * 16;
+  shape.message_bytes = static_cast<uint32_t>(format_input_row_bytes(config.dispatch_format, config.hidden));
   shape.format = static_cast<device::Format>(config.dispatch_format);
   shape.fp8_encoding = static_cast<device::Fp8>(config.fp8_encoding);  // resolved by EpGroup
   shape.per_token = config.layout == Layout::kPerToken ? 1 : 0;
@@ -361,8 +361,7 @@ contract::OwnMemory GpuEp::combine_memory() const {
 }
 
 contract::OwnMemory GpuEp::dispatch_memory() const {
-  const void* input_buffer = config_.dispatch_format == TokenFormat::kBf16 ? messages() : nullptr;
-  return {view_.dispatch_region, device::DispatchRegion::bytes(view_.shape), input_buffer};
+  return {view_.dispatch_region, device::DispatchRegion::bytes(view_.shape), messages()};
 }
 
 device::DispatchSendArgs GpuEp::dispatch_send_args(const DispatchInputs& inputs) const {

@@ -34,7 +34,7 @@ class GpuEp final : public EpBackend {
   GpuEp& operator=(const GpuEp&) = delete;
 
   std::size_t memory_bytes() const override { return memory_bytes_; }
-  // bf16 dispatch: the message area of this rank's dispatch region, [T][hidden] bf16 (see EpGroup).
+  // The message area of this rank's dispatch region, [T][format_input_row_bytes] (see EpGroup).
   void* dispatch_input_buffer() override;
   contract::OwnMemory dispatch_memory() const override;
   // bf16 per-token combine: combine_rows(), allocated on the first call where there are none yet (see
@@ -57,7 +57,7 @@ class GpuEp final : public EpBackend {
   bool broken() const override { return broken_; }
 
  private:
-  // The message area of this rank's dispatch region: [T][message_bytes], the input buffer in bf16 groups.
+  // The message area of this rank's dispatch region: [T][message_bytes], the dispatch input buffer.
   uint8_t* messages() const;
   // The combine input buffer, [world x T][hidden] bf16: where combines pull (Shape::pulled_combine), the
   // input rows of this rank's combine region; across nodes, the staging rows; else memory of its own, null

@@ -176,12 +176,13 @@ void ReferenceEp::record(device::StatusCode code, device::Operation operation, i
 }
 
 void* ReferenceEp::dispatch_input_buffer() {
-  input_buffer_.resize(static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.hidden);
+  input_buffer_.resize(static_cast<std::size_t>(config_.max_tokens_per_rank) *
+                       format_input_row_bytes(config_.dispatch_format, config_.hidden));
   return input_buffer_.data();
 }
 
 contract::OwnMemory ReferenceEp::dispatch_memory() const {
-  return {input_buffer_.data(), input_buffer_.size() * sizeof(bf16_bits), input_buffer_.data()};
+  return {input_buffer_.data(), input_buffer_.size(), input_buffer_.data()};
 }
 
 void* ReferenceEp::combine_input_buffer() {
@@ -241,7 +242,10 @@ void ReferenceEp::dispatch_send(const DispatchInputs& inputs, void* /*stream*/) 
   const int hidden = config_.hidden;
   const std::size_t payload_bytes = format_payload_bytes(format, hidden);
   const std::size_t scale_bytes = format_scale_bytes(format, hidden);
-  const bool quantize = format != TokenFormat::kBf16 && inputs.token_scales == nullptr;
+  // Tokens in the input buffer: each row the payload, then the scales (format_input_row_bytes apart).
+  const bool in_buffer = inputs.tokens != nullptr && inputs.tokens == input_buffer_.data();
+  const std::size_t row_bytes = in_buffer ? format_input_row_bytes(format, hidden) : payload_bytes;
+  const bool quantize = format != TokenFormat::kBf16 && inputs.token_scales == nullptr && !in_buffer;
   const float global_scale =
       quantize && num_tokens > 0 && format == TokenFormat::kNvfp4 ? *inputs.global_scale : 1.0f;
   std::vector<ByteVector> messages(world);
@@ -256,11 +260,13 @@ void ReferenceEp::dispatch_send(const DispatchInputs& inputs, void* /*stream*/) 
       quantize_row(format, config_.fp8_encoding, values.data(), hidden, global_scale, body.data(),
                    body.data() + payload_bytes);
     } else {
-      std::memcpy(body.data(), static_cast<const uint8_t*>(inputs.tokens) + token * payload_bytes,
-                  payload_bytes);
+      const uint8_t* row = static_cast<const uint8_t*>(inputs.tokens) + token * row_bytes;
+      std::memcpy(body.data(), row, payload_bytes);
       if (scale_bytes > 0) {
         std::memcpy(body.data() + payload_bytes,
-                    static_cast<const uint8_t*>(inputs.token_scales) + token * scale_bytes, scale_bytes);
+                    in_buffer ? row + payload_bytes
+                              : static_cast<const uint8_t*>(inputs.token_scales) + token * scale_bytes,
+                    scale_bytes);
       }
     }
     const int32_t* ids = checked_ids.data() + static_cast<std::size_t>(token) * top_k;

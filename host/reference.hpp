@@ -98,7 +98,7 @@ class ReferenceEp final : public EpBackend {
   int local_experts_ = 0;
   device::Status status_{};
 
-  std::vector<bf16_bits> input_buffer_;          // [max_tokens_per_rank][hidden] once asked for
+  std::vector<uint8_t> input_buffer_;  // [max_tokens_per_rank][format_input_row_bytes] once asked for
   std::vector<bf16_bits> combine_input_buffer_;  // [world x max_tokens_per_rank][hidden] once asked for
   // dispatch_send -> dispatch_recv
   std::vector<std::vector<uint8_t>> received_messages_;

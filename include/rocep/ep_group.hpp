@@ -107,14 +107,18 @@ class EpGroup {
   std::size_t memory_bytes() const;   // device bytes the group allocated for itself (outputs not included;
                                       // 0 on the CPU reference)
 
-  // bf16 dispatch only: this rank's input buffer, [max_tokens_per_rank, hidden] bf16 in the group's own
-  // memory (device memory on the GPU backend, host memory on the CPU reference), where the peers read this
-  // rank's tokens. Tokens written here and passed as DispatchInputs::tokens (this very pointer) are not
-  // copied by dispatch_send, which then sends only ids and weights. Write it only between this rank's
-  // combine and its next dispatch, in stream order: from a dispatch until this rank's combine of it, the
-  // peers may be reading the tokens. Not collective; the same pointer for the group's lifetime. Allocates:
-  // no on the GPU backend (it is the memory the send would stage the tokens into); the CPU reference
-  // allocates it on the first call. Throws ConfigError for other dispatch formats.
+  // This rank's input buffer in the group's own memory (device memory on the GPU backend, host memory on the
+  // CPU reference), where the peers read this rank's tokens: max_tokens_per_rank rows of
+  // format_input_row_bytes(dispatch_format, hidden) bytes, 16-byte aligned. bf16: [max_tokens_per_rank,
+  // hidden] bf16. Scaled formats: each row the token already quantised, its payload
+  // (format_payload_bytes) and then its scales row-major (format_scale_bytes, as DispatchInputs::
+  // token_scales holds them), then padding to the row's end. Tokens written here and passed as
+  // DispatchInputs::tokens (this very pointer, with token_scales null) are not copied by dispatch_send,
+  // which then sends only ids and weights. Write it only between this rank's combine and its next
+  // dispatch, in stream order: from a dispatch until this rank's combine of it, the peers may be reading
+  // the tokens. Not collective; the same pointer for the group's lifetime. Allocates: no on the GPU backend
+  // (it is the memory the send would stage the tokens into); the CPU reference allocates it on the first
+  // call.
   void* dispatch_input_buffer();
   // Per-token layout, bf16 combine only: this rank's combine input buffer, [world_size x
   // max_tokens_per_rank, hidden] bf16 in the group's own memory (the CPU reference: host memory), for the

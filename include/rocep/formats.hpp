@@ -75,6 +75,9 @@ std::size_t format_payload_bytes(TokenFormat format, int hidden);
 // Bytes of the per-token scales of one token of `hidden` elements (0 for bf16). Throws ConfigError for an
 // unknown format or a `hidden` that is negative or not whole blocks (format_block_elements).
 std::size_t format_scale_bytes(TokenFormat format, int hidden);
+// Bytes of one token's row of EpGroup::dispatch_input_buffer(): the payload, then (scaled formats) its scales
+// row-major, padded to a multiple of 16 bytes: 2 x hidden for bf16. Throws as the two above do.
+std::size_t format_input_row_bytes(TokenFormat format, int hidden);
 // Bytes of the scale tensor in the layout above for `rows` rows of `columns` elements (0 for bf16). Throws
 // ConfigError as format_scale_bytes does for `columns` (for nvfp4, unless a multiple of 64: whole tile
 // columns), and for `rows` whose bytes overflow size_t.

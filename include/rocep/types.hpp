@@ -21,7 +21,8 @@ struct SrcInfo {
 struct DispatchInputs {
   // [num_tokens, hidden] bf16 when token_scales is null: quantised to EpConfig::dispatch_format inside
   // dispatch. Otherwise the tokens arrive already quantised: [num_tokens, format_payload_bytes] in the
-  // dispatch format, and they travel as they are.
+  // dispatch format, and they travel as they are. Or EpGroup::dispatch_input_buffer(), with token_scales
+  // null: the tokens written there, in any format (scaled ones already quantised, with their scales).
   const void* tokens = nullptr;
   // [num_tokens, top_k] expert ids in [-1, num_experts); -1 = no expert for that slot. A token names each
   // expert at most once.

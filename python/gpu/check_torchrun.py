@@ -11,7 +11,8 @@
   local_expert_count;
 - dispatch + combine captured in torch.cuda.graph, replayed with new data, for the native group and the op;
 - the combine epilogue (factor, per-token factors, residual) into a slice of a wider tensor, both layouts;
-- tokens and expert rows written into the group's input buffers (torch views of its memory);
+- tokens and expert rows written into the group's input buffers (torch views of its memory), and fp8 tokens
+  already quantised into the dispatch input buffer;
 - a group with cupy arrays (cupy inputs and outputs, calls on cupy's current stream), bit for bit;
 - torch CPU tensors on the CPU reference, against numpy arrays.
 
@@ -252,6 +253,38 @@ def check_input_buffers(boot, rank, world):
     gpu.synchronize()
 
 
+def check_quantised_input_buffer(boot, rank, world):
+    """fp8 block-128 tokens already quantised, written into the group's dispatch input buffer (a torch uint8
+    view of its memory, each row the codes and then the float32 scales), against the reference's dispatch of
+    the same codes and scales passed as token_scales."""
+    config = config_for(world, dispatch_format=rocep.TokenFormat.FP8_BLOCK128)
+    gpu = rocep.Group(boot, config, rocep.Backend.GPU)
+    cpu = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE)
+    buffer = gpu.dispatch_input_buffer()
+    row_bytes = rocep.format_input_row_bytes(config.dispatch_format, HIDDEN)
+    if buffer.dtype != torch.uint8 or tuple(buffer.shape) != (MAX_TOKENS, row_bytes):
+        failures.append(f"quantised input buffer: {buffer.dtype} {tuple(buffer.shape)}")
+    blocks = HIDDEN // 128
+    rows = np.zeros((gpu.config.max_recv_tokens(world), HIDDEN), np.uint16)
+    device_rows = torch.zeros(rows.shape, dtype=torch.bfloat16, device="cuda")
+    for step, n in enumerate([MAX_TOKENS, 17, 0, 64]):
+        _, ids, weights, _ = inputs(120 + step, rank, n, world, 1)
+        g = generator(125 + step, rank)
+        codes = torch.randint(0, 120, (n, HIDDEN), generator=g, dtype=torch.uint8)
+        scales = torch.rand(n, blocks, generator=g) + 0.5
+        buffer[:n, :HIDDEN].copy_(codes)
+        buffer[:n, HIDDEN:HIDDEN + 4 * blocks].copy_(scales.view(torch.uint8))
+        got = gpu.dispatch(buffer[:n], ids.cuda(), weights.cuda())
+        ref = cpu.dispatch(codes.numpy(), ids.numpy(), weights.numpy(), token_scales=scales.numpy())
+        count = ref.count()
+        for field in ("tokens", "scales", "topk_ids", "topk_weights", "src_info"):
+            check(f"quantised input buffer step {step} {field}", getattr(got, field)[:count],
+                  getattr(ref, field)[:count])
+        gpu.combine(device_rows, n)
+        cpu.combine(rows, n)
+    gpu.synchronize()
+
+
 def check_epilogue(boot, rank, world):
     """The combine epilogue on torch tensors, into the first hidden columns of a wider tensor, against the
     CPU reference's, both layouts (the expanded one weighted)."""
@@ -464,6 +497,7 @@ def main() -> int:
     check_native_graph(boot, rank, world)
     check_cupy(boot, rank, world)
     check_input_buffers(boot, rank, world)
+    check_quantised_input_buffer(boot, rank, world)
     check_epilogue(boot, rank, world)
     check_mori(boot, rank, world, fp8=False)
     check_mori(boot, rank, world, fp8=True)

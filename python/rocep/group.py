@@ -110,10 +110,10 @@ class _DeviceMemory:
 
 class _HostMemory:
     """Host memory of a group (the CPU reference's), as __array_interface__ describes it to numpy: bf16 bits
-    as uint16; keeps the group alive while an array made from it holds it."""
+    as uint16, or bytes; keeps the group alive while an array made from it holds it."""
 
-    def __init__(self, address: int, shape, owner):
-        self.__array_interface__ = {"shape": shape, "typestr": "<u2", "data": (address, False), "version": 3}
+    def __init__(self, address: int, shape, owner, typestr: str = "<u2"):
+        self.__array_interface__ = {"shape": shape, "typestr": typestr, "data": (address, False), "version": 3}
         self._owner = owner
 
 
@@ -206,11 +206,21 @@ class Group:
         return _cupy().asarray(memory)
 
     def dispatch_input_buffer(self):
-        """bf16 dispatch only: [max_tokens_per_rank, hidden] bf16 in the group's own memory, where the peers
-        read this rank's tokens. Tokens written there and passed to dispatch as its first rows
-        (`buffer[:num_tokens]`) are not copied by the send. Write it only between this rank's combine and its
-        next dispatch, in stream order. Raises rocep.ConfigError for other dispatch formats."""
-        return self._own_memory(self._group.dispatch_input_buffer_address(), self.config.max_tokens_per_rank)
+        """This rank's input buffer in the group's own memory, where the peers read its tokens. bf16 groups:
+        [max_tokens_per_rank, hidden] bf16. Scaled formats: [max_tokens_per_rank, format_input_row_bytes]
+        uint8, each row a token already quantised: its payload (format_payload_bytes bytes), then its scales
+        row-major (format_scale_bytes bytes, as token_scales holds them), then padding. Tokens written there
+        and passed to dispatch as its first rows (`buffer[:num_tokens]`, with no token_scales) are not copied
+        by the send. Write it only between this rank's combine and its next dispatch, in stream order."""
+        config = self.config
+        address, rows = self._group.dispatch_input_buffer_address(), config.max_tokens_per_rank
+        if config.dispatch_format == _rocep.TokenFormat.BF16:
+            return self._own_memory(address, rows)
+        shape = (rows, _rocep.format_input_row_bytes(config.dispatch_format, config.hidden))
+        if not self._gpu:
+            return np.asarray(_HostMemory(address, shape, self, "|u1"))
+        memory = _DeviceMemory(address, shape, "|u1", self)
+        return _torch().as_tensor(memory, device="cuda") if self._arrays == "torch" else _cupy().asarray(memory)
 
     def combine_input_buffer(self):
         """Per-token layout with a bf16 combine only: [max_recv_tokens, hidden] bf16 in the group's own memory,

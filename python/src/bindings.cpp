@@ -213,7 +213,7 @@ std::string zero_tokens_error(const rocep::EpGroup& group, const char* what) {
 // The checked inputs, or, for a bad one, zero tokens and its message in *error: as in C++, this rank still
 // takes part, with zero tokens, so that its peers complete; then it raises. The arrays the inputs point into
 // (copies where nanobind made them contiguous) are kept in *arrays, which must outlive the call.
-rocep::DispatchInputs dispatch_inputs(const rocep::EpGroup& group, const nb::object& token_rows,
+rocep::DispatchInputs dispatch_inputs(rocep::EpGroup& group, const nb::object& token_rows,
                                       const nb::object& ids, const nb::object& weights,
                                       const nb::object& token_scales, const nb::object& global_scale,
                                       std::vector<InputArray>* arrays, std::string* error) {
@@ -228,7 +228,17 @@ rocep::DispatchInputs dispatch_inputs(const rocep::EpGroup& group, const nb::obj
     const InputArray topk_ids = input_array("topk_ids", ids);
     const InputArray topk_weights = input_array("topk_weights", weights);
     const int64_t given = static_cast<int64_t>(topk_ids.ndim() > 0 ? topk_ids.shape(0) : 0);
-    if (token_scales.is_none()) {
+    // A scaled format's rows of the input buffer: each token's payload, then its scales (uint8 rows). No
+    // rows at all (buffer[:0]) count too: an empty array's data pointer is not always the buffer's.
+    const bool in_buffer = token_scales.is_none() && config.dispatch_format != rocep::TokenFormat::kBf16 &&
+                           tokens.dtype() == nb::dtype<uint8_t>() &&
+                           (given == 0 || tokens.data() == group.dispatch_input_buffer());
+    if (in_buffer) {
+      const auto row_bytes =
+          static_cast<int64_t>(rocep::format_input_row_bytes(config.dispatch_format, config.hidden));
+      check("tokens", tokens, nb::dtype<uint8_t>(), "uint8 (rows of dispatch_input_buffer())",
+            {given, row_bytes}, gpu);
+    } else if (token_scales.is_none()) {
       check("tokens", tokens, kBfloat16, "bfloat16 (or its bits as uint16)", {given, config.hidden}, gpu);
     } else {
       check("tokens", tokens, nb::dtype<uint8_t>(), "uint8 (quantised payload bytes)", {given, payload}, gpu);
@@ -246,7 +256,7 @@ rocep::DispatchInputs dispatch_inputs(const rocep::EpGroup& group, const nb::obj
       inputs.global_scale = static_cast<const float*>(scale.data());
       arrays->push_back(scale);
     }
-    inputs.tokens = tokens.data();
+    inputs.tokens = in_buffer ? group.dispatch_input_buffer() : tokens.data();
     inputs.topk_ids = static_cast<const int32_t*>(topk_ids.data());
     inputs.topk_weights = static_cast<const float*>(topk_weights.data());
     inputs.num_tokens = static_cast<int>(given);
@@ -503,6 +513,7 @@ NB_MODULE(_rocep, m) {
   m.attr("ALL_SMS") = rocep::EpConfig::kAllSms;
   m.def("format_payload_bytes", &rocep::format_payload_bytes, nb::arg("format"), nb::arg("hidden"));
   m.def("format_scale_bytes", &rocep::format_scale_bytes, nb::arg("format"), nb::arg("hidden"));
+  m.def("format_input_row_bytes", &rocep::format_input_row_bytes, nb::arg("format"), nb::arg("hidden"));
   m.def("format_scale_tensor_bytes", &rocep::format_scale_tensor_bytes, nb::arg("format"), nb::arg("rows"),
         nb::arg("columns"));
 

@@ -1132,7 +1132,8 @@ TEST(ReferenceEpTest, SplitCallsEqualEpGroupAndRepeatBitIdentically) {
 }
 
 // Tokens written into the group's input buffer dispatch exactly like a copy of them elsewhere; a pointer
-// into the buffer anywhere but at its start is rejected on its rank only, and a scaled format has no buffer.
+// into the buffer anywhere but at its start is rejected on its rank only, and so are token_scales passed with
+// a scaled format's tokens in the buffer (the buffer's rows hold their scales).
 TEST(ReferenceEpTest, TokensInTheInputBufferDispatchLikeAnyOther) {
   const Problem problem({256, 8, 16, 32, 4}, Routing::kMasked);
   SCOPED_TRACE(problem.trace());
@@ -1172,7 +1173,29 @@ TEST(ReferenceEpTest, TokensInTheInputBufferDispatchLikeAnyOther) {
   rocep::EpConfig fp8 = problem.config;
   fp8.dispatch_format = rocep::TokenFormat::kFp8Block128;
   rocep::EpGroup fp8_group(MPI_COMM_WORLD, fp8, rocep::Backend::kCpuReference);
-  EXPECT_THROW(fp8_group.dispatch_input_buffer(), rocep::ConfigError);
+  const std::size_t row_bytes = rocep::format_input_row_bytes(fp8.dispatch_format, fp8.hidden);
+  EXPECT_EQ(row_bytes, std::size_t{256 + 16}) << "256 codes, 2 float32 scales padded to 16 bytes";
+  auto* fp8_buffer = static_cast<uint8_t*>(fp8_group.dispatch_input_buffer());
+  std::fill(fp8_buffer, fp8_buffer + std::size_t{1} * fp8.max_tokens_per_rank * row_bytes, uint8_t{0x38});
+  rocep::DispatchInputs fp8_inputs = mine.view();
+  fp8_inputs.tokens = fp8_buffer;
+  const std::vector<float> scales(std::size_t{2} * mine.num_tokens + 1, 1.0f);
+  if (last)
+    fp8_inputs.token_scales = scales.data();
+  DispatchBuffers fp8_out(problem);
+  std::vector<uint8_t> fp8_tokens(problem.max_recv_rows() * fp8.hidden);
+  std::vector<uint8_t> fp8_scales(
+      rocep::format_scale_tensor_bytes(fp8.dispatch_format, problem.max_recv_rows(), fp8.hidden));
+  rocep::DispatchOutputs fp8_outputs = fp8_out.view();
+  fp8_outputs.recv_tokens = fp8_tokens.data();
+  fp8_outputs.recv_scales = fp8_scales.data();
+  try {
+    fp8_group.dispatch(fp8_inputs, fp8_outputs);
+    EXPECT_FALSE(last) << "no InvalidInputError on the last rank";
+  } catch (const rocep::InvalidInputError& error) {
+    EXPECT_TRUE(last) << error.what();
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "token_scales", error.what());
+  }
 }
 
 // --- quantised formats ----------------------------------------------------------------------------------
@@ -1180,7 +1203,7 @@ TEST(ReferenceEpTest, TokensInTheInputBufferDispatchLikeAnyOther) {
 // Dispatch in a scaled format from bf16 tokens: every row holds exactly the source token as
 // rocep::reference::quantize_row encodes it, its scales sit where the format's layout says, padding rows
 // are zero and everything past the last row keeps its poison. Passing the tokens in already quantised
-// (with their scales) gives the same bytes.
+// (with their scales), or writing them so into the group's input buffer, gives the same bytes.
 TEST(ReferenceEpFormats, RowsAreTheSourceTokensQuantisedInTheFormatLayout) {
   struct Case {
     rocep::TokenFormat format;
@@ -1215,19 +1238,32 @@ TEST(ReferenceEpFormats, RowsAreTheSourceTokensQuantisedInTheFormatLayout) {
     };
 
     ReferenceEp ep(world_bootstrap(), problem.config);
-    std::vector<std::vector<uint8_t>> recv_tokens(2), recv_scales(2);
-    for (const bool pass_through : {false, true}) {
+    // Quantised by dispatch, passed in quantised with their scales, written into the input buffer.
+    enum Inputs { kBf16, kQuantised, kInBuffer };
+    std::vector<std::vector<uint8_t>> recv_tokens(3), recv_scales(3);
+    for (const Inputs given : {kBf16, kQuantised, kInBuffer}) {
       std::vector<uint8_t> my_payloads, my_scales;
       quantised(problem.mine(), my_payloads, my_scales);
       rocep::DispatchInputs inputs = problem.mine().view();
       inputs.global_scale = &global_scale;
-      if (pass_through) {
+      if (given == kQuantised) {
         inputs.tokens = my_payloads.data();
         inputs.token_scales = my_scales.data();
+      } else if (given == kInBuffer) {
+        auto* buffer = static_cast<uint8_t*>(ep.dispatch_input_buffer());
+        const std::size_t row_bytes = rocep::format_input_row_bytes(c.format, hidden);
+        ASSERT_GE(row_bytes, payload_bytes + scale_bytes);
+        for (int token = 0; token < problem.mine().num_tokens; ++token) {
+          std::memcpy(buffer + token * row_bytes, my_payloads.data() + token * payload_bytes, payload_bytes);
+          std::memcpy(buffer + token * row_bytes + payload_bytes, my_scales.data() + token * scale_bytes,
+                      scale_bytes);
+        }
+        inputs.tokens = buffer;
+        inputs.global_scale = nullptr;  // nothing to quantise
       }
       DispatchBuffers buffers(problem);
-      std::vector<uint8_t>& payload_out = recv_tokens[pass_through] = poisoned<uint8_t>(rows * payload_bytes);
-      std::vector<uint8_t>& scales_out = recv_scales[pass_through] =
+      std::vector<uint8_t>& payload_out = recv_tokens[given] = poisoned<uint8_t>(rows * payload_bytes);
+      std::vector<uint8_t>& scales_out = recv_scales[given] =
           poisoned<uint8_t>(rocep::format_scale_tensor_bytes(c.format, rows, hidden));
       rocep::DispatchOutputs outputs = buffers.view();
       outputs.recv_tokens = payload_out.data();
@@ -1235,8 +1271,12 @@ TEST(ReferenceEpFormats, RowsAreTheSourceTokensQuantisedInTheFormatLayout) {
       ep.dispatch_send(inputs, nullptr);
       ep.dispatch_recv(outputs, nullptr);
     }
-    EXPECT_TRUE(same_bytes(recv_tokens[0], recv_tokens[1]) && same_bytes(recv_scales[0], recv_scales[1]))
+    EXPECT_TRUE(same_bytes(recv_tokens[kBf16], recv_tokens[kQuantised]) &&
+                same_bytes(recv_scales[kBf16], recv_scales[kQuantised]))
         << "tokens passed in quantised arrive differently from tokens quantised by dispatch";
+    EXPECT_TRUE(same_bytes(recv_tokens[kBf16], recv_tokens[kInBuffer]) &&
+                same_bytes(recv_scales[kBf16], recv_scales[kInBuffer]))
+        << "tokens quantised into the input buffer arrive differently from tokens quantised by dispatch";
 
     // Row by row against the naive layout.
     const ExpectedDispatch expected = naive_dispatch(problem);

@@ -20,6 +20,7 @@
 #include "gpu_support.hpp"
 #include "hip/bf16.hpp"
 #include "hip/scale_layout.hpp"
+#include "host/codecs.hpp"
 #include "host/device_memory.hpp"
 #include "host/gpu_check.hpp"
 #include "mpi_support.hpp"
@@ -464,8 +465,10 @@ inline void expect_strided_rows_match(const DeviceBuffer& out, const std::vector
 // Runs dispatch + combine on the reference and on a new GPU group, each on fresh random inputs, and compares
 // everything: weighted (with the shared expert's rows) after split dispatch calls, unweighted after a fused
 // dispatch, each on data of its own (so that what the first left in the group cannot pass for the second's
-// results). The tokens are bf16, quantised in dispatch in a scaled format. With `in_input_buffer` (bf16),
-// the GPU dispatches them from the group's input buffer.
+// results). The tokens are bf16, quantised in dispatch in a scaled format. With `in_input_buffer`, the GPU
+// dispatches them from the group's input buffer: bf16 as they are, a scaled format (not nvfp4, whose global
+// scale these inputs lack) quantised on the host into the buffer's rows (each its payload, then its scales),
+// which must arrive as the tokens quantised in the reference's dispatch.
 inline void check_against_reference(const EpConfig& config, Routing routing, bool in_input_buffer = false) {
   SCOPED_TRACE(std::string("routing ") + routing_name(routing) + ", " + config.describe() +
                (in_input_buffer ? ", tokens in the input buffer" : ""));
@@ -506,9 +509,27 @@ inline void check_against_reference(const EpConfig& config, Routing routing, boo
     const DeviceInputs device_inputs(inputs);
     DispatchInputs dispatch_inputs = device_inputs.view();
     if (in_input_buffer) {  // between the last combine and this dispatch
+      const TokenFormat format = config.dispatch_format;
+      const std::size_t row_bytes = format_input_row_bytes(format, config.hidden);
+      std::vector<uint8_t> rows(std::size_t{1} * config.max_tokens_per_rank * row_bytes, 0xa5);
+      if (format == TokenFormat::kBf16) {
+        std::memcpy(rows.data(), inputs.tokens.data(), inputs.tokens.size() * sizeof(bf16_bits));
+      } else {
+        const std::size_t payload_bytes = format_payload_bytes(format, config.hidden);
+        const std::size_t scale_bytes = format_scale_bytes(format, config.hidden);
+        const auto tokens = static_cast<std::size_t>(std::max(inputs.num_tokens, 1));
+        std::vector<uint8_t> payloads(tokens * payload_bytes), scales(tokens * scale_bytes);
+        rocep::reference::quantize_bf16_rows(format, group.config().fp8_encoding, inputs.tokens.data(),
+                                             inputs.num_tokens, config.hidden, 1.0f, payloads.data(),
+                                             scales.data());
+        for (std::size_t token = 0; token < static_cast<std::size_t>(inputs.num_tokens); ++token) {
+          std::memcpy(&rows[token * row_bytes], &payloads[token * payload_bytes], payload_bytes);
+          std::memcpy(&rows[token * row_bytes + payload_bytes], &scales[token * scale_bytes], scale_bytes);
+        }
+      }
       dispatch_inputs.tokens = group.dispatch_input_buffer();
-      ROCEP_GPU_CHECK(hipMemcpy(group.dispatch_input_buffer(), inputs.tokens.data(),
-                                inputs.tokens.size() * sizeof(bf16_bits), hipMemcpyHostToDevice));
+      ROCEP_GPU_CHECK(
+          hipMemcpy(group.dispatch_input_buffer(), rows.data(), rows.size(), hipMemcpyHostToDevice));
       ROCEP_GPU_CHECK(hipDeviceSynchronize());
     }
     const DeviceOutputs outputs(config);

@@ -181,13 +181,22 @@ TEST_F(GpuEp, Fp8CombineMatchesReference) {
   }
 }
 
-// Tokens written into the group's input buffer (no staging copy in the send) give the same results.
+// Tokens written into the group's input buffer (no staging copy in the send) give the same results, bf16
+// and, already quantised with their scales in the buffer's rows, the scaled formats.
 TEST_F(GpuEp, TokensInTheInputBufferMatchReference) {
   const int world = world_size();
   for (const EpConfig& config : {make_config(7168, 8, 256 / world, 128), make_config(2048, 4, 8, 32, 4),
                                  make_config(2048, 8, 64 / world, 576, 1, 8)}) {
     for (const Routing routing : {Routing::kUniform, Routing::kMasked, Routing::kUnevenCounts}) {
       check_against_reference(config, routing, /*in_input_buffer=*/true);
+    }
+  }
+  for (const auto format :
+       {rocep::TokenFormat::kFp8Block128, rocep::TokenFormat::kMxfp8, rocep::TokenFormat::kMxfp4}) {
+    for (const EpConfig& config : {make_config(7168, 8, 256 / world, 128), make_config(2176, 4, 8, 64, 4)}) {
+      EpConfig scaled = config;
+      scaled.dispatch_format = format;
+      check_against_reference(scaled, Routing::kUniform, /*in_input_buffer=*/true);
     }
   }
   // A pointer into the buffer anywhere but at its start is refused: the rank takes part with zero tokens
@@ -199,10 +208,14 @@ TEST_F(GpuEp, TokensInTheInputBufferMatchReference) {
   rocep::DispatchInputs misplaced = device_inputs.view();
   misplaced.tokens = static_cast<bf16_bits*>(group.dispatch_input_buffer()) + config.hidden;
   EXPECT_THROW(group.dispatch_send(misplaced, nullptr), rocep::InvalidInputError);
+  // A scaled format's rows in the buffer hold their scales: token_scales beside them are refused.
   EpConfig fp8 = config;
   fp8.dispatch_format = rocep::TokenFormat::kFp8Block128;
   rocep::EpGroup fp8_group(MPI_COMM_WORLD, fp8, rocep::Backend::kGpu);
-  EXPECT_THROW(fp8_group.dispatch_input_buffer(), rocep::ConfigError);
+  rocep::DispatchInputs with_scales = device_inputs.view();
+  with_scales.tokens = fp8_group.dispatch_input_buffer();
+  with_scales.token_scales = fp8_group.dispatch_input_buffer();
+  EXPECT_THROW(fp8_group.dispatch_send(with_scales, nullptr), rocep::InvalidInputError);
 }
 
 // Dispatch in a quantised format, quantised from bf16 in the kernel or passed through already quantised:

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -310,8 +311,8 @@ enum class ExpertRows {
 // stride apart, else hidden), against the reference's outputs; every output poisoned first. `by_caller`:
 // the combine is combine_send, then the receive through FactorsAndResidual with `epilogue`'s values,
 // after the same receive with CombineArgs' own epilogue beside it was refused. `rows`: where the expert
-// rows are combined from. `tokens_in_buffer` (bf16): the tokens are written into the group's dispatch
-// input buffer and dispatched from there.
+// rows are combined from. `tokens_in_buffer`: the tokens are written into the group's dispatch input buffer
+// and dispatched from there (a scaled format's already quantised: each row its payload, then its scales).
 void check_call_on(Groups& groups, const EpConfig& config, const Call& call, bool split,
                    const rocep::testing::EpilogueData* epilogue, bool by_caller = false,
                    ExpertRows rows = ExpertRows::kOwnMemory, bool tokens_in_buffer = false) {
@@ -329,10 +330,27 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
   rocep::CombineArgs args = groups.device.combine();
   args.out = out.get();
   rocep::DispatchInputs inputs = groups.device.inputs(false);
-  if (tokens_in_buffer) {  // the last call is done: the buffer may be written
+  if (tokens_in_buffer && call.payloads.empty()) {  // the last call is done: the buffer may be written
     ROCEP_GPU_CHECK(hipMemcpy(groups.group.dispatch_input_buffer(), call.inputs.tokens.data(),
                               call.inputs.tokens.size() * sizeof(bf16_bits), hipMemcpyHostToDevice));
     inputs.tokens = groups.group.dispatch_input_buffer();
+  } else if (tokens_in_buffer) {  // the rows' padding random, as a caller may leave it
+    const std::size_t payload_bytes = rocep::format_payload_bytes(config.dispatch_format, config.hidden);
+    const std::size_t row_bytes = rocep::format_input_row_bytes(config.dispatch_format, config.hidden);
+    std::vector<uint8_t> buffer_rows(static_cast<std::size_t>(config.max_tokens_per_rank) * row_bytes);
+    std::mt19937 random(static_cast<unsigned>(tokens));
+    for (auto& byte : buffer_rows) {
+      byte = static_cast<uint8_t>(random());
+    }
+    for (std::size_t token = 0; token < static_cast<std::size_t>(tokens); ++token) {
+      std::memcpy(&buffer_rows[token * row_bytes], &call.payloads[token * payload_bytes], payload_bytes);
+      std::memcpy(&buffer_rows[token * row_bytes + payload_bytes],
+                  &call.scales[token * groups.sizes.scale_bytes], groups.sizes.scale_bytes);
+    }
+    ROCEP_GPU_CHECK(hipMemcpy(groups.group.dispatch_input_buffer(), buffer_rows.data(), buffer_rows.size(),
+                              hipMemcpyHostToDevice));
+    inputs.tokens = groups.group.dispatch_input_buffer();
+    inputs.token_scales = nullptr;
   }
   rocep::testing::dispatch_on(groups.group, inputs, groups.outputs.view(groups.sizes), split,
                               groups.stream.get());
@@ -371,7 +389,7 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
 // Where one call of check_calls_on takes its inputs from.
 struct CallInputs {
   ExpertRows rows = ExpertRows::kOwnMemory;  // this rank's expert rows
-  bool tokens_in_buffer = false;             // bf16: the tokens in the dispatch input buffer
+  bool tokens_in_buffer = false;             // the tokens in the dispatch input buffer
   bool pass_through = false;                 // scaled formats: the tokens already quantised
 };
 
@@ -576,25 +594,30 @@ TEST_F(GpuPerToken, TokensInTheDispatchInputBufferMatchTheReference) {
   }
 }
 
-// Tokens that arrive already quantised (payloads and scales copied by the send, a run of tokens at a time)
-// give the reference's outputs over calls of one group whose counts and data change, fused and split,
-// alternating with calls quantised in dispatch, so that staged payloads or scales left by an earlier call
-// show; at the decode shape in fp8 block-128, and at a hidden whose scales are not a whole number of 16-byte
-// vectors (2176: 68 bytes a token) in fp8 block-128 and mxfp4.
+// Tokens that arrive already quantised give the reference's outputs over calls of one group whose counts and
+// data change, fused and split: copied by the send (payloads and scales, a run of tokens at a time) or
+// written into the dispatch input buffer (each row its payload, then its scales; nothing staged), in turn
+// with calls quantised in dispatch, which stage into the same memory, so that payloads or scales left by
+// another call show. Every scaled format; at a hidden whose scales are whole 16-byte vectors (7168, 2048)
+// and one whose are not (2176: 68 bytes of fp8 scales, 4-byte groups of mxfp4's).
 TEST_F(GpuPerToken, AlreadyQuantisedTokensAcrossCallsMatchTheReference) {
   const int world = world_size();
   const int rank = world_rank();
   for (const EpConfig& config :
        {per_token(make_config(7168, 8, 256 / world, 256, 16), rocep::TokenFormat::kFp8Block128),
         per_token(make_config(2176, 8, 64 / world, 320, 8), rocep::TokenFormat::kFp8Block128),
-        per_token(make_config(2176, 4, 32 / world, 320, 8), rocep::TokenFormat::kMxfp4)}) {
+        per_token(make_config(2048, 8, 64 / world, 256, 8), rocep::TokenFormat::kMxfp8),
+        per_token(make_config(2176, 4, 32 / world, 320, 8), rocep::TokenFormat::kMxfp4),
+        per_token(make_config(2048, 8, 64 / world, 256, 8), rocep::TokenFormat::kNvfp4)}) {
     Groups groups(config);
     const uint64_t seed = shared_seed();
     SCOPED_TRACE(seed_trace(seed) + ", " + config.describe());
     check_calls_on(groups, config, seed,
-                   {config.max_tokens_per_rank, 1, rank % 2 == 0 ? 200 : 33, 0, 129, 129, 64}, [](int call) {
+                   {config.max_tokens_per_rank, 1, rank % 2 == 0 ? 100 : 33, 0, 129, 129, 64, 7},
+                   [rank](int call) {
                      CallInputs inputs;
-                     inputs.pass_through = call % 3 != 2;
+                     inputs.pass_through = call % 4 != 3;
+                     inputs.tokens_in_buffer = inputs.pass_through && (call + rank) % 3 != 1;
                      return inputs;
                    });
   }
