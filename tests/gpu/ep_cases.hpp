@@ -175,10 +175,7 @@ void copy_into(const DeviceBuffer& buffer, const std::vector<T>& values) {
     throw std::length_error("copy_into: " + std::to_string(values.size() * sizeof(T)) +
                             " bytes into a buffer of " + std::to_string(buffer.bytes()));
   }
-  if (!values.empty()) {
-    ROCEP_GPU_CHECK(hipMemcpy(buffer.get(), values.data(), values.size() * sizeof(T), hipMemcpyHostToDevice));
-  }
-  ROCEP_GPU_CHECK(hipDeviceSynchronize());
+  copy_to_device(buffer.get(), values.data(), values.size() * sizeof(T));
 }
 
 // The CPU reference's results for one call on this rank.
@@ -528,9 +525,7 @@ inline void check_against_reference(const EpConfig& config, Routing routing, boo
         }
       }
       dispatch_inputs.tokens = group.dispatch_input_buffer();
-      ROCEP_GPU_CHECK(
-          hipMemcpy(group.dispatch_input_buffer(), rows.data(), rows.size(), hipMemcpyHostToDevice));
-      ROCEP_GPU_CHECK(hipDeviceSynchronize());
+      copy_to_device(group.dispatch_input_buffer(), rows.data(), rows.size());
     }
     const DeviceOutputs outputs(config);
     const DeviceCombine combine(config, experts);

@@ -32,16 +32,22 @@ inline bool use_rank_gpu() {
   return true;
 }
 
-// A device copy of `values`, one element at least so the pointer is never null, complete on return: the
-// kernels under test run on non-blocking streams, which do not wait for the default stream, and a copy
-// from pageable memory may return before it lands.
+// `bytes` of host memory copied to `destination` in device memory, complete on return: the kernels under test
+// run on non-blocking streams, which do not wait for the default stream, and a copy from pageable memory may
+// return before it lands.
+inline void copy_to_device(void* destination, const void* source, std::size_t bytes) {
+  if (bytes > 0) {
+    ROCEP_GPU_CHECK(hipMemcpy(destination, source, bytes, hipMemcpyHostToDevice));
+  }
+  ROCEP_GPU_CHECK(hipDeviceSynchronize());
+}
+
+// A device copy of `values`, one element at least so the pointer is never null, complete on return
+// (copy_to_device).
 template <typename T>
 DeviceBuffer upload(const std::vector<T>& values) {
   DeviceBuffer buffer(std::max<std::size_t>(values.size(), 1) * sizeof(T));
-  if (!values.empty()) {
-    ROCEP_GPU_CHECK(hipMemcpy(buffer.get(), values.data(), values.size() * sizeof(T), hipMemcpyHostToDevice));
-  }
-  ROCEP_GPU_CHECK(hipDeviceSynchronize());
+  copy_to_device(buffer.get(), values.data(), values.size() * sizeof(T));
   return buffer;
 }
 

@@ -29,6 +29,7 @@ namespace {
 
 using rocep::testing::all_poison;
 using rocep::testing::copy_into;
+using rocep::testing::copy_to_device;
 using rocep::testing::download;
 using rocep::testing::fill_bytes;
 using rocep::testing::Inputs;
@@ -331,8 +332,8 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
   args.out = out.get();
   rocep::DispatchInputs inputs = groups.device.inputs(false);
   if (tokens_in_buffer && call.payloads.empty()) {  // the last call is done: the buffer may be written
-    ROCEP_GPU_CHECK(hipMemcpy(groups.group.dispatch_input_buffer(), call.inputs.tokens.data(),
-                              call.inputs.tokens.size() * sizeof(bf16_bits), hipMemcpyHostToDevice));
+    copy_to_device(groups.group.dispatch_input_buffer(), call.inputs.tokens.data(),
+                   call.inputs.tokens.size() * sizeof(bf16_bits));
     inputs.tokens = groups.group.dispatch_input_buffer();
   } else if (tokens_in_buffer) {  // the rows' padding random, as a caller may leave it
     const std::size_t payload_bytes = rocep::format_payload_bytes(config.dispatch_format, config.hidden);
@@ -347,8 +348,7 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
       std::memcpy(&buffer_rows[token * row_bytes + payload_bytes],
                   &call.scales[token * groups.sizes.scale_bytes], groups.sizes.scale_bytes);
     }
-    ROCEP_GPU_CHECK(hipMemcpy(groups.group.dispatch_input_buffer(), buffer_rows.data(), buffer_rows.size(),
-                              hipMemcpyHostToDevice));
+    copy_to_device(groups.group.dispatch_input_buffer(), buffer_rows.data(), buffer_rows.size());
     inputs.tokens = groups.group.dispatch_input_buffer();
     inputs.token_scales = nullptr;
   }
@@ -360,12 +360,12 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
     void* buffer = groups.group.combine_input_buffer();
     if (rows == ExpertRows::kInBuffer) {
       args.expert_outputs = buffer;
-      ROCEP_GPU_CHECK(
-          hipMemcpy(buffer, call.rows.data(), call.rows.size() * sizeof(bf16_bits), hipMemcpyHostToDevice));
+      copy_to_device(buffer, call.rows.data(), call.rows.size() * sizeof(bf16_bits));
     } else {
       ROCEP_GPU_CHECK(hipMemset(buffer, 0xff,
                                 static_cast<std::size_t>(world_size()) * config.max_tokens_per_rank *
                                     config.hidden * sizeof(bf16_bits)));
+      ROCEP_GPU_CHECK(hipDeviceSynchronize());  // before the combine, on a stream that does not wait for it
     }
   }
   if (by_caller) {
