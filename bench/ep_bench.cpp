@@ -604,13 +604,11 @@ CaseCalls::CaseCalls(rocep::EpGroup& group, int num_tokens, TokenInputs token_in
                                          num_tokens, config.hidden, global_scale, payloads.data(),
                                          scales.data());
     if (in_input_buffer) {
-      const std::size_t row_bytes = rocep::format_input_row_bytes(config.dispatch_format, config.hidden);
-      buffer_rows.assign(std::size_t{1} * num_tokens * row_bytes, 0);
-      for (std::size_t token = 0; token < static_cast<std::size_t>(num_tokens); ++token) {
-        std::memcpy(&buffer_rows[token * row_bytes], &payloads[token * payload_bytes], payload_bytes);
-        std::memcpy(&buffer_rows[token * row_bytes + payload_bytes], &scales[token * scale_bytes],
-                    scale_bytes);
-      }
+      buffer_rows.assign(
+          std::size_t{1} * num_tokens * rocep::format_input_row_bytes(config.dispatch_format, config.hidden),
+          0);
+      rocep::reference::write_input_rows(config.dispatch_format, config.hidden, payloads.data(),
+                                         scales.data(), num_tokens, buffer_rows.data());
     } else {
       inputs.tokens = memory.make(payloads);
       inputs.token_scales = memory.make(scales);

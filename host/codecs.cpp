@@ -303,6 +303,17 @@ void quantize_bf16_rows(TokenFormat format, Fp8Encoding encoding, const uint16_t
   }
 }
 
+void write_input_rows(TokenFormat format, int columns, const uint8_t* payloads, const uint8_t* scales,
+                      int rows, uint8_t* destination) {
+  const std::size_t payload_bytes = format_payload_bytes(format, columns);
+  const std::size_t scale_bytes = format_scale_bytes(format, columns);
+  const std::size_t row_bytes = format_input_row_bytes(format, columns);
+  for (std::size_t row = 0; row < static_cast<std::size_t>(rows); ++row) {
+    std::memcpy(destination + row * row_bytes, payloads + row * payload_bytes, payload_bytes);
+    std::memcpy(destination + row * row_bytes + payload_bytes, scales + row * scale_bytes, scale_bytes);
+  }
+}
+
 void dequantize_row(TokenFormat format, Fp8Encoding encoding, const uint8_t* payload, const uint8_t* scales,
                     int columns, float global_scale, float* values) {
   const int block_size = checked_block_elements("dequantize_row", format, encoding, columns);

@@ -39,6 +39,10 @@ void quantize_row(TokenFormat format, Fp8Encoding encoding, const float* values,
 // quantises before dispatch would pass them (DispatchInputs::token_scales).
 void quantize_bf16_rows(TokenFormat format, Fp8Encoding encoding, const uint16_t* bits, int rows, int columns,
                         float global_scale, uint8_t* payloads, uint8_t* scales);
+// Those rows as rows of EpGroup::dispatch_input_buffer(): row r's payload, then its scales, at destination
+// + r * format_input_row_bytes(format, columns); each row's padding past its scales is left as it was.
+void write_input_rows(TokenFormat format, int columns, const uint8_t* payloads, const uint8_t* scales,
+                      int rows, uint8_t* destination);
 // The inverse, up to rounding: values[i] = element * scale (nvfp4: element * sf / global_scale).
 void dequantize_row(TokenFormat format, Fp8Encoding encoding, const uint8_t* payload, const uint8_t* scales,
                     int columns, float global_scale, float* values);

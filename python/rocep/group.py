@@ -194,16 +194,19 @@ class Group:
         dtype = "uint16" if dtype == "bfloat16" else dtype
         return _cupy().empty(shape, dtype=dtype) if self._arrays == "cupy" else np.empty(shape, dtype=dtype)
 
-    def _own_memory(self, address: int, rows: int):
-        """`rows` bf16 rows of hidden at `address`, the group's own memory, as an array of its library (torch
-        bfloat16, else the bf16 bits as uint16): a view, valid while the group lives."""
-        shape = (rows, self.config.hidden)
+    def _own_memory(self, address: int, rows: int, row_bytes: int = 0):
+        """`rows` rows at `address`, the group's own memory, as an array of its library: a view, valid while
+        the group lives. bf16 rows of hidden (torch bfloat16, else the bf16 bits as uint16), or with
+        `row_bytes`, uint8 rows of that many bytes."""
+        shape = (rows, row_bytes) if row_bytes else (rows, self.config.hidden)
+        typestr = "|u1" if row_bytes else "<f2" if self._gpu and self._arrays == "torch" else "<u2"
         if not self._gpu:
-            return np.asarray(_HostMemory(address, shape, self))
-        memory = _DeviceMemory(address, shape, "<f2" if self._arrays == "torch" else "<u2", self)
-        if self._arrays == "torch":
-            return _torch().as_tensor(memory, device="cuda").view(_torch().bfloat16)
-        return _cupy().asarray(memory)
+            return np.asarray(_HostMemory(address, shape, self, typestr))
+        memory = _DeviceMemory(address, shape, typestr, self)
+        if self._arrays != "torch":
+            return _cupy().asarray(memory)
+        tensor = _torch().as_tensor(memory, device="cuda")
+        return tensor if row_bytes else tensor.view(_torch().bfloat16)
 
     def dispatch_input_buffer(self):
         """This rank's input buffer in the group's own memory, where the peers read its tokens. bf16 groups:
@@ -213,14 +216,10 @@ class Group:
         and passed to dispatch as its first rows (`buffer[:num_tokens]`, with no token_scales) are not copied
         by the send. Write it only between this rank's combine and its next dispatch, in stream order."""
         config = self.config
-        address, rows = self._group.dispatch_input_buffer_address(), config.max_tokens_per_rank
-        if config.dispatch_format == _rocep.TokenFormat.BF16:
-            return self._own_memory(address, rows)
-        shape = (rows, _rocep.format_input_row_bytes(config.dispatch_format, config.hidden))
-        if not self._gpu:
-            return np.asarray(_HostMemory(address, shape, self, "|u1"))
-        memory = _DeviceMemory(address, shape, "|u1", self)
-        return _torch().as_tensor(memory, device="cuda") if self._arrays == "torch" else _cupy().asarray(memory)
+        scaled = config.dispatch_format != _rocep.TokenFormat.BF16
+        return self._own_memory(self._group.dispatch_input_buffer_address(), config.max_tokens_per_rank,
+                                _rocep.format_input_row_bytes(config.dispatch_format, config.hidden) if scaled
+                                else 0)
 
     def combine_input_buffer(self):
         """Per-token layout with a bf16 combine only: [max_recv_tokens, hidden] bf16 in the group's own memory,

@@ -1253,10 +1253,14 @@ TEST(ReferenceEpFormats, RowsAreTheSourceTokensQuantisedInTheFormatLayout) {
         auto* buffer = static_cast<uint8_t*>(ep.dispatch_input_buffer());
         const std::size_t row_bytes = rocep::format_input_row_bytes(c.format, hidden);
         ASSERT_GE(row_bytes, payload_bytes + scale_bytes);
-        for (int token = 0; token < problem.mine().num_tokens; ++token) {
-          std::memcpy(buffer + token * row_bytes, my_payloads.data() + token * payload_bytes, payload_bytes);
-          std::memcpy(buffer + token * row_bytes + payload_bytes, my_scales.data() + token * scale_bytes,
-                      scale_bytes);
+        rocep::reference::write_input_rows(c.format, hidden, my_payloads.data(), my_scales.data(),
+                                           problem.mine().num_tokens, buffer);
+        for (int token = 0; token < problem.mine().num_tokens; ++token) {  // the layout ep_group.hpp states
+          ASSERT_TRUE(std::memcmp(buffer + token * row_bytes, my_payloads.data() + token * payload_bytes,
+                                  payload_bytes) == 0 &&
+                      std::memcmp(buffer + token * row_bytes + payload_bytes,
+                                  my_scales.data() + token * scale_bytes, scale_bytes) == 0)
+              << "input buffer row " << token;
         }
         inputs.tokens = buffer;
         inputs.global_scale = nullptr;  // nothing to quantise

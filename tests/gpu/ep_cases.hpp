@@ -519,10 +519,8 @@ inline void check_against_reference(const EpConfig& config, Routing routing, boo
         rocep::reference::quantize_bf16_rows(format, group.config().fp8_encoding, inputs.tokens.data(),
                                              inputs.num_tokens, config.hidden, 1.0f, payloads.data(),
                                              scales.data());
-        for (std::size_t token = 0; token < static_cast<std::size_t>(inputs.num_tokens); ++token) {
-          std::memcpy(&rows[token * row_bytes], &payloads[token * payload_bytes], payload_bytes);
-          std::memcpy(&rows[token * row_bytes + payload_bytes], &scales[token * scale_bytes], scale_bytes);
-        }
+        rocep::reference::write_input_rows(format, config.hidden, payloads.data(), scales.data(),
+                                           inputs.num_tokens, rows.data());
       }
       dispatch_inputs.tokens = group.dispatch_input_buffer();
       copy_to_device(group.dispatch_input_buffer(), rows.data(), rows.size());

@@ -17,6 +17,7 @@
 #include "compute_load.hpp"
 #include "ep_cases.hpp"
 #include "hip/bf16.hpp"
+#include "host/codecs.hpp"
 #include "host/device_memory.hpp"
 #include "host/gpu_check.hpp"
 #include "mpi_support.hpp"
@@ -336,18 +337,14 @@ void check_call_on(Groups& groups, const EpConfig& config, const Call& call, boo
                    call.inputs.tokens.size() * sizeof(bf16_bits));
     inputs.tokens = groups.group.dispatch_input_buffer();
   } else if (tokens_in_buffer) {  // the rows' padding random, as a caller may leave it
-    const std::size_t payload_bytes = rocep::format_payload_bytes(config.dispatch_format, config.hidden);
     const std::size_t row_bytes = rocep::format_input_row_bytes(config.dispatch_format, config.hidden);
     std::vector<uint8_t> buffer_rows(static_cast<std::size_t>(config.max_tokens_per_rank) * row_bytes);
     std::mt19937 random(static_cast<unsigned>(tokens));
     for (auto& byte : buffer_rows) {
       byte = static_cast<uint8_t>(random());
     }
-    for (std::size_t token = 0; token < static_cast<std::size_t>(tokens); ++token) {
-      std::memcpy(&buffer_rows[token * row_bytes], &call.payloads[token * payload_bytes], payload_bytes);
-      std::memcpy(&buffer_rows[token * row_bytes + payload_bytes],
-                  &call.scales[token * groups.sizes.scale_bytes], groups.sizes.scale_bytes);
-    }
+    rocep::reference::write_input_rows(config.dispatch_format, config.hidden, call.payloads.data(),
+                                       call.scales.data(), tokens, buffer_rows.data());
     copy_to_device(groups.group.dispatch_input_buffer(), buffer_rows.data(), buffer_rows.size());
     inputs.tokens = groups.group.dispatch_input_buffer();
     inputs.token_scales = nullptr;
