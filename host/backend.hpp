@@ -21,6 +21,11 @@ class EpBackend {
 
   // Bytes the backend allocated for itself (outputs not included).
   virtual std::size_t memory_bytes() const = 0;
+  // The GPU the backend's memory and kernels are on; -1: none (the CPU reference).
+  virtual int device() const { return -1; }
+  // The calling thread's current GPU, which every call must leave at device() (the kernels launch on it);
+  // -1 where the backend has no GPU.
+  virtual int calling_device() const { return -1; }
   // The dispatch input buffer (see EpGroup::dispatch_input_buffer); its memory, for the check of misplaced
   // tokens.
   virtual void* dispatch_input_buffer() = 0;

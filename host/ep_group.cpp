@@ -260,7 +260,7 @@ struct EpGroup::Impl {
 
   int rank() const { return bootstrap->rank(); }
 
-  // Checks that the group can take `call` now: not broken, and in order.
+  // Checks that the group can take `call` now: not broken, in order, and from a thread on the group's device.
   void require(Call call) const {
     if (implementation->broken()) {
       throw Error(std::string("EpGroup::") + contract::to_string(call) + " on rank " +
@@ -269,6 +269,15 @@ struct EpGroup::Impl {
                   "throws it); this group is unusable and must be destroyed");
     }
     order.require(call, rank());
+    const int device = implementation->device();
+    const int calling = implementation->calling_device();
+    if (calling != device) {
+      throw InvalidInputError(std::string("EpGroup::") + contract::to_string(call) + " on rank " +
+                              std::to_string(rank()) + ": the calling thread's current device is GPU " +
+                              std::to_string(calling) + ", the group's is GPU " + std::to_string(device) +
+                              ": set it (hipSetDevice, cudaSetDevice, torch.cuda.set_device) before the "
+                              "call; nothing was issued");
+    }
   }
 
   // Throws InvalidInputError for `error` (not empty): before anything is issued, or with `issued` after
@@ -323,6 +332,9 @@ std::size_t EpGroup::max_recv_rows() const {
 }
 std::size_t EpGroup::memory_bytes() const {
   return impl().implementation->memory_bytes();
+}
+int EpGroup::device() const {
+  return impl().implementation->device();
 }
 
 void* EpGroup::dispatch_input_buffer() {

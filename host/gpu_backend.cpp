@@ -80,7 +80,6 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
       throw ConfigError(error);
     }
   });
-  int device = 0;
   run_agreed(world, "loading the kernels", [&] {
     int resident_per_multiprocessor = 1 << 30;
     const bool per_token = config.layout == Layout::kPerToken;
@@ -89,9 +88,9 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
       return status != hipSuccess ? status
                                   : kernels.load_combine_kernels(per_token, &resident_per_multiprocessor);
     }));
-    device = current_device();
+    device_ = current_device();
     hipDeviceProp_t properties;
-    ROCEP_GPU_CHECK(hipGetDeviceProperties(&properties, device));
+    ROCEP_GPU_CHECK(hipGetDeviceProperties(&properties, device_));
     // Ranks that run on this same GPU (several ranks per GPU under MPS; with nodes declared by
     // gpus_per_node, also ranks of other declared nodes) share its multiprocessors: each one's grid must fit
     // its share, or ranks spinning on each other deadlock.
@@ -291,7 +290,7 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
   view_.sent_masks = sent_masks_.as<uint64_t>();
   view_.received_scales = received_scales_.as<uint8_t>();
   view_.timeout_ticks =
-      static_cast<uint64_t>(config.timeout_seconds * static_cast<double>(wall_clock_rate_hz(device)));
+      static_cast<uint64_t>(config.timeout_seconds * static_cast<double>(wall_clock_rate_hz(device_)));
 
   for (const DeviceBuffer* buffer :
        {&dispatch_region_, &combine_region_, &signals_, &state_, &block_calls_, &status_, &token_rows_,
@@ -454,6 +453,10 @@ void GpuEp::combine_recv_with(const CombineArgs& args, const CombineReceiveLaunc
   const device::CombineArgs kernel_args = combine_kernel_args(args);
   check_launch("combine_recv_with", static_cast<hipError_t>(launcher.launch(
                                         &view_, &kernel_args, grid_.blocks, stream, launcher.epilogue)));
+}
+
+int GpuEp::calling_device() const {
+  return current_device();
 }
 
 void GpuEp::check_launch(const char* call, hipError_t status) {

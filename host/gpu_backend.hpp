@@ -34,6 +34,8 @@ class GpuEp final : public EpBackend {
   GpuEp& operator=(const GpuEp&) = delete;
 
   std::size_t memory_bytes() const override { return memory_bytes_; }
+  int device() const override { return device_; }
+  int calling_device() const override;
   // The message area of this rank's dispatch region, [T][format_input_row_bytes] (see EpGroup).
   void* dispatch_input_buffer() override;
   contract::OwnMemory dispatch_memory() const override;
@@ -83,6 +85,7 @@ class GpuEp final : public EpBackend {
   bool has_combine_input_buffer_;
   std::size_t max_recv_rows_;  // EpConfig::max_recv_rows, computed once: every dispatch_recv passes it
   int rank_;
+  int device_ = -1;  // the calling thread's current device at creation
   Bootstrap& world_;
   DeviceBuffer dispatch_region_;
   DeviceBuffer combine_region_;

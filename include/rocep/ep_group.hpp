@@ -106,6 +106,10 @@ class EpGroup {
   std::size_t max_recv_rows() const;  // R: rows to allocate for DispatchOutputs and expert outputs
   std::size_t memory_bytes() const;   // device bytes the group allocated for itself (outputs not included;
                                       // 0 on the CPU reference)
+  // The GPU the group's memory and kernels are on (the calling thread's current device at creation); -1 on
+  // the CPU reference. Every call of dispatch and combine (either half) must come from a thread whose current
+  // device is this one: else it throws InvalidInputError, naming both devices, before anything is issued.
+  int device() const;
 
   // This rank's input buffer in the group's own memory (device memory on the GPU backend, host memory on the
   // CPU reference), where the peers read this rank's tokens: max_tokens_per_rank rows of

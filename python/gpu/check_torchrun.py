@@ -14,6 +14,8 @@
 - tokens and expert rows written into the group's input buffers (torch views of its memory), and fp8 tokens
   already quantised into the dispatch input buffer;
 - a group with cupy arrays (cupy inputs and outputs, calls on cupy's current stream), bit for bit;
+- the group's GPU (Group.device): its outputs there, tokens on another GPU refused as a bad input, a call
+  with another GPU current refused before anything is issued;
 - torch CPU tensors on the CPU reference, against numpy arrays.
 
     torchrun --nproc_per_node=2 python/gpu/check_torchrun.py
@@ -459,6 +461,57 @@ def check_mori_graph(boot, rank, world):
     del graph
 
 
+def check_devices(boot, rank, world):
+    """The group is on the GPU current at its creation (Group.device), and so are its outputs and views.
+    Where every rank sees two GPUs, the last rank passes tokens on the other GPU (a bad input: it takes part
+    with zero tokens and raises, issued, naming tokens and both GPUs), then calls with the other GPU current
+    (refused before anything is issued, naming both GPUs); the group's next calls match the reference."""
+    config = config_for(world)
+    gpu = rocep.Group(boot, config, rocep.Backend.GPU)
+    cpu = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE)
+    own = torch.cuda.current_device()
+    buffer = gpu.dispatch_input_buffer()
+    if gpu.device != own or cpu.device != -1 or buffer.device != torch.device("cuda", own):
+        failures.append(f"devices: group {gpu.device}, reference {cpu.device}, input buffer {buffer.device}, "
+                        f"current {own}")
+    counts = [None] * world
+    dist.all_gather_object(counts, torch.cuda.device_count())
+    rows = gpu.config.max_recv_tokens(world)
+    tokens, ids, weights, expert_rows = inputs(95, rank, 40, world, rows)
+    if min(counts) >= 2:
+        bad = rank == world - 1
+        other = (own + 1) % torch.cuda.device_count()
+        elsewhere = tokens.to(torch.device("cuda", other)) if bad else tokens.cuda()
+        try:
+            gpu.dispatch(elsewhere, ids.cuda(), weights.cuda())
+            if bad:
+                failures.append("devices: tokens on another GPU taken")
+        except rocep.InvalidInputError as error:
+            if not (bad and error.issued and "tokens" in str(error) and f"GPU {other}" in str(error)
+                    and f"GPU {own}" in str(error)):
+                failures.append(f"devices: tokens on another GPU: {error} (issued {error.issued})")
+        gpu.combine(torch.zeros(rows, HIDDEN, dtype=torch.bfloat16, device="cuda"), 0 if bad else len(ids))
+        if bad:
+            torch.cuda.set_device(other)
+            try:
+                gpu.dispatch(tokens.cuda(own), ids.cuda(own), weights.cuda(own))
+                failures.append("devices: a call with another GPU current taken")
+            except rocep.InvalidInputError as error:
+                if error.issued or f"GPU {other}" not in str(error) or f"GPU {own}" not in str(error):
+                    failures.append(f"devices: call with another GPU current: {error} (issued {error.issued})")
+            torch.cuda.set_device(own)
+    got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda())
+    ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy())
+    count = ref.count()
+    for field in ("tokens", "topk_ids", "topk_weights", "src_info"):
+        check(f"devices {field}", getattr(got, field)[:count], getattr(ref, field)[:count])
+        if getattr(got, field).device != torch.device("cuda", own):
+            failures.append(f"devices: {field} on {getattr(got, field).device}")
+    check("devices combined", gpu.combine(expert_rows.cuda(), len(ids)).view(torch.uint16),
+          cpu.combine(bits(expert_rows), len(ids)))
+    gpu.synchronize()
+
+
 def check_torch_on_cpu_reference(boot, rank, world):
     """torch CPU tensors on the CPU reference give the bits that numpy arrays give."""
     cpu = rocep.Group(boot, config_for(world), rocep.Backend.CPU_REFERENCE)
@@ -502,6 +555,7 @@ def main() -> int:
     check_mori(boot, rank, world, fp8=False)
     check_mori(boot, rank, world, fp8=True)
     check_mori_graph(boot, rank, world)
+    check_devices(boot, rank, world)
     check_torch_on_cpu_reference(boot, rank, world)
     torch.cuda.synchronize()
     all_failures = [None] * world

@@ -179,6 +179,13 @@ class Group:
         return self._group.backend
 
     @property
+    def device(self) -> int:
+        """The GPU the group's memory and kernels are on (EpGroup::device: the current device when the group
+        was created), -1 on the CPU reference. Its outputs are allocated there, its arrays must be there, and
+        every call must come with it current (torch.cuda.set_device), else InvalidInputError."""
+        return self._group.device
+
+    @property
     def memory_bytes(self) -> int:
         """Bytes the group allocated for itself on its device, outputs not included (EpGroup::memory_bytes:
         its regions and bookkeeping, across nodes its symmetric memory; 0 on the CPU reference)."""
@@ -190,9 +197,12 @@ class Group:
             torch = _torch()
             # torch's uint32 tensors support few operations: offsets come as int32 (the same bits).
             return torch.empty(shape, dtype=torch.int32 if dtype == "uint32" else getattr(torch, dtype),
-                               device="cuda")
+                               device=torch.device("cuda", self._group.device))
         dtype = "uint16" if dtype == "bfloat16" else dtype
-        return _cupy().empty(shape, dtype=dtype) if self._arrays == "cupy" else np.empty(shape, dtype=dtype)
+        if self._arrays != "cupy":
+            return np.empty(shape, dtype=dtype)
+        with _cupy().cuda.Device(self._group.device):
+            return _cupy().empty(shape, dtype=dtype)
 
     def _own_memory(self, address: int, rows: int, row_bytes: int = 0):
         """`rows` rows at `address`, the group's own memory, as an array of its library: a view, valid while
@@ -204,8 +214,9 @@ class Group:
             return np.asarray(_HostMemory(address, shape, self, typestr))
         memory = _DeviceMemory(address, shape, typestr, self)
         if self._arrays != "torch":
-            return _cupy().asarray(memory)
-        tensor = _torch().as_tensor(memory, device="cuda")
+            with _cupy().cuda.Device(self._group.device):
+                return _cupy().asarray(memory)
+        tensor = _torch().as_tensor(memory, device=_torch().device("cuda", self._group.device))
         return tensor if row_bytes else tensor.view(_torch().bfloat16)
 
     def dispatch_input_buffer(self):
@@ -386,12 +397,14 @@ class Group:
 
     def _took_part(self, call, inputs, *arguments):
         """Runs the module's dispatch or dispatch_send and records the rows the next combine writes: the
-        inputs' tokens, none where the module took part with zero tokens (InvalidInputError), and the last
-        dispatch's where the call was refused for its order (CallOrderError: nothing issued)."""
+        inputs' tokens, none where the module took part with zero tokens (InvalidInputError, issued), and the
+        last dispatch's where the call was refused before anything was issued (CallOrderError, or
+        InvalidInputError not issued: another GPU current than the group's)."""
         try:
             call(*inputs, *arguments)
-        except _rocep.InvalidInputError:
-            self._tokens = 0
+        except _rocep.InvalidInputError as error:
+            if error.issued:
+                self._tokens = 0
             raise
         self._tokens = len(inputs[1])
 
@@ -400,8 +413,9 @@ class Group:
         inputs, _, error = self._checked(tokens, topk_ids, topk_weights, token_scales, global_scale, None)
         try:
             self._took_part(self._group.dispatch_send, inputs, self._stream())
-        except _rocep.InvalidInputError:  # issued with zero tokens (a CallOrderError issues nothing)
-            self._sent = inputs
+        except _rocep.InvalidInputError as refused:  # issued with zero tokens, unless refused before
+            if refused.issued:
+                self._sent = inputs
             raise
         self._sent = inputs  # kept alive until dispatch_recv
         if error:
@@ -477,8 +491,8 @@ class Group:
         alive until then."""
         arguments, result, error = self._combine_arguments(expert_outputs, num_tokens, shared_expert_output,
                                                            row_weights, out, (factor, token_factors, residual))
+        self._group.combine_send(*arguments, self._stream())  # raises only before anything is issued
         self._pending = (arguments, result)
-        self._group.combine_send(*arguments, self._stream())
         if error:
             raise _issued(error)
 

@@ -186,12 +186,14 @@ class EpDispatchCombineOp:
             self._indices = np.empty_like(local) if isinstance(local, np.ndarray) else _torch().empty_like(local)
 
     def _took_part(self, call, weights) -> None:
-        """Runs the group's dispatch or dispatch_send (`call`); its InvalidInputError (this rank took part
-        with zero tokens) names the op's arguments, and the next combine returns no weights."""
+        """Runs the group's dispatch or dispatch_send (`call`); its InvalidInputError names the op's
+        arguments, and where this rank took part with zero tokens (issued) the next combine returns no
+        weights."""
         try:
             call()
         except _rocep.InvalidInputError as error:
-            self._weights = self._group._empty((0, self.config.num_experts_per_token), "float32")
+            if error.issued:
+                self._weights = self._group._empty((0, self.config.num_experts_per_token), "float32")
             message = re.sub(r"\b(tokens|topk_ids|topk_weights|token_scales)(?=:)",
                              lambda match: _ARGUMENT_NAMES[match.group(1)], str(error))
             renamed = _rocep.InvalidInputError(message)

@@ -72,10 +72,11 @@ InputArray input_array(const char* name, nb::handle object) {
 constexpr nb::dlpack::dtype kBfloat16{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
 
 // Throws rocep::InvalidInputError naming `name` unless `array` holds `dtype` (or bf16 as uint16 bits where
-// `dtype` is bfloat16) with `shape` (entries < 0 are free) on the device the group's backend uses.
+// `dtype` is bfloat16) with `shape` (entries < 0 are free) on GPU `device` (the group's, EpGroup::device), or
+// in host memory where `device` is -1 (the CPU reference).
 template <typename AnyArray>
 void check(const char* name, const AnyArray& array, nb::dlpack::dtype dtype, const char* dtype_name,
-           std::initializer_list<int64_t> shape, bool on_gpu) {
+           std::initializer_list<int64_t> shape, int device) {
   const auto fail = [&](const std::string& what) {
     throw rocep::InvalidInputError(std::string(name) + ": " + what);
   };
@@ -97,20 +98,25 @@ void check(const char* name, const AnyArray& array, nb::dlpack::dtype dtype, con
   if (!matches) {
     fail("shape must be " + expected + ")");
   }
-  const bool device =
+  const bool on_gpu = device >= 0;
+  const bool in_gpu_memory =
       array.device_type() == nb::device::cuda::value || array.device_type() == nb::device::rocm::value;
-  if (device != on_gpu) {
+  if (in_gpu_memory != on_gpu) {
     fail(on_gpu ? "must be in GPU memory (the group's backend is the GPU)"
                 : "must be in host memory (the group's backend is the CPU reference)");
+  }
+  if (on_gpu && array.device_id() != device) {
+    fail("is on GPU " + std::to_string(array.device_id()) + ", must be on GPU " + std::to_string(device) +
+         " (the group's)");
   }
 }
 
 // Row offsets: uint32 as in C++, or int32 with the same bits (torch's uint32 tensors support few operations;
 // offsets stay below 2^31).
-void check_row_offsets(const Array& array, int64_t extent, bool on_gpu) {
+void check_row_offsets(const Array& array, int64_t extent, int device) {
   const nb::dlpack::dtype dtype =
       array.dtype() == nb::dtype<int32_t>() ? nb::dtype<int32_t>() : nb::dtype<uint32_t>();
-  check("row_offsets", array, dtype, "uint32 or int32", {extent}, on_gpu);
+  check("row_offsets", array, dtype, "uint32 or int32", {extent}, device);
 }
 
 // The per-token layout's output arrays, in DispatchResult's order (rocep/group.py).
@@ -140,16 +146,16 @@ void require_layout(const rocep::EpGroup& group, rocep::Layout layout) {
 rocep::DispatchOutputs dispatch_outputs(const rocep::EpGroup& group, const ExpandedOutputArrays& arrays) {
   require_layout(group, rocep::Layout::kExpanded);
   const rocep::EpConfig& config = group.config();
-  const bool gpu = group.backend() == rocep::Backend::kGpu;
+  const int device = group.device();
   const auto rows = static_cast<int64_t>(config.max_recv_rows(group.world_size()));
   const auto payload =
       static_cast<int64_t>(rocep::format_payload_bytes(config.dispatch_format, config.hidden));
   const auto local = static_cast<int64_t>(group.num_local_experts());
-  check("recv_tokens", arrays.tokens, nb::dtype<uint8_t>(), "uint8", {rows, payload}, gpu);
-  check_row_offsets(arrays.row_offsets, local + 1, gpu);
-  check("expert_ids", arrays.expert_ids, nb::dtype<int32_t>(), "int32", {local}, gpu);
-  check("src_info", arrays.src_info, nb::dtype<int32_t>(), "int32", {rows, 3}, gpu);
-  check("recv_weights", arrays.weights, nb::dtype<float>(), "float32", {rows}, gpu);
+  check("recv_tokens", arrays.tokens, nb::dtype<uint8_t>(), "uint8", {rows, payload}, device);
+  check_row_offsets(arrays.row_offsets, local + 1, device);
+  check("expert_ids", arrays.expert_ids, nb::dtype<int32_t>(), "int32", {local}, device);
+  check("src_info", arrays.src_info, nb::dtype<int32_t>(), "int32", {rows, 3}, device);
+  check("recv_weights", arrays.weights, nb::dtype<float>(), "float32", {rows}, device);
   rocep::DispatchOutputs outputs;
   outputs.recv_tokens = arrays.tokens.data();
   outputs.row_offsets = static_cast<uint32_t*>(arrays.row_offsets.data());
@@ -161,7 +167,7 @@ rocep::DispatchOutputs dispatch_outputs(const rocep::EpGroup& group, const Expan
     check(
         "recv_scales", scales, nb::dtype<uint8_t>(), "uint8",
         {static_cast<int64_t>(rocep::format_scale_tensor_bytes(config.dispatch_format, rows, config.hidden))},
-        gpu);
+        device);
     outputs.recv_scales = scales.data();
   }
   return outputs;
@@ -170,7 +176,7 @@ rocep::DispatchOutputs dispatch_outputs(const rocep::EpGroup& group, const Expan
 rocep::DispatchOutputs dispatch_outputs(const rocep::EpGroup& group, const OutputArrays& arrays) {
   require_layout(group, rocep::Layout::kPerToken);
   const rocep::EpConfig& config = group.config();
-  const bool gpu = group.backend() == rocep::Backend::kGpu;
+  const int device = group.device();
   const int world = group.world_size();
   const auto rows = static_cast<int64_t>(config.max_recv_tokens(world));
   const int64_t top_k = config.top_k;
@@ -178,20 +184,20 @@ rocep::DispatchOutputs dispatch_outputs(const rocep::EpGroup& group, const Outpu
       static_cast<int64_t>(rocep::format_payload_bytes(config.dispatch_format, config.hidden));
   const auto scales = static_cast<int64_t>(rocep::format_scale_bytes(config.dispatch_format, config.hidden));
   const auto entries = static_cast<int64_t>(config.max_recv_rows(world));
-  check("recv_tokens", arrays.tokens, nb::dtype<uint8_t>(), "uint8", {rows, payload}, gpu);
-  check("recv_topk_ids", arrays.topk_ids, nb::dtype<int32_t>(), "int32", {rows, top_k}, gpu);
-  check("recv_topk_weights", arrays.topk_weights, nb::dtype<float>(), "float32", {rows, top_k}, gpu);
-  check("src_info", arrays.src_info, nb::dtype<int32_t>(), "int32", {rows, 3}, gpu);
-  check("num_recv_tokens", arrays.num_recv_tokens, nb::dtype<int32_t>(), "int32", {1}, gpu);
-  check("sorted_token_ids", arrays.sorted_token_ids, nb::dtype<int32_t>(), "int32", {entries}, gpu);
+  check("recv_tokens", arrays.tokens, nb::dtype<uint8_t>(), "uint8", {rows, payload}, device);
+  check("recv_topk_ids", arrays.topk_ids, nb::dtype<int32_t>(), "int32", {rows, top_k}, device);
+  check("recv_topk_weights", arrays.topk_weights, nb::dtype<float>(), "float32", {rows, top_k}, device);
+  check("src_info", arrays.src_info, nb::dtype<int32_t>(), "int32", {rows, 3}, device);
+  check("num_recv_tokens", arrays.num_recv_tokens, nb::dtype<int32_t>(), "int32", {1}, device);
+  check("sorted_token_ids", arrays.sorted_token_ids, nb::dtype<int32_t>(), "int32", {entries}, device);
   check("block_expert_ids", arrays.block_expert_ids, nb::dtype<int32_t>(), "int32",
-        {entries / config.expert_alignment}, gpu);
-  check_row_offsets(arrays.row_offsets, static_cast<int64_t>(group.num_local_experts()) + 1, gpu);
+        {entries / config.expert_alignment}, device);
+  check_row_offsets(arrays.row_offsets, static_cast<int64_t>(group.num_local_experts()) + 1, device);
   rocep::DispatchOutputs outputs;
   outputs.recv_tokens = arrays.tokens.data();
   if (scales > 0) {
     const Array scale_rows = nb::cast<Array>(arrays.scales);
-    check("recv_scales", scale_rows, nb::dtype<uint8_t>(), "uint8", {rows, scales}, gpu);
+    check("recv_scales", scale_rows, nb::dtype<uint8_t>(), "uint8", {rows, scales}, device);
     outputs.recv_scales = scale_rows.data();
   }
   outputs.recv_topk_ids = static_cast<int32_t*>(arrays.topk_ids.data());
@@ -218,7 +224,7 @@ rocep::DispatchInputs dispatch_inputs(rocep::EpGroup& group, const nb::object& t
                                       const nb::object& token_scales, const nb::object& global_scale,
                                       std::vector<InputArray>* arrays, std::string* error) {
   const rocep::EpConfig& config = group.config();
-  const bool gpu = group.backend() == rocep::Backend::kGpu;
+  const int device = group.device();
   const auto payload =
       static_cast<int64_t>(rocep::format_payload_bytes(config.dispatch_format, config.hidden));
   const auto scales = static_cast<int64_t>(rocep::format_scale_bytes(config.dispatch_format, config.hidden));
@@ -237,22 +243,23 @@ rocep::DispatchInputs dispatch_inputs(rocep::EpGroup& group, const nb::object& t
       const auto row_bytes =
           static_cast<int64_t>(rocep::format_input_row_bytes(config.dispatch_format, config.hidden));
       check("tokens", tokens, nb::dtype<uint8_t>(), "uint8 (rows of dispatch_input_buffer())",
-            {given, row_bytes}, gpu);
+            {given, row_bytes}, device);
     } else if (token_scales.is_none()) {
-      check("tokens", tokens, kBfloat16, "bfloat16 (or its bits as uint16)", {given, config.hidden}, gpu);
+      check("tokens", tokens, kBfloat16, "bfloat16 (or its bits as uint16)", {given, config.hidden}, device);
     } else {
-      check("tokens", tokens, nb::dtype<uint8_t>(), "uint8 (quantised payload bytes)", {given, payload}, gpu);
+      check("tokens", tokens, nb::dtype<uint8_t>(), "uint8 (quantised payload bytes)", {given, payload},
+            device);
       const InputArray given_scales = input_array("token_scales", token_scales);
-      check("token_scales", given_scales, nb::dtype<uint8_t>(), "uint8", {given, scales}, gpu);
+      check("token_scales", given_scales, nb::dtype<uint8_t>(), "uint8", {given, scales}, device);
       inputs.token_scales = given_scales.data();
       arrays->push_back(given_scales);
     }
     check("topk_ids", topk_ids, nb::dtype<int32_t>(), "int32 (rocep.Group takes int64 too)",
-          {-1, config.top_k}, gpu);
-    check("topk_weights", topk_weights, nb::dtype<float>(), "float32", {given, config.top_k}, gpu);
+          {-1, config.top_k}, device);
+    check("topk_weights", topk_weights, nb::dtype<float>(), "float32", {given, config.top_k}, device);
     if (!global_scale.is_none()) {
       const InputArray scale = input_array("global_scale", global_scale);
-      check("global_scale", scale, nb::dtype<float>(), "float32", {1}, gpu);
+      check("global_scale", scale, nb::dtype<float>(), "float32", {1}, device);
       inputs.global_scale = static_cast<const float*>(scale.data());
       arrays->push_back(scale);
     }
@@ -285,7 +292,7 @@ rocep::CombineArgs combine_args(const rocep::EpGroup& group, const nb::object& e
                                 const StridedArray& out, float factor, const nb::object& token_factors,
                                 const nb::object& residual, std::vector<InputArray>* arrays) {
   const rocep::EpConfig& config = group.config();
-  const bool gpu = group.backend() == rocep::Backend::kGpu;
+  const int device = group.device();
   const bool per_token = config.layout == rocep::Layout::kPerToken;
   const auto rows = static_cast<int64_t>(per_token ? config.max_recv_tokens(group.world_size())
                                                    : config.max_recv_rows(group.world_size()));
@@ -293,7 +300,7 @@ rocep::CombineArgs combine_args(const rocep::EpGroup& group, const nb::object& e
   arrays->push_back(expert_outputs);
   try {
     check("expert_outputs", expert_outputs, kBfloat16, "bfloat16 (or its bits as uint16)",
-          {rows, config.hidden}, gpu);
+          {rows, config.hidden}, device);
   } catch (const rocep::InvalidInputError& bad) {
     throw rocep::InvalidInputError(std::string(bad.what()) +
                                    (per_token
@@ -309,12 +316,12 @@ rocep::CombineArgs combine_args(const rocep::EpGroup& group, const nb::object& e
     }
     const InputArray weights = input_array("row_weights", row_weights);
     arrays->push_back(weights);
-    check("row_weights", weights, nb::dtype<float>(), "float32", {rows}, gpu);
+    check("row_weights", weights, nb::dtype<float>(), "float32", {rows}, device);
     args.row_weights = static_cast<const float*>(weights.data());
   }
   const bool reduced = per_token || args.row_weights != nullptr;
   if (reduced) {
-    check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {-1, config.hidden}, gpu);
+    check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {-1, config.hidden}, device);
     if (out.shape(0) > 0 && out.stride(1) != 1) {
       throw rocep::InvalidInputError("out: each row must be contiguous (stride 1 along hidden), has stride " +
                                      std::to_string(out.stride(1)));
@@ -329,7 +336,8 @@ rocep::CombineArgs combine_args(const rocep::EpGroup& group, const nb::object& e
       args.out_row_stride = static_cast<std::size_t>(row_stride);
     }
   } else {
-    check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {-1, config.top_k, config.hidden}, gpu);
+    check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {-1, config.top_k, config.hidden},
+          device);
     const bool contiguous = out.stride(2) == 1 && out.stride(1) == config.hidden &&
                             (out.shape(0) <= 1 || out.stride(0) == int64_t{config.top_k} * config.hidden);
     if (!contiguous) {
@@ -342,21 +350,21 @@ rocep::CombineArgs combine_args(const rocep::EpGroup& group, const nb::object& e
   if (!token_factors.is_none()) {
     const InputArray factors = input_array("token_factors", token_factors);
     arrays->push_back(factors);
-    check("token_factors", factors, nb::dtype<float>(), "float32", {tokens}, gpu);
+    check("token_factors", factors, nb::dtype<float>(), "float32", {tokens}, device);
     args.token_factors = static_cast<const float*>(factors.data());
   }
   if (!residual.is_none()) {
     const InputArray rows_added = input_array("residual", residual);
     arrays->push_back(rows_added);
     check("residual", rows_added, kBfloat16, "bfloat16 (or its bits as uint16)", {tokens, config.hidden},
-          gpu);
+          device);
     args.residual = rows_added.data();
   }
   if (!shared_expert_output.is_none()) {
     const InputArray shared = input_array("shared_expert_output", shared_expert_output);
     arrays->push_back(shared);
     check("shared_expert_output", shared, kBfloat16, "bfloat16 (or its bits as uint16)",
-          {tokens, config.hidden}, gpu);
+          {tokens, config.hidden}, device);
     args.shared_expert_output = shared.data();
   }
   return args;
@@ -374,8 +382,7 @@ rocep::DispatchOutputs dispatch_outputs_with(const rocep::EpGroup& group, const 
     const InputArray scales = input_array("expert_input_scales", expert_input_scales);
     arrays->push_back(scales);
     check("expert_input_scales", scales, nb::dtype<float>(), "float32",
-          {static_cast<int64_t>(group.config().num_local_experts(group.world_size()))},
-          group.backend() == rocep::Backend::kGpu);
+          {static_cast<int64_t>(group.config().num_local_experts(group.world_size()))}, group.device());
     checked.expert_input_scales = static_cast<const float*>(scales.data());
   }
   return checked;
@@ -536,6 +543,7 @@ NB_MODULE(_rocep, m) {
       .def_prop_ro("num_local_experts", &rocep::EpGroup::num_local_experts)
       .def_prop_ro("max_recv_rows", &rocep::EpGroup::max_recv_rows)
       .def_prop_ro("memory_bytes", &rocep::EpGroup::memory_bytes)
+      .def_prop_ro("device", &rocep::EpGroup::device)
       // The addresses of the group's input buffers (EpGroup::dispatch_input_buffer, combine_input_buffer):
       // rocep.Group wraps them in arrays of its library.
       .def("dispatch_input_buffer_address",
@@ -605,17 +613,19 @@ NB_MODULE(_rocep, m) {
       [](Array gate_up, Array out, nb::object out_scales, Array row_offsets, int n, rocep::TokenFormat format,
          rocep::Fp8Encoding fp8_encoding, nb::object global_scales, bool interleaved, float clamp_limit,
          std::uintptr_t stream) {
-        const bool gpu = gate_up.device_type() != nb::device::cpu::value;
+        // Every array on gate_up's GPU (the kernels run on the calling thread's current one), or in host
+        // memory.
+        const int device = gate_up.device_type() != nb::device::cpu::value ? gate_up.device_id() : -1;
         check("gate_up", gate_up, kBfloat16, "bfloat16 (or its bits as uint16)",
-              {-1, 2 * static_cast<int64_t>(n)}, gpu);
+              {-1, 2 * static_cast<int64_t>(n)}, device);
         const auto rows = static_cast<int64_t>(gate_up.shape(0));
         const auto payload = static_cast<int64_t>(rocep::format_payload_bytes(format, n));
         if (format == rocep::TokenFormat::kBf16) {
-          check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {rows, n}, gpu);
+          check("out", out, kBfloat16, "bfloat16 (or its bits as uint16)", {rows, n}, device);
         } else {
-          check("out", out, nb::dtype<uint8_t>(), "uint8", {rows, payload}, gpu);
+          check("out", out, nb::dtype<uint8_t>(), "uint8", {rows, payload}, device);
         }
-        check_row_offsets(row_offsets, -1, gpu);
+        check_row_offsets(row_offsets, -1, device);
         rocep::SiluArgs args;
         args.gate_up = gate_up.data();
         args.out = out.data();
@@ -630,16 +640,16 @@ NB_MODULE(_rocep, m) {
         if (!out_scales.is_none()) {
           const Array scales = nb::cast<Array>(out_scales);
           check("out_scales", scales, nb::dtype<uint8_t>(), "uint8",
-                {static_cast<int64_t>(rocep::format_scale_tensor_bytes(format, rows, n))}, gpu);
+                {static_cast<int64_t>(rocep::format_scale_tensor_bytes(format, rows, n))}, device);
           args.out_scales = scales.data();
         }
         if (!global_scales.is_none()) {
           const Array scales = nb::cast<Array>(global_scales);
-          check("global_scales", scales, nb::dtype<float>(), "float32", {args.num_groups}, gpu);
+          check("global_scales", scales, nb::dtype<float>(), "float32", {args.num_groups}, device);
           args.global_scales = static_cast<const float*>(scales.data());
         }
         nb::gil_scoped_release release;
-        if (gpu) {
+        if (device >= 0) {
           rocep::silu_and_quantize(args, reinterpret_cast<void*>(stream));
         } else {
           rocep::silu_and_quantize_reference(args);

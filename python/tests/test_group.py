@@ -269,9 +269,10 @@ def test_calls_out_of_order_raise_call_order_error_and_the_group_goes_on():
         assert out.shape == (len(ids), config.hidden) and (out == expected).all()
 
 
-def test_the_cpu_reference_holds_no_device_memory():
+def test_the_cpu_reference_holds_no_device_memory_on_no_gpu():
     group = rocep.Group(bootstrap.from_mpi4py(COMM), make_config(), rocep.Backend.CPU_REFERENCE)
     assert group.memory_bytes == 0
+    assert group.device == -1
 
 
 def test_bad_config_raises_config_error_naming_the_field():

@@ -207,6 +207,7 @@ TEST(EpGroupOverThreadsTest, ConsecutiveCallsMatchTheNaiveModel) {
                                                   std::vector<int>(world, kMaxTokens)};
     on_thread_ranks(world, [&](int rank, rocep::EpGroup& group) {
       EXPECT_EQ(group.world_size(), world);
+      EXPECT_EQ(group.device(), -1) << "the CPU reference is on no GPU";
       for (std::size_t call = 0; call < counts.size(); ++call) {
         const Step step = draw_step(world, counts[call], seed + 1000 * world + call);
         EXPECT_EQ(run_step(group, step, rank, step.num_tokens[rank]), naive_combine(step, rank))

@@ -1,5 +1,6 @@
 // The contract of EpGroup (include/rocep/ep_group.hpp) on the GPU backend, against the CPU reference bit for
-// bit: a rank's bad inputs stay on that rank, data errors are recorded for poll_error() / synchronize(),
+// bit: a rank's bad inputs stay on that rank, a call from another GPU than the group's is refused before
+// anything is issued, data errors are recorded for poll_error() / synchronize(),
 // weighted and unweighted combines mixed across ranks are caught on the device; and one group called again
 // and again (new counts, routings, fused and split calls, graph replays with new data), two groups in one
 // process, and small calls in a group sized for many tokens. Every call gets fresh random inputs and freshly
@@ -160,6 +161,48 @@ TEST_F(GpuEpContract, BadInputsOfOneRankStayOnThatRank) {
     expect_combined_matches(combine.out, expected.combined);
   }
   SCOPED_TRACE("call C: valid on every rank");
+  expect_step_matches_reference(group, stream.get(), kValidStep);
+}
+
+// The last rank calls dispatch and dispatch_send with another GPU current than its group's (where every rank
+// sees two GPUs or more): each is refused with InvalidInputError before anything is issued (issued() false),
+// naming both GPUs; with its own GPU current again the group takes the next call and matches the reference
+// on every rank.
+TEST_F(GpuEpContract, CallsFromAnotherGpuAreRefusedBeforeAnythingIsIssued) {
+  const int devices = rocep::device_count();
+  int fewest_devices = 0;
+  MPI_Allreduce(&devices, &fewest_devices, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (fewest_devices < 2) {
+    GTEST_SKIP() << "every rank must see two GPUs or more; the fewest a rank sees is " << fewest_devices;
+  }
+  const int world = world_size();
+  const EpConfig config = make_config(2048, 8, 64 / world, 96, 4);
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::Stream stream;
+  const int own = rocep::current_device();
+  EXPECT_EQ(group.device(), own);
+  if (world_rank() == world - 1) {
+    const int other = (own + 1) % devices;
+    rocep::set_device(other);
+    for (const bool split : {false, true}) {
+      SCOPED_TRACE(split ? "dispatch_send" : "dispatch");
+      try {
+        if (split) {
+          group.dispatch_send({}, stream.get());
+        } else {
+          group.dispatch({}, {}, stream.get());
+        }
+        ADD_FAILURE() << "a call from GPU " << other << " was taken by the group of GPU " << own;
+      } catch (const rocep::InvalidInputError& error) {
+        EXPECT_FALSE(error.issued());
+        const std::string message = error.what();
+        EXPECT_TRUE(names(message, "GPU", other)) << message;
+        EXPECT_TRUE(names(message, "GPU", own)) << message;
+        EXPECT_TRUE(names(message, "rank", world - 1)) << message;
+      }
+    }
+    rocep::set_device(own);
+  }
   expect_step_matches_reference(group, stream.get(), kValidStep);
 }
 
