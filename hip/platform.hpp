@@ -59,6 +59,7 @@
 #define hipStreamCreateWithFlags cudaStreamCreateWithFlags
 #define hipStreamDestroy cudaStreamDestroy
 #define hipStreamSynchronize cudaStreamSynchronize
+#define hipStreamQuery cudaStreamQuery
 #define hipStreamWaitEvent cudaStreamWaitEvent
 #define hipEventCreateWithFlags cudaEventCreateWithFlags
 #define hipEventDestroy cudaEventDestroy

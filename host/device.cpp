@@ -25,6 +25,19 @@ int current_device() {
   return device;
 }
 
+void DeviceScope::enter(int device) {
+  int current = -1;
+  if (hipGetDevice(&current) == hipSuccess && current != device && hipSetDevice(device) == hipSuccess) {
+    given_back_ = current;
+  }
+}
+
+DeviceScope::~DeviceScope() {
+  if (given_back_ >= 0) {
+    (void)hipSetDevice(given_back_);
+  }
+}
+
 uint64_t wall_clock_rate_hz(int device) {
 #if defined(ROCEP_PLATFORM_NVIDIA)
   (void)device;

@@ -304,7 +304,9 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
 GpuEp::~GpuEp() {
   // Close the mappings of the peers' memory first, then wait for the peers to close theirs (a peer may
   // still store into this rank's memory until its last call ends), then free this rank's memory. After a
-  // timeout nobody is waited for, and the exported memory is given up without being freed.
+  // timeout nobody is waited for, and the exported memory is given up without being freed. The caller's
+  // current device may be another GPU: the group's is made current for all of it.
+  teardown_device_.enter(device_);
   (void)hipDeviceSynchronize();
   peer_dispatch_regions_.reset();
   peer_combine_regions_.reset();

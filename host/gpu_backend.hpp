@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "backend.hpp"
+#include "device.hpp"
 #include "device_memory.hpp"
 #include "hip/ep_kernels.hpp"
 #include "ipc.hpp"
@@ -23,8 +24,9 @@ class GpuEp final : public EpBackend {
   // node's GPUs cannot reach each other peer-to-peer, the shape exceeds what the kernels support, or
   // config.num_sms exceeds this rank's share of its GPU's multiprocessors (comm_policy.hpp sm_budget).
   GpuEp(Bootstrap& world, const EpConfig& config);
-  // Waits for this device, closes the mappings of the peers' memory, then waits for every peer to have
-  // closed theirs (a barrier bounded by the timeout) before this rank's memory is freed. If the group is
+  // From any thread: makes the group's device current until the end (then the caller's again), waits for
+  // it, closes the mappings of the peers' memory, then waits for every peer to have closed theirs (a
+  // barrier bounded by the timeout) before this rank's memory is freed. If the group is
   // broken (broken(), e.g. after a timeout), nobody is waited for; if the barrier times out or fails, the
   // wait ends there. In both cases this rank's exported memory (its dispatch and combine regions and its
   // signals) is deliberately not freed, since a peer may still store into it: the process keeps it until it
@@ -79,6 +81,9 @@ class GpuEp final : public EpBackend {
   template <typename Call>
   hipError_t on_kernels(Call&& call) const;
 
+  // The group's device, current while the group is destroyed (its first member: freed last, after the
+  // others' memory); the caller's device is then made current again.
+  DeviceScope teardown_device_;
   EpConfig config_;
   // Whether the group has a combine input buffer (contract::combine_input_buffer_error), for the check of
   // every combine's expert outputs.

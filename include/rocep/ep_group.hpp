@@ -88,8 +88,9 @@ class EpGroup {
             typename = std::enable_if_t<!std::is_convertible_v<MpiComm, std::shared_ptr<Bootstrap>>>>
   EpGroup(MpiComm comm, const EpConfig& config, Backend backend = Backend::kAuto);
   // GPU backend: collective (barrier with the peers, who may still be storing into this rank's buffers)
-  // unless the group timed out, in which case it releases everything without waiting for anyone. The CPU
-  // reference holds nothing a peer writes, and waits for no one.
+  // unless the group timed out, in which case it releases everything without waiting for anyone. It waits
+  // for the group's device whatever device is current (made current for the teardown, the caller's given
+  // back after). The CPU reference holds nothing a peer writes, and waits for no one.
   ~EpGroup();
   EpGroup(EpGroup&&) noexcept;
   EpGroup& operator=(EpGroup&&) noexcept;

@@ -1,10 +1,10 @@
 // The contract of EpGroup (include/rocep/ep_group.hpp) on the GPU backend, against the CPU reference bit for
 // bit: a rank's bad inputs stay on that rank, a call from another GPU than the group's is refused before
-// anything is issued, data errors are recorded for poll_error() / synchronize(),
-// weighted and unweighted combines mixed across ranks are caught on the device; and one group called again
-// and again (new counts, routings, fused and split calls, graph replays with new data), two groups in one
-// process, and small calls in a group sized for many tokens. Every call gets fresh random inputs and freshly
-// poisoned outputs.
+// anything is issued, a group destroyed with another GPU current waits for its own, data errors are recorded
+// for poll_error() / synchronize(), weighted and unweighted combines mixed across ranks are caught on the
+// device; and one group called again and again (new counts, routings, fused and split calls, graph replays
+// with new data), two groups in one process, and small calls in a group sized for many tokens. Every call
+// gets fresh random inputs and freshly poisoned outputs.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "compute_load.hpp"
 #include "ep_cases.hpp"
 #include "host/device.hpp"
 #include "host/device_memory.hpp"
@@ -25,6 +26,7 @@
 namespace {
 
 using rocep::testing::combine_on;
+using rocep::testing::ComputeLoad;
 using rocep::testing::DeviceCombine;
 using rocep::testing::DeviceInputs;
 using rocep::testing::DeviceOutputs;
@@ -164,16 +166,22 @@ TEST_F(GpuEpContract, BadInputsOfOneRankStayOnThatRank) {
   expect_step_matches_reference(group, stream.get(), kValidStep);
 }
 
+// Collective: the fewest GPUs a rank sees (the tests that make another GPU current need two).
+int fewest_visible_gpus() {
+  const int devices = rocep::device_count();
+  int fewest = 0;
+  MPI_Allreduce(&devices, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return fewest;
+}
+
 // The last rank calls dispatch and dispatch_send with another GPU current than its group's (where every rank
 // sees two GPUs or more): each is refused with InvalidInputError before anything is issued (issued() false),
 // naming both GPUs; with its own GPU current again the group takes the next call and matches the reference
 // on every rank.
 TEST_F(GpuEpContract, CallsFromAnotherGpuAreRefusedBeforeAnythingIsIssued) {
   const int devices = rocep::device_count();
-  int fewest_devices = 0;
-  MPI_Allreduce(&devices, &fewest_devices, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (fewest_devices < 2) {
-    GTEST_SKIP() << "every rank must see two GPUs or more; the fewest a rank sees is " << fewest_devices;
+  if (const int fewest = fewest_visible_gpus(); fewest < 2) {
+    GTEST_SKIP() << "every rank must see two GPUs or more; the fewest a rank sees is " << fewest;
   }
   const int world = world_size();
   const EpConfig config = make_config(2048, 8, 64 / world, 96, 4);
@@ -204,6 +212,39 @@ TEST_F(GpuEpContract, CallsFromAnotherGpuAreRefusedBeforeAnythingIsIssued) {
     rocep::set_device(own);
   }
   expect_step_matches_reference(group, stream.get(), kValidStep);
+}
+
+// The last rank destroys its group with another GPU current (where every rank sees two GPUs or more), a
+// kernel of about 300 ms still running on the group's stream behind the group's last call: the destructor
+// waits for the group's GPU, not the current one (the kernel has finished when it returns), and makes the
+// caller's GPU current again. A new group on the same GPUs then matches the reference.
+TEST_F(GpuEpContract, AGroupDestroyedWithAnotherGpuCurrentWaitsForItsOwn) {
+  const int devices = rocep::device_count();
+  if (const int fewest = fewest_visible_gpus(); fewest < 2) {
+    GTEST_SKIP() << "every rank must see two GPUs or more; the fewest a rank sees is " << fewest;
+  }
+  const int world = world_size();
+  const EpConfig config = make_config(2048, 8, 64 / world, 96, 4);
+  const bool last = world_rank() == world - 1;
+  const int own = rocep::current_device();
+  const int other = (own + 1) % devices;
+  rocep::Stream stream;
+  const ComputeLoad load(1, 300.0, stream.get());  // outlives the group: its memory is not freed under it
+  {
+    rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+    expect_step_matches_reference(group, stream.get(), kValidStep);
+    if (last) {
+      load.launch(stream.get());
+      rocep::set_device(other);
+    }
+  }
+  if (last) {
+    EXPECT_EQ(rocep::current_device(), other) << "the destructor did not give the caller's GPU back";
+    rocep::set_device(own);
+    EXPECT_EQ(hipStreamQuery(stream.get()), hipSuccess) << "the destructor did not wait for the group's GPU";
+  }
+  rocep::EpGroup again(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  expect_step_matches_reference(again, stream.get(), kValidStep);
 }
 
 // An expert id out of range on the last rank (token 3, slot 2): once the stream has finished, poll_error()
