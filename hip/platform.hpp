@@ -22,6 +22,7 @@
 #define hipIpcMemHandle_t cudaIpcMemHandle_t
 #define hipIpcMemLazyEnablePeerAccess cudaIpcMemLazyEnablePeerAccess
 #define hipStreamNonBlocking cudaStreamNonBlocking
+#define hipStreamPerThread cudaStreamPerThread
 #define hipEventDefault cudaEventDefault
 #define hipHostMallocDefault cudaHostAllocDefault
 #define hipMemcpyHostToDevice cudaMemcpyHostToDevice
@@ -108,6 +109,19 @@ inline cudaError_t hipMemGetAddressRange(void** base, size_t* bytes, void* point
   }
   *base = reinterpret_cast<void*>(found_base);
   return cudaSuccess;
+}
+
+// hipGetStreamDeviceId (the device of a stream's work; -1 where the runtime names none) is
+// cudaStreamGetDevice from CUDA 12.8 on; before, the runtime has no such query and the current device stands
+// in for it.
+inline int hipGetStreamDeviceId(cudaStream_t stream) {
+  int device = -1;
+#if CUDART_VERSION >= 12080
+  return cudaStreamGetDevice(stream, &device) == cudaSuccess ? device : -1;
+#else
+  (void)stream;
+  return cudaGetDevice(&device) == cudaSuccess ? device : -1;
+#endif
 }
 
 #elif defined(ROCEP_PLATFORM_AMD)

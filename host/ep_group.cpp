@@ -260,24 +260,34 @@ struct EpGroup::Impl {
 
   int rank() const { return bootstrap->rank(); }
 
-  // Checks that the group can take `call` now: not broken, in order, and from a thread on the group's device.
-  void require(Call call) const {
+  // Checks that the group can take `call` on `stream` now: not broken, in order, from a thread on the group's
+  // device and on a stream of that device.
+  void require(Call call, void* stream) const {
     if (implementation->broken()) {
-      throw Error(std::string("EpGroup::") + contract::to_string(call) + " on rank " +
-                  std::to_string(rank()) +
+      throw Error(called(call) +
                   ": a previous call timed out or failed to launch (poll_error() shows what, synchronize() "
                   "throws it); this group is unusable and must be destroyed");
     }
     order.require(call, rank());
     const int device = implementation->device();
-    const int calling = implementation->calling_device();
-    if (calling != device) {
-      throw InvalidInputError(std::string("EpGroup::") + contract::to_string(call) + " on rank " +
-                              std::to_string(rank()) + ": the calling thread's current device is GPU " +
+    if (const int calling = implementation->calling_device(); calling != device) {
+      throw InvalidInputError(called(call) + ": the calling thread's current device is GPU " +
                               std::to_string(calling) + ", the group's is GPU " + std::to_string(device) +
                               ": set it (hipSetDevice, cudaSetDevice, torch.cuda.set_device) before the "
                               "call; nothing was issued");
     }
+    if (const int queued = implementation->stream_device(stream); queued != device) {
+      throw InvalidInputError(called(call) + ": " +
+                              (queued < 0 ? std::string("the runtime names no GPU for the stream")
+                                          : "the stream is GPU " + std::to_string(queued) + "'s") +
+                              ", the group's GPU is GPU " + std::to_string(device) +
+                              ": pass a stream made on the group's GPU (or 0, its default stream); nothing "
+                              "was issued");
+    }
+  }
+
+  std::string called(Call call) const {
+    return std::string("EpGroup::") + contract::to_string(call) + " on rank " + std::to_string(rank());
   }
 
   // Throws InvalidInputError for `error` (not empty): before anything is issued, or with `issued` after
@@ -351,7 +361,7 @@ void* EpGroup::combine_input_buffer() {
 
 void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {
   const ProfilerRange range("rocep::dispatch");
-  impl().require(Call::kDispatch);
+  impl().require(Call::kDispatch, stream);
   EpBackend& backend = *impl().implementation;
   Impl::refuse(contract::dispatch_outputs_error(impl().config, "dispatch", rank(), outputs));
   const std::string error =
@@ -363,7 +373,7 @@ void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outp
 
 void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
   const ProfilerRange range("rocep::dispatch_send");
-  impl().require(Call::kDispatchSend);
+  impl().require(Call::kDispatchSend, stream);
   EpBackend& backend = *impl().implementation;
   const std::string error = contract::dispatch_inputs_error(impl().config, "dispatch_send", rank(), inputs,
                                                             backend.dispatch_memory());
@@ -374,7 +384,7 @@ void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
 
 void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
   const ProfilerRange range("rocep::dispatch_recv");
-  impl().require(Call::kDispatchRecv);
+  impl().require(Call::kDispatchRecv, stream);
   Impl::refuse(contract::dispatch_outputs_error(impl().config, "dispatch_recv", rank(), outputs));
   impl().implementation->dispatch_recv(outputs, stream);
   impl().order.advance(Call::kDispatchRecv);
@@ -382,7 +392,7 @@ void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
 
 void EpGroup::combine(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine");
-  impl().require(Call::kCombine);
+  impl().require(Call::kCombine, stream);
   Impl::refuse(contract::combine_args_error(impl().config, "combine", rank(), args,
                                             impl().implementation->combine_memory()));
   impl().implementation->combine(args, stream);
@@ -391,7 +401,7 @@ void EpGroup::combine(const CombineArgs& args, void* stream) {
 
 void EpGroup::combine_send(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine_send");
-  impl().require(Call::kCombineSend);
+  impl().require(Call::kCombineSend, stream);
   Impl::refuse(contract::combine_args_error(impl().config, "combine_send", rank(), args,
                                             impl().implementation->combine_memory()));
   impl().implementation->combine_send(args, stream);
@@ -400,7 +410,7 @@ void EpGroup::combine_send(const CombineArgs& args, void* stream) {
 
 void EpGroup::combine_recv(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine_recv");
-  impl().require(Call::kCombineRecv);
+  impl().require(Call::kCombineRecv, stream);
   Impl::refuse(contract::combine_args_error(impl().config, "combine_recv", rank(), args,
                                             impl().implementation->combine_memory()));
   impl().implementation->combine_recv(args, stream);
@@ -410,7 +420,7 @@ void EpGroup::combine_recv(const CombineArgs& args, void* stream) {
 void EpGroup::combine_recv_with(const CombineArgs& args, const CombineReceiveLauncher& launcher,
                                 void* stream) {
   const ProfilerRange range("rocep::combine_recv");
-  impl().require(Call::kCombineRecv);
+  impl().require(Call::kCombineRecv, stream);
   Impl::refuse(contract::combine_args_error(impl().config, "combine_recv_with", rank(), args,
                                             impl().implementation->combine_memory()));
   Impl::refuse(contract::caller_epilogue_error(impl().config, impl().backend, rank(), args, launcher));

@@ -461,6 +461,12 @@ int GpuEp::calling_device() const {
   return current_device();
 }
 
+int GpuEp::stream_device(void* stream) const {
+  const auto handle = static_cast<hipStream_t>(stream);
+  // The default stream's and the per-thread stream's handles name streams of the current device.
+  return handle == nullptr || handle == hipStreamPerThread ? current_device() : hipGetStreamDeviceId(handle);
+}
+
 void GpuEp::check_launch(const char* call, hipError_t status) {
   if (status == hipSuccess) {
     return;

@@ -38,6 +38,7 @@ class GpuEp final : public EpBackend {
   std::size_t memory_bytes() const override { return memory_bytes_; }
   int device() const override { return device_; }
   int calling_device() const override;
+  int stream_device(void* stream) const override;
   // The message area of this rank's dispatch region, [T][format_input_row_bytes] (see EpGroup).
   void* dispatch_input_buffer() override;
   contract::OwnMemory dispatch_memory() const override;

@@ -174,10 +174,11 @@ int fewest_visible_gpus() {
   return fewest;
 }
 
-// The last rank calls dispatch and dispatch_send with another GPU current than its group's (where every rank
-// sees two GPUs or more): each is refused with InvalidInputError before anything is issued (issued() false),
-// naming both GPUs; with its own GPU current again the group takes the next call and matches the reference
-// on every rank.
+// The last rank calls dispatch and dispatch_send with another GPU current than its group's, then with its own
+// GPU current on a stream of the other GPU (where every rank sees two GPUs or more): each is refused with
+// InvalidInputError before anything is issued (issued() false), naming both GPUs and what was wrong; with
+// its own GPU current and its own stream the group takes the next call and matches the reference on every
+// rank.
 TEST_F(GpuEpContract, CallsFromAnotherGpuAreRefusedBeforeAnythingIsIssued) {
   const int devices = rocep::device_count();
   if (const int fewest = fewest_visible_gpus(); fewest < 2) {
@@ -192,21 +193,29 @@ TEST_F(GpuEpContract, CallsFromAnotherGpuAreRefusedBeforeAnythingIsIssued) {
   if (world_rank() == world - 1) {
     const int other = (own + 1) % devices;
     rocep::set_device(other);
-    for (const bool split : {false, true}) {
-      SCOPED_TRACE(split ? "dispatch_send" : "dispatch");
-      try {
-        if (split) {
-          group.dispatch_send({}, stream.get());
-        } else {
-          group.dispatch({}, {}, stream.get());
+    const rocep::Stream other_stream;
+    for (const bool other_current : {true, false}) {
+      rocep::set_device(other_current ? other : own);
+      const hipStream_t call_stream = other_current ? stream.get() : other_stream.get();
+      const std::string wrong = other_current ? "current device" : "stream";
+      for (const bool split : {false, true}) {
+        SCOPED_TRACE(std::string(split ? "dispatch_send" : "dispatch") + " with the wrong " + wrong);
+        try {
+          if (split) {
+            group.dispatch_send({}, call_stream);
+          } else {
+            group.dispatch({}, {}, call_stream);
+          }
+          ADD_FAILURE() << "a call with the " << wrong << " of GPU " << other
+                        << " was taken by the group of GPU " << own;
+        } catch (const rocep::InvalidInputError& error) {
+          EXPECT_FALSE(error.issued());
+          const std::string message = error.what();
+          EXPECT_NE(message.find(wrong), std::string::npos) << message;
+          EXPECT_TRUE(names(message, "GPU", other)) << message;
+          EXPECT_TRUE(names(message, "GPU", own)) << message;
+          EXPECT_TRUE(names(message, "rank", world - 1)) << message;
         }
-        ADD_FAILURE() << "a call from GPU " << other << " was taken by the group of GPU " << own;
-      } catch (const rocep::InvalidInputError& error) {
-        EXPECT_FALSE(error.issued());
-        const std::string message = error.what();
-        EXPECT_TRUE(names(message, "GPU", other)) << message;
-        EXPECT_TRUE(names(message, "GPU", own)) << message;
-        EXPECT_TRUE(names(message, "rank", world - 1)) << message;
       }
     }
     rocep::set_device(own);
