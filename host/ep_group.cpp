@@ -260,34 +260,36 @@ struct EpGroup::Impl {
 
   int rank() const { return bootstrap->rank(); }
 
-  // Checks that the group can take `call` on `stream` now: not broken, in order, from a thread on the group's
-  // device and on a stream of that device.
+  // Checks that the group can take `call` on `stream` now: not broken, in order, and on its device.
   void require(Call call, void* stream) const {
+    const std::string called =
+        std::string("EpGroup::") + contract::to_string(call) + " on rank " + std::to_string(rank());
     if (implementation->broken()) {
-      throw Error(called(call) +
+      throw Error(called +
                   ": a previous call timed out or failed to launch (poll_error() shows what, synchronize() "
                   "throws it); this group is unusable and must be destroyed");
     }
     order.require(call, rank());
+    require_device(called, stream);
+  }
+
+  // Checks that `called` comes from a thread whose current device is the group's, on a stream of that device.
+  void require_device(const std::string& called, void* stream) const {
     const int device = implementation->device();
     if (const int calling = implementation->calling_device(); calling != device) {
-      throw InvalidInputError(called(call) + ": the calling thread's current device is GPU " +
+      throw InvalidInputError(called + ": the calling thread's current device is GPU " +
                               std::to_string(calling) + ", the group's is GPU " + std::to_string(device) +
                               ": set it (hipSetDevice, cudaSetDevice, torch.cuda.set_device) before the "
                               "call; nothing was issued");
     }
     if (const int queued = implementation->stream_device(stream); queued != device) {
-      throw InvalidInputError(called(call) + ": " +
+      throw InvalidInputError(called + ": " +
                               (queued < 0 ? std::string("the runtime names no GPU for the stream")
                                           : "the stream is GPU " + std::to_string(queued) + "'s") +
                               ", the group's GPU is GPU " + std::to_string(device) +
                               ": pass a stream made on the group's GPU (or 0, its default stream); nothing "
                               "was issued");
     }
-  }
-
-  std::string called(Call call) const {
-    return std::string("EpGroup::") + contract::to_string(call) + " on rank " + std::to_string(rank());
   }
 
   // Throws InvalidInputError for `error` (not empty): before anything is issued, or with `issued` after
@@ -430,6 +432,7 @@ void EpGroup::combine_recv_with(const CombineArgs& args, const CombineReceiveLau
 
 void EpGroup::synchronize(void* stream) {
   const ProfilerRange range("rocep::synchronize");
+  impl().require_device("EpGroup::synchronize on rank " + std::to_string(rank()), stream);
   impl().implementation->synchronize(stream).raise();
 }
 

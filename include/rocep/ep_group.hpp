@@ -192,7 +192,8 @@ class EpGroup {
   // dispatched, the rest of the call completed), a device-side token count out of range, or mixed weighted
   // and unweighted combines; TimeoutError naming the operation and the peer that never signalled. After a
   // TimeoutError the group is unusable (every call throws) but can still be destroyed. Both backends record
-  // these the same way; the CPU reference has nothing to wait for.
+  // these the same way; the CPU reference has nothing to wait for. Like dispatch and combine, it must come
+  // from the group's device with a stream of it (else InvalidInputError, before waiting for anything).
   void synchronize(void* stream = nullptr);
   // What was recorded so far, without waiting for any stream and without clearing it (Kind::kNone: nothing).
   // Not collective; safe while kernels run. A kernel's failure may take until that kernel ends to appear.

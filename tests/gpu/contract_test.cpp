@@ -174,11 +174,11 @@ int fewest_visible_gpus() {
   return fewest;
 }
 
-// The last rank calls dispatch and dispatch_send with another GPU current than its group's, then with its own
-// GPU current on a stream of the other GPU (where every rank sees two GPUs or more): each is refused with
-// InvalidInputError before anything is issued (issued() false), naming both GPUs and what was wrong; with
-// its own GPU current and its own stream the group takes the next call and matches the reference on every
-// rank.
+// The last rank calls dispatch, dispatch_send and synchronize with another GPU current than its group's, then
+// with its own GPU current on a stream of the other GPU (where every rank sees two GPUs or more): each is
+// refused with InvalidInputError before anything is issued (issued() false), naming both GPUs and what was
+// wrong; with its own GPU current and its own stream the group takes the next call and matches the
+// reference on every rank.
 TEST_F(GpuEpContract, CallsFromAnotherGpuAreRefusedBeforeAnythingIsIssued) {
   const int devices = rocep::device_count();
   if (const int fewest = fewest_visible_gpus(); fewest < 2) {
@@ -198,13 +198,15 @@ TEST_F(GpuEpContract, CallsFromAnotherGpuAreRefusedBeforeAnythingIsIssued) {
       rocep::set_device(other_current ? other : own);
       const hipStream_t call_stream = other_current ? stream.get() : other_stream.get();
       const std::string wrong = other_current ? "current device" : "stream";
-      for (const bool split : {false, true}) {
-        SCOPED_TRACE(std::string(split ? "dispatch_send" : "dispatch") + " with the wrong " + wrong);
+      for (const std::string call : {"dispatch", "dispatch_send", "synchronize"}) {
+        SCOPED_TRACE(call + " with the wrong " + wrong);
         try {
-          if (split) {
+          if (call == "dispatch") {
+            group.dispatch({}, {}, call_stream);
+          } else if (call == "dispatch_send") {
             group.dispatch_send({}, call_stream);
           } else {
-            group.dispatch({}, {}, call_stream);
+            group.synchronize(call_stream);
           }
           ADD_FAILURE() << "a call with the " << wrong << " of GPU " << other
                         << " was taken by the group of GPU " << own;
