@@ -32,6 +32,8 @@
 #define hipFuncAttributes cudaFuncAttributes
 #define hipGraphExec_t cudaGraphExec_t
 #define hipStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
+#define hipStreamCaptureStatus cudaStreamCaptureStatus
+#define hipStreamCaptureStatusNone cudaStreamCaptureStatusNone
 #define hipDeviceP2PAttr cudaDeviceP2PAttr
 #define hipDevP2PAttrPerformanceRank cudaDevP2PAttrPerformanceRank
 #define hipDevP2PAttrAccessSupported cudaDevP2PAttrAccessSupported
@@ -61,6 +63,7 @@
 #define hipStreamDestroy cudaStreamDestroy
 #define hipStreamSynchronize cudaStreamSynchronize
 #define hipStreamQuery cudaStreamQuery
+#define hipStreamIsCapturing cudaStreamIsCapturing
 #define hipStreamWaitEvent cudaStreamWaitEvent
 #define hipEventCreateWithFlags cudaEventCreateWithFlags
 #define hipEventDestroy cudaEventDestroy

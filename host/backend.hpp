@@ -27,7 +27,8 @@ class EpBackend {
   // -1 where the backend has no GPU.
   virtual int calling_device() const { return -1; }
   // The GPU whose work `stream` queues (the default stream: the current GPU's), which every call must also
-  // leave at device(); -1 where the backend has no GPU or the runtime names none for it.
+  // leave at device(); -1 where the backend has no GPU or the runtime names none for it; device() for a
+  // stream being captured (not asked).
   virtual int stream_device(void* /*stream*/) const { return -1; }
   // The dispatch input buffer (see EpGroup::dispatch_input_buffer); its memory, for the check of misplaced
   // tokens.

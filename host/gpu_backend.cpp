@@ -464,7 +464,15 @@ int GpuEp::calling_device() const {
 int GpuEp::stream_device(void* stream) const {
   const auto handle = static_cast<hipStream_t>(stream);
   // The default stream's and the per-thread stream's handles name streams of the current device.
-  return handle == nullptr || handle == hipStreamPerThread ? current_device() : hipGetStreamDeviceId(handle);
+  if (handle == nullptr || handle == hipStreamPerThread) {
+    return current_device();
+  }
+  // A stream being captured is not asked for its device: CUDA ends the capture with an error on that query.
+  hipStreamCaptureStatus capture = hipStreamCaptureStatusNone;
+  if (hipStreamIsCapturing(handle, &capture) != hipSuccess) {
+    return -1;
+  }
+  return capture == hipStreamCaptureStatusNone ? hipGetStreamDeviceId(handle) : device_;
 }
 
 void GpuEp::check_launch(const char* call, hipError_t status) {
