@@ -467,12 +467,22 @@ int GpuEp::stream_device(void* stream) const {
   if (handle == nullptr || handle == hipStreamPerThread) {
     return current_device();
   }
+  if (handle == stream_on_device_) {
+    return device_;
+  }
   // A stream being captured is not asked for its device: CUDA ends the capture with an error on that query.
   hipStreamCaptureStatus capture = hipStreamCaptureStatusNone;
   if (hipStreamIsCapturing(handle, &capture) != hipSuccess) {
     return -1;
   }
-  return capture == hipStreamCaptureStatusNone ? hipGetStreamDeviceId(handle) : device_;
+  if (capture != hipStreamCaptureStatusNone) {
+    return device_;
+  }
+  const int device = hipGetStreamDeviceId(handle);
+  if (device == device_) {
+    stream_on_device_ = handle;
+  }
+  return device;
 }
 
 void GpuEp::check_launch(const char* call, hipError_t status) {

@@ -92,6 +92,9 @@ class GpuEp final : public EpBackend {
   std::size_t max_recv_rows_;  // EpConfig::max_recv_rows, computed once: every dispatch_recv passes it
   int rank_;
   int device_ = -1;  // the calling thread's current device at creation
+  // The last stream asked for its device and found on device_, not asked again (its calls skip two runtime
+  // queries; a handle destroyed and made again on another GPU then fails at launch instead).
+  mutable hipStream_t stream_on_device_ = nullptr;
   Bootstrap& world_;
   DeviceBuffer dispatch_region_;
   DeviceBuffer combine_region_;

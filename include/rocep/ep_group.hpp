@@ -111,8 +111,9 @@ class EpGroup {
   // the CPU reference. Every call of dispatch and combine (either half) must come from a thread whose current
   // device is this one, with a stream of this device (or 0, its default stream): else it throws
   // InvalidInputError, naming both devices, before anything is issued. (A stream being captured into a graph
-  // is not checked, nor any stream with CUDA before 12.8, whose runtime cannot tell a stream's device: there
-  // a stream of another GPU fails at launch instead, which breaks the group.)
+  // is not checked, nor any stream with CUDA before 12.8, whose runtime cannot tell a stream's device, and
+  // the last stream found on the group's device is not asked again: there a stream of another GPU fails at
+  // launch instead, which breaks the group.)
   int device() const;
 
   // This rank's input buffer in the group's own memory (device memory on the GPU backend, host memory on the
