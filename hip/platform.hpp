@@ -23,6 +23,7 @@
 #define hipIpcMemLazyEnablePeerAccess cudaIpcMemLazyEnablePeerAccess
 #define hipStreamNonBlocking cudaStreamNonBlocking
 #define hipStreamPerThread cudaStreamPerThread
+#define hipStreamLegacy cudaStreamLegacy
 #define hipEventDefault cudaEventDefault
 #define hipHostMallocDefault cudaHostAllocDefault
 #define hipMemcpyHostToDevice cudaMemcpyHostToDevice
@@ -130,6 +131,11 @@ inline int hipGetStreamDeviceId(cudaStream_t stream) {
 #elif defined(ROCEP_PLATFORM_AMD)
 
 #include <hip/hip_runtime.h>
+
+// The legacy default stream's reserved handle, named from ROCm 6.3 on; before, no stream has that handle.
+#ifndef hipStreamLegacy
+#define hipStreamLegacy ((hipStream_t)1)
+#endif
 
 #else
 #error "hip/platform.hpp needs ROCEP_PLATFORM_AMD or ROCEP_PLATFORM_NVIDIA (set by the build)"

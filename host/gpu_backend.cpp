@@ -463,8 +463,9 @@ int GpuEp::calling_device() const {
 
 int GpuEp::stream_device(void* stream) const {
   const auto handle = static_cast<hipStream_t>(stream);
-  // The default stream's and the per-thread stream's handles name streams of the current device.
-  if (handle == nullptr || handle == hipStreamPerThread) {
+  // The reserved handles (the null and the legacy default stream, the per-thread stream) name streams of the
+  // current device; they are not asked (HIP's hipGetStreamDeviceId crashed on hipStreamLegacy in ROCm 6.3).
+  if (handle == nullptr || handle == hipStreamLegacy || handle == hipStreamPerThread) {
     return current_device();
   }
   if (handle == stream_on_device_) {

@@ -105,6 +105,19 @@ void expect_step_matches_reference(rocep::EpGroup& group, hipStream_t stream, co
 // The step every test below ends with: the group is usable and correct again.
 constexpr Step kValidStep{Routing::kUniform, -1, false, false, true};
 
+// Calls on the runtime's reserved stream handles, the current device's streams: the null handle, the legacy
+// default stream and the calling thread's per-thread stream. Each is taken and matches the reference.
+TEST_F(GpuEpContract, CallsOnTheReservedStreamHandlesMatchTheReference) {
+  const EpConfig config = make_config(2048, 8, 64 / world_size(), 96, 4);
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  const char* const labels[] = {"null", "hipStreamLegacy", "hipStreamPerThread"};
+  const hipStream_t handles[] = {nullptr, hipStreamLegacy, hipStreamPerThread};
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(std::string("stream ") + labels[i]);
+    expect_step_matches_reference(group, handles[i], kValidStep);
+  }
+}
+
 // Call A: the last rank passes num_tokens = max + 1 (fused calls); call B: a null topk_weights with tokens
 // (split calls). That rank throws InvalidInputError naming itself, after taking part as a rank with zero
 // tokens: every rank's dispatch and combine equal the reference's with that rank at zero tokens (its own
