@@ -262,34 +262,38 @@ struct EpGroup::Impl {
 
   // Checks that the group can take `call` on `stream` now: not broken, in order, and on its device.
   void require(Call call, void* stream) const {
-    const std::string called =
-        std::string("EpGroup::") + contract::to_string(call) + " on rank " + std::to_string(rank());
     if (implementation->broken()) {
-      throw Error(called +
+      throw Error(called(contract::to_string(call)) +
                   ": a previous call timed out or failed to launch (poll_error() shows what, synchronize() "
                   "throws it); this group is unusable and must be destroyed");
     }
     order.require(call, rank());
-    require_device(called, stream);
+    require_device(contract::to_string(call), stream);
   }
 
-  // Checks that `called` comes from a thread whose current device is the group's, on a stream of that device.
-  void require_device(const std::string& called, void* stream) const {
+  // Checks that EpGroup::`name` comes from a thread whose current device is the group's, on a stream of that
+  // device.
+  void require_device(const char* name, void* stream) const {
     const int device = implementation->device();
     if (const int calling = implementation->calling_device(); calling != device) {
-      throw InvalidInputError(called + ": the calling thread's current device is GPU " +
+      throw InvalidInputError(called(name) + ": the calling thread's current device is GPU " +
                               std::to_string(calling) + ", the group's is GPU " + std::to_string(device) +
                               ": set it (hipSetDevice, cudaSetDevice, torch.cuda.set_device) before the "
                               "call; nothing was issued");
     }
     if (const int queued = implementation->stream_device(stream); queued != device) {
-      throw InvalidInputError(called + ": " +
+      throw InvalidInputError(called(name) + ": " +
                               (queued < 0 ? std::string("the runtime names no GPU for the stream")
                                           : "the stream is GPU " + std::to_string(queued) + "'s") +
                               ", the group's GPU is GPU " + std::to_string(device) +
                               ": pass a stream made on the group's GPU (or 0, its default stream); nothing "
                               "was issued");
     }
+  }
+
+  // "EpGroup::`name` on rank r", the start of this rank's messages; composed only for an error.
+  std::string called(const char* name) const {
+    return std::string("EpGroup::") + name + " on rank " + std::to_string(rank());
   }
 
   // Throws InvalidInputError for `error` (not empty): before anything is issued, or with `issued` after
@@ -432,7 +436,7 @@ void EpGroup::combine_recv_with(const CombineArgs& args, const CombineReceiveLau
 
 void EpGroup::synchronize(void* stream) {
   const ProfilerRange range("rocep::synchronize");
-  impl().require_device("EpGroup::synchronize on rank " + std::to_string(rank()), stream);
+  impl().require_device("synchronize", stream);
   impl().implementation->synchronize(stream).raise();
 }
 
