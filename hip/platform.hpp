@@ -32,6 +32,7 @@
 #define hipGraph_t cudaGraph_t
 #define hipFuncAttributes cudaFuncAttributes
 #define hipGraphExec_t cudaGraphExec_t
+#define hipStreamCaptureModeGlobal cudaStreamCaptureModeGlobal
 #define hipStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
 #define hipStreamCaptureStatus cudaStreamCaptureStatus
 #define hipStreamCaptureStatusNone cudaStreamCaptureStatusNone

@@ -113,7 +113,8 @@ class EpGroup {
   // InvalidInputError, naming both devices, before anything is issued. (A stream being captured into a graph
   // is not checked, nor any stream with CUDA before 12.8, whose runtime cannot tell a stream's device, and
   // the last stream found on the group's device is not asked again: there a stream of another GPU fails at
-  // launch instead, which breaks the group.)
+  // launch instead, which breaks the group.) Asking a stream is safe while another thread captures a graph
+  // in the global capture mode: the check makes no call that would invalidate that capture.
   int device() const;
 
   // This rank's input buffer in the group's own memory (device memory on the GPU backend, host memory on the

@@ -1,6 +1,7 @@
 // The contract of EpGroup (include/rocep/ep_group.hpp) on the GPU backend, against the CPU reference bit for
 // bit: a rank's bad inputs stay on that rank, a call from another GPU than the group's is refused before
-// anything is issued, a group destroyed with another GPU current waits for its own, data errors are recorded
+// anything is issued, a call on a stream new to the group leaves another thread's global-mode capture
+// valid, a group destroyed with another GPU current waits for its own, data errors are recorded
 // for poll_error() / synchronize(), weighted and unweighted combines mixed across ranks are caught on the
 // device; and one group called again and again (new counts, routings, fused and split calls, graph replays
 // with new data), two groups in one process, and small calls in a group sized for many tokens. Every call
@@ -10,8 +11,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <future>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "compute_load.hpp"
@@ -116,6 +119,65 @@ TEST_F(GpuEpContract, CallsOnTheReservedStreamHandlesMatchTheReference) {
     SCOPED_TRACE(std::string("stream ") + labels[i]);
     expect_step_matches_reference(group, handles[i], kValidStep);
   }
+}
+
+// A call on a stream new to the group while another thread of the process captures a graph in the global
+// capture mode (torch.cuda.graph's default), in which a potentially unsafe runtime call from any thread
+// fails and invalidates the capture: the group asks the new stream for its device then. The call is taken and
+// matches the reference, and the other thread's capture ends valid.
+TEST_F(GpuEpContract, ACallOnANewStreamLeavesAnotherThreadsGlobalCaptureValid) {
+  const EpConfig config = make_config(2048, 8, 64 / world_size(), 96, 4);
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  const uint64_t seed = shared_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  // Everything allocated before the capture begins: an allocation during it is itself unsafe.
+  const Inputs inputs = make_inputs(config, Routing::kUniform, seed);
+  const ExpertData experts = make_expert_data(config, seed);
+  const Expected expected = reference_results(config, inputs.view(), &experts);
+  const DeviceInputs device_inputs(inputs);
+  const DeviceOutputs outputs(config);
+  const DeviceCombine combine(config, experts);
+  const rocep::Stream captured;  // the other thread's
+  const rocep::Stream stream;    // new to the group
+  const rocep::DeviceBuffer scratch(4096);
+
+  std::promise<void> capture_begun;
+  std::promise<void> calls_issued;
+  hipError_t begun = hipSuccess;
+  hipError_t ended = hipSuccess;
+  hipGraph_t graph = nullptr;
+  std::thread capturer([&, device = group.device()] {
+    begun = hipSetDevice(device);
+    if (begun == hipSuccess) {
+      begun = hipStreamBeginCapture(captured.get(), hipStreamCaptureModeGlobal);
+    }
+    if (begun == hipSuccess) {
+      (void)hipMemsetAsync(scratch.get(), 1, 4096, captured.get());
+    }
+    capture_begun.set_value();
+    calls_issued.get_future().wait();
+    if (begun == hipSuccess) {
+      ended = hipStreamEndCapture(captured.get(), &graph);
+    }
+  });
+  capture_begun.get_future().wait();
+  EXPECT_NO_THROW({
+    group.dispatch(device_inputs.view(), outputs.view(), stream.get());
+    group.combine(combine.args(outputs, /*weighted=*/true), stream.get());
+  });
+  calls_issued.set_value();
+  capturer.join();
+  ASSERT_EQ(begun, hipSuccess) << hipGetErrorString(begun);
+  EXPECT_EQ(ended, hipSuccess) << "the other thread's capture: " << hipGetErrorString(ended);
+  EXPECT_NE(graph, nullptr);
+  if (graph != nullptr) {
+    ROCEP_GPU_CHECK(hipGraphDestroy(graph));
+  }
+  EXPECT_NO_THROW(group.synchronize(stream.get()));
+  EXPECT_FALSE(group.poll_error()) << group.poll_error().message;
+  expect_dispatch_matches(config, outputs, expected);
+  expect_combined_matches(combine.out, expected.combined);
+  expect_step_matches_reference(group, stream.get(), kValidStep);
 }
 
 // Call A: the last rank passes num_tokens = max + 1 (fused calls); call B: a null topk_weights with tokens
