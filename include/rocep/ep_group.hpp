@@ -13,6 +13,10 @@
 // of one group on one stream (see dispatch). Split calls let the caller run its own work between a send
 // and its receive on the compute stream.
 //
+// Threads: one group's calls must not overlap in time: call a group from one thread, or from several that
+// take turns under the caller's own lock (each with the group's GPU current). Different groups may be
+// called from different threads at the same time, each on its own stream.
+//
 // Errors, the same on both backends (each call below says which apply):
 // - CallOrderError: a call out of the order dispatch -> combine -> dispatch ... (each fused or as its two
 //   halves). Refused before anything is issued; the group's state is unchanged.

@@ -1,11 +1,12 @@
 // The contract of EpGroup (include/rocep/ep_group.hpp) on the GPU backend, against the CPU reference bit for
 // bit: a rank's bad inputs stay on that rank, a call from another GPU than the group's is refused before
 // anything is issued, a call on a stream new to the group leaves another thread's global-mode capture
-// valid, a group destroyed with another GPU current waits for its own, data errors are recorded
-// for poll_error() / synchronize(), weighted and unweighted combines mixed across ranks are caught on the
+// valid, a group destroyed with another GPU current waits for its own, data errors are recorded for
+// poll_error() / synchronize(), weighted and unweighted combines mixed across ranks are caught on the
 // device; and one group called again and again (new counts, routings, fused and split calls, graph replays
-// with new data), two groups in one process, and small calls in a group sized for many tokens. Every call
-// gets fresh random inputs and freshly poisoned outputs.
+// with new data), two groups in one process (from one thread, and each from a thread of its own at once),
+// and small calls in a group sized for many tokens. Every call gets fresh random inputs and freshly poisoned
+// outputs.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <future>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -573,6 +575,82 @@ TEST_F(GpuEpContract, TwoGroupsOnTwoStreamsInterleaved) {
       expect_dispatch_matches(config_b, outputs_b, expected_b);
       expect_combined_matches(combine_b.out, expected_b.combined);
     }
+  }
+}
+
+// Two groups, each called by a thread of its own at the same time, each on its own stream: four steps of
+// fresh data per group (fused and split calls in turn), each equal to the reference. The inputs and the
+// references are made before the threads start (the reference's collectives run on this thread); the
+// threads then only call their group and compare.
+TEST_F(GpuEpContract, TwoGroupsCalledFromTwoThreadsAtOnce) {
+  const int world = world_size();
+  constexpr int kSteps = 4;
+  struct Prepared {
+    Prepared(const EpConfig& config, Routing routing, uint64_t seed)
+        : trace(seed_trace(seed)),
+          inputs(make_inputs(config, routing, seed)),
+          experts(make_expert_data(config, seed)),
+          expected(reference_results(config, inputs.view(), &experts)),
+          device_inputs(inputs),
+          outputs(config),
+          combine(config, experts) {}
+    std::string trace;
+    Inputs inputs;
+    ExpertData experts;
+    Expected expected;
+    DeviceInputs device_inputs;
+    DeviceOutputs outputs;
+    DeviceCombine combine;
+  };
+  struct Caller {
+    EpConfig config;
+    Routing routing;
+    rocep::EpGroup group;
+    rocep::Stream stream;
+    std::vector<std::unique_ptr<Prepared>> steps;
+  };
+  const EpConfig configs[] = {make_config(2048, 8, 64 / world, 96), make_config(7168, 4, 256 / world, 64, 4)};
+  const Routing routings[] = {Routing::kMasked, Routing::kUniform};
+  std::vector<Caller> callers;
+  for (int index = 0; index < 2; ++index) {
+    callers.push_back({configs[index],
+                       routings[index],
+                       rocep::EpGroup(MPI_COMM_WORLD, configs[index], rocep::Backend::kGpu),
+                       rocep::Stream(),
+                       {}});
+    for (int step = 0; step < kSteps; ++step) {
+      callers.back().steps.push_back(
+          std::make_unique<Prepared>(configs[index], routings[index], shared_seed()));
+    }
+  }
+  std::vector<std::thread> threads;
+  for (int index = 0; index < 2; ++index) {
+    threads.emplace_back([&caller = callers[index], index] {
+      SCOPED_TRACE("group " + std::to_string(index));
+      if (const hipError_t status = hipSetDevice(caller.group.device()); status != hipSuccess) {
+        ADD_FAILURE() << hipGetErrorString(status);
+        return;
+      }
+      for (int step = 0; step < kSteps; ++step) {
+        const Prepared& prepared = *caller.steps[step];
+        SCOPED_TRACE("step " + std::to_string(step) + ", " + prepared.trace);
+        const bool split = step % 2 == 1;
+        try {
+          dispatch_on(caller.group, prepared.device_inputs.view(), prepared.outputs.view(), split,
+                      caller.stream.get());
+          combine_on(caller.group, prepared.combine.args(prepared.outputs, true), split, caller.stream.get());
+          caller.group.synchronize(caller.stream.get());
+        } catch (const rocep::Error& error) {
+          ADD_FAILURE() << error.what();
+          return;
+        }
+        expect_dispatch_matches(caller.config, prepared.outputs, prepared.expected);
+        expect_combined_matches(prepared.combine.out, prepared.expected.combined);
+      }
+    });
+  }
+  for (std::thread& thread : threads) {
+    thread.join();
   }
 }
 
