@@ -1,6 +1,7 @@
 #include "rocep/ep_group.hpp"
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -304,6 +305,26 @@ struct EpGroup::Impl {
     }
   }
 
+  // One call of EpGroup::`name` on this group, for its scope: throws CallOrderError, nothing issued, while
+  // another thread is inside a call of the same group (one group's calls must not overlap in time).
+  class Inside {
+   public:
+    Inside(Impl& group, const char* name) : group_(group) {
+      const char* other = nullptr;
+      if (!group.inside.compare_exchange_strong(other, name, std::memory_order_acquire)) {
+        throw CallOrderError(group.called(name) + ": another thread is inside EpGroup::" + other +
+                             " of this group; one group's calls must not overlap in time (call it from one "
+                             "thread, or from threads taking turns under a lock); nothing was issued");
+      }
+    }
+    ~Inside() { group_.inside.store(nullptr, std::memory_order_release); }
+    Inside(const Inside&) = delete;
+    Inside& operator=(const Inside&) = delete;
+
+   private:
+    Impl& group_;
+  };
+
   std::shared_ptr<Bootstrap> bootstrap;
   EpConfig config;
   int local_experts = 0;  // EpConfig::num_local_experts and max_recv_rows of the group, computed once
@@ -311,6 +332,7 @@ struct EpGroup::Impl {
   Backend backend;
   std::unique_ptr<EpBackend> implementation;
   contract::CallOrder order;
+  std::atomic<const char*> inside{nullptr};  // the name of the call a thread is inside, else null
 };
 
 EpGroup::EpGroup(std::shared_ptr<Bootstrap> bootstrap, const EpConfig& config, Backend backend) {
@@ -367,6 +389,7 @@ void* EpGroup::combine_input_buffer() {
 
 void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outputs, void* stream) {
   const ProfilerRange range("rocep::dispatch");
+  const Impl::Inside inside(impl(), "dispatch");
   impl().require(Call::kDispatch, stream);
   EpBackend& backend = *impl().implementation;
   Impl::refuse(contract::dispatch_outputs_error(impl().config, "dispatch", rank(), outputs));
@@ -379,6 +402,7 @@ void EpGroup::dispatch(const DispatchInputs& inputs, const DispatchOutputs& outp
 
 void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
   const ProfilerRange range("rocep::dispatch_send");
+  const Impl::Inside inside(impl(), "dispatch_send");
   impl().require(Call::kDispatchSend, stream);
   EpBackend& backend = *impl().implementation;
   const std::string error = contract::dispatch_inputs_error(impl().config, "dispatch_send", rank(), inputs,
@@ -390,6 +414,7 @@ void EpGroup::dispatch_send(const DispatchInputs& inputs, void* stream) {
 
 void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
   const ProfilerRange range("rocep::dispatch_recv");
+  const Impl::Inside inside(impl(), "dispatch_recv");
   impl().require(Call::kDispatchRecv, stream);
   Impl::refuse(contract::dispatch_outputs_error(impl().config, "dispatch_recv", rank(), outputs));
   impl().implementation->dispatch_recv(outputs, stream);
@@ -398,6 +423,7 @@ void EpGroup::dispatch_recv(const DispatchOutputs& outputs, void* stream) {
 
 void EpGroup::combine(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine");
+  const Impl::Inside inside(impl(), "combine");
   impl().require(Call::kCombine, stream);
   Impl::refuse(contract::combine_args_error(impl().config, "combine", rank(), args,
                                             impl().implementation->combine_memory()));
@@ -407,6 +433,7 @@ void EpGroup::combine(const CombineArgs& args, void* stream) {
 
 void EpGroup::combine_send(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine_send");
+  const Impl::Inside inside(impl(), "combine_send");
   impl().require(Call::kCombineSend, stream);
   Impl::refuse(contract::combine_args_error(impl().config, "combine_send", rank(), args,
                                             impl().implementation->combine_memory()));
@@ -416,6 +443,7 @@ void EpGroup::combine_send(const CombineArgs& args, void* stream) {
 
 void EpGroup::combine_recv(const CombineArgs& args, void* stream) {
   const ProfilerRange range("rocep::combine_recv");
+  const Impl::Inside inside(impl(), "combine_recv");
   impl().require(Call::kCombineRecv, stream);
   Impl::refuse(contract::combine_args_error(impl().config, "combine_recv", rank(), args,
                                             impl().implementation->combine_memory()));
@@ -426,6 +454,7 @@ void EpGroup::combine_recv(const CombineArgs& args, void* stream) {
 void EpGroup::combine_recv_with(const CombineArgs& args, const CombineReceiveLauncher& launcher,
                                 void* stream) {
   const ProfilerRange range("rocep::combine_recv");
+  const Impl::Inside inside(impl(), "combine_recv_with");
   impl().require(Call::kCombineRecv, stream);
   Impl::refuse(contract::combine_args_error(impl().config, "combine_recv_with", rank(), args,
                                             impl().implementation->combine_memory()));
@@ -436,11 +465,13 @@ void EpGroup::combine_recv_with(const CombineArgs& args, const CombineReceiveLau
 
 void EpGroup::synchronize(void* stream) {
   const ProfilerRange range("rocep::synchronize");
+  const Impl::Inside inside(impl(), "synchronize");
   impl().require_device("synchronize", stream);
   impl().implementation->synchronize(stream).raise();
 }
 
 RecordedError EpGroup::poll_error() {
+  const Impl::Inside inside(impl(), "poll_error");
   return impl().implementation->poll_error();
 }
 

@@ -13,13 +13,15 @@
 // of one group on one stream (see dispatch). Split calls let the caller run its own work between a send
 // and its receive on the compute stream.
 //
-// Threads: one group's calls must not overlap in time: call a group from one thread, or from several that
-// take turns under the caller's own lock (each with the group's GPU current). Different groups may be
-// called from different threads at the same time, each on its own stream.
+// Threads: one group's calls (synchronize and poll_error included) must not overlap in time: call a group
+// from one thread, or from several that take turns under the caller's own lock (each with the group's GPU
+// current). A call made while another thread is inside one of the same group throws CallOrderError. Different
+// groups may be called from different threads at the same time, each on its own stream.
 //
 // Errors, the same on both backends (each call below says which apply):
 // - CallOrderError: a call out of the order dispatch -> combine -> dispatch ... (each fused or as its two
-//   halves). Refused before anything is issued; the group's state is unchanged.
+//   halves), or made while another thread is inside a call of the group. Refused before anything is
+//   issued; the group's state is unchanged.
 // - InvalidInputError from dispatch / dispatch_send for bad inputs (num_tokens out of range, a null pointer,
 //   tokens misplaced in the group's memory, a format field that does not fit): this rank still takes part as
 //   a rank with zero tokens, so its peers complete with correct results; only this rank throws, after its

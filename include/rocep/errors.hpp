@@ -49,7 +49,8 @@ class InvalidInputError : public Error {
 };
 
 // A call came out of the order dispatch (or dispatch_send, dispatch_recv), combine (or combine_send,
-// combine_recv), dispatch, ... on this rank. Nothing was issued; the group's state is unchanged.
+// combine_recv), dispatch, ... on this rank, or while another thread was inside a call of the same group.
+// Nothing was issued; the group's state is unchanged.
 class CallOrderError : public Error {
  public:
   explicit CallOrderError(const std::string& message) : Error(message) {}

@@ -2,12 +2,14 @@
 // on the CPU reference: dispatch + combine against a naive model written here, on one group called again
 // and again with new data and token counts (full, 1, 0, full), and the contract every backend shares: a
 // rank's bad inputs stay local (it takes part with zero tokens, only it throws, its peers' results are
-// correct and the group goes on), calls out of order are refused, data errors are recorded for
-// poll_error() / synchronize(), mixed weighted and unweighted combines are recorded.
+// correct and the group goes on), calls out of order are refused, and so is a call while another thread is
+// inside one of the group, data errors are recorded for poll_error() / synchronize(), mixed weighted and
+// unweighted combines are recorded.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -323,6 +325,58 @@ TEST(EpGroupOverThreadsTest, CallsOutOfOrderAreRefusedAndChangeNothing) {
     const std::vector<bf16_bits> out(buffers.out.begin(),
                                      buffers.out.begin() + step.num_tokens[rank] * kHidden);
     EXPECT_EQ(out, naive_combine(step, rank)) << rocep::testing::seed_trace(seed);
+  });
+}
+
+// Rank 0's dispatch waits inside its group for rank 1 (in the bootstrap's all-gather); meanwhile the thread
+// of rank 1 calls rank 0's group: poll_error and dispatch_recv are refused with CallOrderError naming the
+// dispatch, and rank 0's calls then go on as if they had not been made.
+TEST(EpGroupOverThreadsTest, ACallWhileAnotherThreadIsInsideOneOfTheGroupIsRefused) {
+  const uint64_t seed = rocep::testing::fresh_seed();
+  std::atomic<rocep::EpGroup*> first_group{nullptr};
+  on_thread_ranks(2, [&](int rank, rocep::EpGroup& group) {
+    const Step step = draw_step(2, {kMaxTokens / 2, kMaxTokens / 3}, seed);
+    RankBuffers buffers(group);
+    const rocep::DispatchInputs inputs{step.tokens[rank].data(), step.ids[rank].data(),
+                                       step.weights[rank].data(), step.num_tokens[rank]};
+    if (rank == 0) {
+      first_group = &group;
+    } else {
+      rocep::EpGroup* other = nullptr;
+      while ((other = first_group.load()) == nullptr) {
+        std::this_thread::yield();
+      }
+      // Rank 0's dispatch cannot end before this rank's joins it; poll_error is refused once it began.
+      std::string message;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (message.empty() && std::chrono::steady_clock::now() < deadline) {
+        try {
+          (void)other->poll_error();
+        } catch (const rocep::CallOrderError& error) {
+          message = error.what();
+        }
+      }
+      EXPECT_EQ(
+          message,
+          "EpGroup::poll_error on rank 0: another thread is inside EpGroup::dispatch of this group; one "
+          "group's calls must not overlap in time (call it from one thread, or from threads taking turns "
+          "under a lock); nothing was issued");
+      try {
+        other->dispatch_recv(buffers.outputs());
+        ADD_FAILURE() << "a dispatch_recv inside rank 0's dispatch was taken";
+      } catch (const rocep::CallOrderError& error) {
+        EXPECT_NE(std::string(error.what()).find("another thread is inside EpGroup::dispatch"),
+                  std::string::npos)
+            << error.what();
+      }
+    }
+    group.dispatch(inputs, buffers.outputs());
+    buffers.run_experts(rank);
+    group.combine({buffers.expert_outputs.data(), buffers.recv_weights.data(), nullptr, buffers.out.data()});
+    const std::vector<bf16_bits> out(buffers.out.begin(),
+                                     buffers.out.begin() + step.num_tokens[rank] * kHidden);
+    EXPECT_EQ(out, naive_combine(step, rank)) << "rank " << rank << ", " << rocep::testing::seed_trace(seed);
+    EXPECT_FALSE(group.poll_error()) << group.poll_error().message;
   });
 }
 
