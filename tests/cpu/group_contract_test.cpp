@@ -285,12 +285,8 @@ TEST(EpGroupOverThreadsTest, ABadDispatchOutputIsRefusedAndTheCallRepeated) {
       bad.recv_tokens = nullptr;
       expect_refused([&] { group.dispatch(inputs, bad); }, "recv_tokens", "a null recv_tokens was accepted");
     }
-    group.dispatch(inputs, buffers.outputs());
-    buffers.run_experts(rank);
-    group.combine({buffers.expert_outputs.data(), buffers.recv_weights.data(), nullptr, buffers.out.data()});
-    const std::vector<bf16_bits> out(buffers.out.begin(),
-                                     buffers.out.begin() + step.num_tokens[rank] * kHidden);
-    EXPECT_EQ(out, naive_combine(step, rank)) << "rank " << rank << ", " << rocep::testing::seed_trace(seed);
+    EXPECT_EQ(run_step(group, step, rank, step.num_tokens[rank]), naive_combine(step, rank))
+        << "rank " << rank << ", " << rocep::testing::seed_trace(seed);
   });
 }
 
@@ -336,9 +332,6 @@ TEST(EpGroupOverThreadsTest, ACallWhileAnotherThreadIsInsideOneOfTheGroupIsRefus
   std::atomic<rocep::EpGroup*> first_group{nullptr};
   on_thread_ranks(2, [&](int rank, rocep::EpGroup& group) {
     const Step step = draw_step(2, {kMaxTokens / 2, kMaxTokens / 3}, seed);
-    RankBuffers buffers(group);
-    const rocep::DispatchInputs inputs{step.tokens[rank].data(), step.ids[rank].data(),
-                                       step.weights[rank].data(), step.num_tokens[rank]};
     if (rank == 0) {
       first_group = &group;
     } else {
@@ -362,6 +355,7 @@ TEST(EpGroupOverThreadsTest, ACallWhileAnotherThreadIsInsideOneOfTheGroupIsRefus
           "group's calls must not overlap in time (call it from one thread, or from threads taking turns "
           "under a lock); nothing was issued");
       try {
+        RankBuffers buffers(group);
         other->dispatch_recv(buffers.outputs());
         ADD_FAILURE() << "a dispatch_recv inside rank 0's dispatch was taken";
       } catch (const rocep::CallOrderError& error) {
@@ -370,12 +364,8 @@ TEST(EpGroupOverThreadsTest, ACallWhileAnotherThreadIsInsideOneOfTheGroupIsRefus
             << error.what();
       }
     }
-    group.dispatch(inputs, buffers.outputs());
-    buffers.run_experts(rank);
-    group.combine({buffers.expert_outputs.data(), buffers.recv_weights.data(), nullptr, buffers.out.data()});
-    const std::vector<bf16_bits> out(buffers.out.begin(),
-                                     buffers.out.begin() + step.num_tokens[rank] * kHidden);
-    EXPECT_EQ(out, naive_combine(step, rank)) << "rank " << rank << ", " << rocep::testing::seed_trace(seed);
+    EXPECT_EQ(run_step(group, step, rank, step.num_tokens[rank]), naive_combine(step, rank))
+        << "rank " << rank << ", " << rocep::testing::seed_trace(seed);
     EXPECT_FALSE(group.poll_error()) << group.poll_error().message;
   });
 }
