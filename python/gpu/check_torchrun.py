@@ -15,7 +15,7 @@
   already quantised into the dispatch input buffer;
 - a group with cupy arrays (cupy inputs and outputs, calls on cupy's current stream), bit for bit;
 - the group's GPU (Group.device): its outputs there, tokens on another GPU refused as a bad input, a call
-  with another GPU current refused before anything is issued;
+  with another GPU current refused before anything is issued (a combine_recv so refused then repeated);
 - torch CPU tensors on the CPU reference, against numpy arrays.
 
     torchrun --nproc_per_node=2 python/gpu/check_torchrun.py
@@ -465,7 +465,8 @@ def check_devices(boot, rank, world):
     """The group is on the GPU current at its creation (Group.device), and so are its outputs and views.
     Where every rank sees two GPUs, the last rank passes tokens on the other GPU (a bad input: it takes part
     with zero tokens and raises, issued, naming tokens and both GPUs), then calls with the other GPU current
-    (refused before anything is issued, naming both GPUs); the group's next calls match the reference."""
+    (refused before anything is issued, naming both GPUs), and calls combine_recv with it current (refused,
+    then repeated with its own GPU current); the group's next calls match the reference."""
     config = config_for(world)
     gpu = rocep.Group(boot, config, rocep.Backend.GPU)
     cpu = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE)
@@ -507,8 +508,22 @@ def check_devices(boot, rank, world):
         check(f"devices {field}", getattr(got, field)[:count], getattr(ref, field)[:count])
         if getattr(got, field).device != torch.device("cuda", own):
             failures.append(f"devices: {field} on {getattr(got, field).device}")
-    check("devices combined", gpu.combine(expert_rows.cuda(), len(ids)).view(torch.uint16),
-          cpu.combine(bits(expert_rows), len(ids)))
+    if min(counts) >= 2:  # a combine_recv refused on the last rank is repeated there with its GPU current
+        gpu.combine_send(expert_rows.cuda(), len(ids))
+        if rank == world - 1:
+            torch.cuda.set_device(other)
+            try:
+                gpu.combine_recv()
+                failures.append("devices: a combine_recv with another GPU current taken")
+            except rocep.InvalidInputError as error:
+                if error.issued or f"GPU {other}" not in str(error):
+                    failures.append(f"devices: combine_recv with another GPU current: {error} "
+                                    f"(issued {error.issued})")
+            torch.cuda.set_device(own)
+        combined = gpu.combine_recv()
+    else:
+        combined = gpu.combine(expert_rows.cuda(), len(ids))
+    check("devices combined", combined.view(torch.uint16), cpu.combine(bits(expert_rows), len(ids)))
     gpu.synchronize()
 
 

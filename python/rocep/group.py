@@ -500,8 +500,9 @@ class Group:
         """The receive half of combine: waits for every peer's rows and returns this rank's tokens."""
         if self._pending is None:
             raise _rocep.CallOrderError("combine_recv: no combine_send before it on this rank")
-        (arguments, result), self._pending = self._pending, None
-        self._group.combine_recv(*arguments, self._stream())
+        arguments, result = self._pending
+        self._group.combine_recv(*arguments, self._stream())  # refused: the send stays pending, to repeat
+        self._pending = None
         return result
 
     def synchronize(self) -> None:
