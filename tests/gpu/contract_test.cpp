@@ -107,6 +107,17 @@ void expect_step_matches_reference(rocep::EpGroup& group, hipStream_t stream, co
   expect_combined_matches(combine.out, step.weighted ? expected.combined : expected.unreduced);
 }
 
+// Runs `steps` in turn on one new group of `config` and one stream, each against the reference. Collective.
+template <std::size_t N>
+void expect_steps_match_reference(const EpConfig& config, const Step (&steps)[N]) {
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::Stream stream;
+  for (std::size_t call = 0; call < N; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call));
+    expect_step_matches_reference(group, stream.get(), steps[call]);
+  }
+}
+
 // The step every test below ends with: the group is usable and correct again.
 constexpr Step kValidStep{Routing::kUniform, -1, false, false, true};
 
@@ -431,12 +442,7 @@ TEST_F(GpuEpContract, OneGroupCalledAgainAndAgainMatchesReferenceEveryCall) {
         {Routing::kUnevenCounts, -1, true, true, true}, {Routing::kMasked, -1, false, false, false},
         {Routing::kHotExpert, -1, true, false, true},
     };
-    rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
-    rocep::Stream stream;
-    for (std::size_t call = 0; call < std::size(steps); ++call) {
-      SCOPED_TRACE("call " + std::to_string(call));
-      expect_step_matches_reference(group, stream.get(), steps[call]);
-    }
+    expect_steps_match_reference(config, steps);
   }
 }
 
@@ -462,12 +468,7 @@ TEST_F(GpuEpContract, SmallCallsInAGroupSizedForManyTokensMatchReferenceEveryCal
         {Routing::kUniform, even ? 17 : 200, false, false, false},
         {Routing::kUniform, 64, false, false, true},
     };
-    rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
-    rocep::Stream stream;
-    for (std::size_t call = 0; call < std::size(steps); ++call) {
-      SCOPED_TRACE("call " + std::to_string(call));
-      expect_step_matches_reference(group, stream.get(), steps[call]);
-    }
+    expect_steps_match_reference(config, steps);
   }
 }
 
