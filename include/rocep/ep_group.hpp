@@ -205,7 +205,9 @@ class EpGroup {
   // from the group's device with a stream of it (else InvalidInputError, before waiting for anything).
   void synchronize(void* stream = nullptr);
   // What was recorded so far, without waiting for any stream and without clearing it (Kind::kNone: nothing).
-  // Not collective; safe while kernels run. A kernel's failure may take until that kernel ends to appear.
+  // Not collective; safe while kernels run, but a call like the others for the threads rule above (another
+  // thread's poll while a call is inside throws CallOrderError). A kernel's failure may take until that
+  // kernel ends to appear.
   RecordedError poll_error();
 
  private:
