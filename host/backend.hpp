@@ -60,7 +60,8 @@ class EpBackend {
     combine_recv(args, stream);
   }
 
-  // What was recorded so far, without waiting for `stream`; not cleared.
+  // What was recorded so far, without waiting for `stream`; not cleared. Safe from any thread, also while
+  // another thread is inside any call of the backend (a snapshot).
   virtual RecordedError poll_error() = 0;
   // Waits for `stream`, then returns what was recorded and clears it, except a timeout, which stays: the
   // ranks' sequence numbers no longer agree, and every later call is refused.

@@ -471,7 +471,6 @@ void EpGroup::synchronize(void* stream) {
 }
 
 RecordedError EpGroup::poll_error() {
-  const Impl::Inside inside(impl(), "poll_error");
   return impl().implementation->poll_error();
 }
 

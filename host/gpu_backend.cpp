@@ -175,6 +175,7 @@ GpuEp::GpuEp(Bootstrap& world, const EpConfig& config)
     received_scales_ =
         DeviceBuffer(device::scales_laid_out_later(shape) ? device::ReceivedScales::bytes(shape) : 0);
     status_mirror_ = PinnedHostBuffer(sizeof(device::Status));
+    poll_mirror_ = PinnedHostBuffer(sizeof(device::Status));
     poll_stream_ = Stream();
     ROCEP_GPU_CHECK(hipDeviceSynchronize());
   });
@@ -503,20 +504,22 @@ void GpuEp::check_launch(const char* call, hipError_t status) {
   throw GpuRuntimeError(message);
 }
 
-device::Status GpuEp::read_status(hipStream_t stream) {
-  auto* status = status_mirror_.as<device::Status>();
+device::Status GpuEp::read_status(hipStream_t stream, PinnedHostBuffer& mirror) {
+  auto* status = mirror.as<device::Status>();
   ROCEP_GPU_CHECK(hipMemcpyAsync(status, status_.get(), sizeof *status, hipMemcpyDeviceToHost, stream));
   ROCEP_GPU_CHECK(hipStreamSynchronize(stream));
   return *status;
 }
 
 RecordedError GpuEp::poll_error() {
-  return contract::recorded_error(read_status(poll_stream_.get()), config_, rank_);
+  const std::lock_guard<std::mutex> lock(poll_lock_);
+  return contract::recorded_error(read_status(poll_stream_.get(), poll_mirror_), config_, rank_);
 }
 
 RecordedError GpuEp::synchronize(void* stream) {
   const auto hip_stream = static_cast<hipStream_t>(stream);
-  const RecordedError error = contract::recorded_error(read_status(hip_stream), config_, rank_);
+  const RecordedError error =
+      contract::recorded_error(read_status(hip_stream, status_mirror_), config_, rank_);
   if (error.kind == RecordedError::Kind::kTimeout) {
     broken_ = true;  // sequence numbers no longer agree across ranks
   } else if (error) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 
 #include "backend.hpp"
 #include "device.hpp"
@@ -75,8 +76,8 @@ class GpuEp final : public EpBackend {
   // Throws GpuRuntimeError naming `call` (and, for a grid that cannot be resident, EpConfig::num_sms) unless
   // `status`, a kernel launch's, is hipSuccess; the group is then broken (this rank's call never ran).
   void check_launch(const char* call, hipError_t status);
-  // The status record as the kernels left it, copied on `stream` and waited for.
-  device::Status read_status(hipStream_t stream);
+  // The status record as the kernels left it, copied on `stream` into `mirror` and waited for.
+  device::Status read_status(hipStream_t stream, PinnedHostBuffer& mirror);
   // call(kernels), kernels the device::EpKernels of the group's transport; returns what it returns. A
   // build without an engine has only the IPC kernels (and no group with transport kShmem gets created).
   template <typename Call>
@@ -119,8 +120,12 @@ class GpuEp final : public EpBackend {
   DeviceBuffer node_ranks_;            // [world] uint64: PeerTransport::node_ranks
   DeviceBuffer node_summers_;          // [2][world] int32: PeerTransport::node_summers (node sums only)
   DeviceBuffer combine_input_buffer_;  // one rank or local-only, once asked for (combine_input_buffer)
-  PinnedHostBuffer status_mirror_;
+  PinnedHostBuffer status_mirror_;     // synchronize's copy of status_
+  // poll_error's own copy of status_ and stream, so that a poll from another thread (while a call of this
+  // group or synchronize runs) shares nothing with the calls; poll_lock_ orders polls among themselves.
+  PinnedHostBuffer poll_mirror_;
   Stream poll_stream_;
+  std::mutex poll_lock_;
   device::GroupView view_{};
   device::LaunchGrid grid_{};  // every kernel's: from the SM budget (comm_policy.hpp)
   device::Transport transport_ = device::Transport::kIpc;

@@ -170,6 +170,7 @@ void ReferenceEp::sum_partials(const std::vector<std::vector<float>>& rows, cons
 
 void ReferenceEp::record(device::StatusCode code, device::Operation operation, int peer, int token, int slot,
                          int value) {
+  const std::lock_guard<std::mutex> lock(status_lock_);
   if (status_.code == static_cast<uint32_t>(device::StatusCode::kOk)) {
     status_ = {static_cast<uint32_t>(code), static_cast<int32_t>(operation), peer, token, slot, value};
   }
@@ -197,11 +198,13 @@ contract::OwnMemory ReferenceEp::combine_memory() const {
 }
 
 RecordedError ReferenceEp::poll_error() {
+  const std::lock_guard<std::mutex> lock(status_lock_);
   return contract::recorded_error(status_, config_, rank());
 }
 
 RecordedError ReferenceEp::synchronize(void* /*stream*/) {
-  const RecordedError error = poll_error();
+  const std::lock_guard<std::mutex> lock(status_lock_);
+  const RecordedError error = contract::recorded_error(status_, config_, rank());
   status_ = {};
   return error;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,7 @@ class ReferenceEp final : public EpBackend {
   bool sums_nodes_ = false;  // the per-token combine sums each node's rows first (sums_nodes)
   int local_experts_ = 0;
   device::Status status_{};
+  std::mutex status_lock_;  // status_ is read by poll_error from any thread, also during a call
 
   std::vector<uint8_t> input_buffer_;  // [max_tokens_per_rank][format_input_row_bytes] once asked for
   std::vector<bf16_bits> combine_input_buffer_;  // [world x max_tokens_per_rank][hidden] once asked for

@@ -13,10 +13,12 @@
 // of one group on one stream (see dispatch). Split calls let the caller run its own work between a send
 // and its receive on the compute stream.
 //
-// Threads: one group's calls (synchronize and poll_error included) must not overlap in time: call a group
-// from one thread, or from several that take turns under the caller's own lock (each with the group's GPU
-// current). A call made while another thread is inside one of the same group throws CallOrderError. Different
-// groups may be called from different threads at the same time, each on its own stream.
+// Threads: one group's calls (synchronize included) must not overlap in time: call a group from one thread,
+// or from several that take turns under the caller's own lock (each with the group's GPU current). A call
+// made while another thread is inside one of the same group throws CallOrderError. poll_error is the
+// exception: any thread may call it at any time, also while another thread is inside a call of the group
+// (a watchdog). Different groups may be called from different threads at the same time, each on its own
+// stream.
 //
 // Errors, the same on both backends (each call below says which apply):
 // - CallOrderError: a call out of the order dispatch -> combine -> dispatch ... (each fused or as its two
@@ -205,9 +207,11 @@ class EpGroup {
   // from the group's device with a stream of it (else InvalidInputError, before waiting for anything).
   void synchronize(void* stream = nullptr);
   // What was recorded so far, without waiting for any stream and without clearing it (Kind::kNone: nothing).
-  // Not collective; safe while kernels run, but a call like the others for the threads rule above (another
-  // thread's poll while a call is inside throws CallOrderError). A kernel's failure may take until that
-  // kernel ends to appear.
+  // Not collective. Safe while kernels run, from any thread and with any GPU current, also while another
+  // thread is inside a call of this group (synchronize included): it reads a copy of the record made on a
+  // stream of its own, and never throws CallOrderError for another thread's call. A kernel's failure may
+  // take until that kernel ends to appear (on AMD a record may also appear late while it sits in the GPU's
+  // L2), and a record that another thread's synchronize clears may be read just before or just after.
   RecordedError poll_error();
 
  private:

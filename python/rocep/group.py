@@ -510,5 +510,6 @@ class Group:
         self._group.synchronize(self._stream())
 
     def poll_error(self):
-        """(kind, message) recorded so far, without waiting: kind 0 = none, 1 = invalid input, 2 = timeout."""
+        """(kind, message) recorded so far, without waiting: kind 0 = none, 1 = invalid input, 2 = timeout.
+        Any thread may call it at any time, also while another thread is inside a call of the group."""
         return self._group.poll_error()

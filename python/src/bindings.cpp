@@ -602,7 +602,11 @@ NB_MODULE(_rocep, m) {
           },
           nb::arg("stream") = 0)
       .def("poll_error", [](rocep::EpGroup& group) {
-        const rocep::RecordedError error = group.poll_error();
+        rocep::RecordedError error;
+        {
+          nb::gil_scoped_release release;  // a watchdog thread's poll waits for a copy, not for Python
+          error = group.poll_error();
+        }
         return nb::make_tuple(static_cast<int>(error.kind), error.message);
       });
 

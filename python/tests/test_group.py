@@ -3,6 +3,8 @@ the native API against a naive numpy computation, the MoRI-shaped op, every boot
 Inputs are random and drawn anew per test from a seed shared by the ranks; outputs are allocated fresh."""
 
 import gc
+import threading
+import time
 import weakref
 
 import numpy as np
@@ -267,6 +269,48 @@ def test_calls_out_of_order_raise_call_order_error_and_the_group_goes_on():
             group.dispatch_send(tokens[:1], ids[:1], weights[:1])
         out = group.combine(rows, len(ids))
         assert out.shape == (len(ids), config.hidden) and (out == expected).all()
+
+
+def test_a_watchdog_thread_polls_while_a_call_is_inside_the_group():
+    """poll_error, which any thread may call at any time, is answered while this thread's dispatch is inside
+    the group (its bootstrap's all-gather held 0.2 s), and reads what the send recorded before it: an expert
+    id out of range on rank 0."""
+    config = make_config()
+    held, entered = threading.Event(), threading.Event()
+
+    def all_gather(data):
+        if held.is_set():
+            entered.set()
+            time.sleep(0.2)
+        return COMM.allgather(data)
+
+    group = rocep.Group(bootstrap.Callables(RANK, WORLD, all_gather, COMM.Barrier), config,
+                        rocep.Backend.CPU_REFERENCE)
+    tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=8)
+    if RANK == 0:
+        ids[2, 1] = 1000
+    polls = []
+
+    def watchdog():
+        if entered.wait(timeout=10):
+            polls.append(group.poll_error())
+
+    thread = threading.Thread(target=watchdog)
+    held.set()
+    thread.start()
+    group.dispatch(tokens, ids, weights)
+    held.clear()
+    thread.join()
+    assert len(polls) == 1  # the poll raised nothing
+    kind, message = polls[0]
+    if RANK == 0:
+        assert kind == 1 and "token 2, slot 1: expert id 1000" in message, message
+        with pytest.raises(rocep.InvalidInputError, match="expert id 1000"):
+            group.synchronize()
+    else:
+        assert (kind, message) == (0, "")
+    group.combine(expert_output_rows(config, shared_seed()), len(ids))
+    assert group.poll_error() == (0, "")
 
 
 def test_the_cpu_reference_holds_no_device_memory_on_no_gpu():

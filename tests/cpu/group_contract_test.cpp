@@ -3,8 +3,8 @@
 // and again with new data and token counts (full, 1, 0, full), and the contract every backend shares: a
 // rank's bad inputs stay local (it takes part with zero tokens, only it throws, its peers' results are
 // correct and the group goes on), calls out of order are refused, and so is a call while another thread is
-// inside one of the group, data errors are recorded for poll_error() / synchronize(), mixed weighted and
-// unweighted combines are recorded.
+// inside one of the group (while a poll is answered), data errors are recorded for poll_error() /
+// synchronize(), mixed weighted and unweighted combines are recorded.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -325,14 +325,19 @@ TEST(EpGroupOverThreadsTest, CallsOutOfOrderAreRefusedAndChangeNothing) {
 }
 
 // Rank 0's dispatch waits inside its group for rank 1 (in the bootstrap's all-gather); meanwhile the thread
-// of rank 1 calls rank 0's group: poll_error and dispatch_recv are refused with CallOrderError naming the
-// dispatch, and rank 0's calls then go on as if they had not been made. Rank 1 polls until the dispatch is
-// inside, so rank 0's dispatch may meet a poll inside the group: refused too, nothing issued, and made again.
-TEST(EpGroupOverThreadsTest, ACallWhileAnotherThreadIsInsideOneOfTheGroupIsRefused) {
+// of rank 1 calls rank 0's group: dispatch_recv is refused with CallOrderError naming the dispatch, and
+// poll_error, which any thread may call at any time, reads what rank 0's send recorded before it waited (an
+// expert id out of range). Rank 0's calls then go on as if the others had not been made. Rank 1 tries
+// dispatch_recv until the dispatch is inside, so rank 0's dispatch may meet one of those tries inside the
+// group: refused too, nothing issued, and made again.
+TEST(EpGroupOverThreadsTest, ACallWhileAnotherThreadIsInsideOneOfTheGroupIsRefusedAndAPollAnswered) {
   const uint64_t seed = rocep::testing::fresh_seed();
   std::atomic<rocep::EpGroup*> first_group{nullptr};
   on_thread_ranks(2, [&](int rank, rocep::EpGroup& group) {
-    const Step step = draw_step(2, {kMaxTokens / 2, kMaxTokens / 3}, seed);
+    Step step = draw_step(2, {kMaxTokens / 2, kMaxTokens / 3}, seed);
+    Step expected = step;
+    step.ids[0][2 * kTopK + 1] = 1000;    // rank 0's token 2, slot 1: out of range
+    expected.ids[0][2 * kTopK + 1] = -1;  // every rank's model: that slot is not dispatched
     if (rank == 0) {
       first_group = &group;
       std::vector<bf16_bits> out;
@@ -341,23 +346,28 @@ TEST(EpGroupOverThreadsTest, ACallWhileAnotherThreadIsInsideOneOfTheGroupIsRefus
           out = run_step(group, step, rank, step.num_tokens[rank]);
           done = true;
         } catch (const rocep::CallOrderError& error) {
-          EXPECT_NE(std::string(error.what()).find("another thread is inside EpGroup::poll_error"),
+          EXPECT_NE(std::string(error.what()).find("another thread is inside EpGroup::dispatch_recv of"),
                     std::string::npos)
               << error.what();
         }
       }
-      EXPECT_EQ(out, naive_combine(step, rank)) << "rank 0, " << rocep::testing::seed_trace(seed);
+      EXPECT_EQ(out, naive_combine(expected, rank)) << "rank 0, " << rocep::testing::seed_trace(seed);
+      EXPECT_THROW(group.synchronize(), rocep::InvalidInputError) << "rank 0 recorded nothing";
     } else {
       rocep::EpGroup* other = nullptr;
       while ((other = first_group.load()) == nullptr) {
         std::this_thread::yield();
       }
-      // Rank 0's dispatch cannot end before this rank's joins it; poll_error is refused once it began.
+      // Rank 0's dispatch cannot end before this rank's joins it.
+      RankBuffers buffers(group);
       std::string message;
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (message.empty() && std::chrono::steady_clock::now() < deadline) {
+      while (message.find("inside EpGroup::dispatch of") == std::string::npos &&
+             std::chrono::steady_clock::now() < deadline) {
         try {
-          (void)other->poll_error();
+          other->dispatch_recv(buffers.outputs());
+          ADD_FAILURE() << "a dispatch_recv of rank 0's group was taken";
+          break;
         } catch (const rocep::CallOrderError& error) {
           message = error.what();
         }
@@ -365,19 +375,18 @@ TEST(EpGroupOverThreadsTest, ACallWhileAnotherThreadIsInsideOneOfTheGroupIsRefus
       }
       EXPECT_EQ(
           message,
-          "EpGroup::poll_error on rank 0: another thread is inside EpGroup::dispatch of this group; one "
+          "EpGroup::dispatch_recv on rank 0: another thread is inside EpGroup::dispatch of this group; one "
           "group's calls must not overlap in time (call it from one thread, or from threads taking turns "
           "under a lock); nothing was issued");
-      RankBuffers buffers(group);
-      try {
-        other->dispatch_recv(buffers.outputs());
-        ADD_FAILURE() << "a dispatch_recv inside rank 0's dispatch was taken";
-      } catch (const rocep::CallOrderError& error) {
-        EXPECT_NE(std::string(error.what()).find("another thread is inside EpGroup::dispatch"),
-                  std::string::npos)
-            << error.what();
+      rocep::RecordedError recorded;
+      while (!recorded && std::chrono::steady_clock::now() < deadline) {
+        recorded = other->poll_error();  // the dispatch entered before its send recorded the id
+        std::this_thread::yield();
       }
-      EXPECT_EQ(run_step(group, step, rank, step.num_tokens[rank]), naive_combine(step, rank))
+      EXPECT_EQ(recorded.kind, rocep::RecordedError::Kind::kInvalidInput) << recorded.message;
+      EXPECT_NE(recorded.message.find("token 2, slot 1: expert id 1000"), std::string::npos)
+          << recorded.message;
+      EXPECT_EQ(run_step(group, step, rank, step.num_tokens[rank]), naive_combine(expected, rank))
           << "rank 1, " << rocep::testing::seed_trace(seed);
     }
     EXPECT_FALSE(group.poll_error()) << group.poll_error().message;

@@ -2,15 +2,17 @@
 // bit: a rank's bad inputs stay on that rank, a call from another GPU than the group's is refused before
 // anything is issued, a call on a stream new to the group leaves another thread's global-mode capture
 // valid, a group destroyed with another GPU current waits for its own, data errors are recorded for
-// poll_error() / synchronize(), weighted and unweighted combines mixed across ranks are caught on the
-// device; and one group called again and again (new counts, routings, fused and split calls, graph replays
-// with new data), two groups in one process (from one thread, and each from a thread of its own at once),
-// and small calls in a group sized for many tokens. Every call gets fresh random inputs and freshly poisoned
-// outputs.
+// poll_error() / synchronize() (and polled by another thread while synchronize waits), weighted and
+// unweighted combines mixed across ranks are caught on the device; and one group called again and again (new
+// counts, routings, fused and split calls, graph replays with new data), two groups in one process (from one
+// thread, and each from a thread of its own at once), and small calls in a group sized for many tokens. Every
+// call gets fresh random inputs and freshly poisoned outputs.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <future>
 #include <iterator>
@@ -385,6 +387,88 @@ TEST_F(GpuEpContract, PollErrorReportsAnInvalidExpertIdWithoutClearingIt) {
     EXPECT_EQ(first.kind, RecordedError::Kind::kNone) << first.message;
   }
   EXPECT_NO_THROW(group.synchronize(stream.get())) << "synchronize() clears what it threw";
+  EXPECT_FALSE(group.poll_error()) << group.poll_error().message;
+  expect_dispatch_matches(config, outputs, expected);
+  expect_combined_matches(combine.out, expected.combined);
+  SCOPED_TRACE("the step after");
+  expect_step_matches_reference(group, stream.get(), kValidStep);
+}
+
+// A watchdog thread of every rank polls its group (poll_error, with no GPU made current on that thread: the
+// runtime's default) while the rank's own thread waits in synchronize for a call that in turn waits for
+// rank 0, whose dispatch starts about 300 ms late, behind a kernel on its stream. The last rank's send
+// records an expert id out of range (token 3, slot 2). Every poll is answered, none refused, and many while
+// synchronize waits (a poll held until synchronize returned would count as none); on NVIDIA the last
+// rank's watchdog reads the record before synchronize throws it. The calls match the reference.
+TEST_F(GpuEpContract, AWatchdogThreadPollsWhileSynchronizeWaits) {
+  const int world = world_size();
+  const EpConfig config = make_config(2048, 4, 32 / world, 32);
+  const bool bad = world_rank() == world - 1;
+  const uint64_t seed = shared_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  Inputs inputs = make_inputs(config, Routing::kFull, seed);
+  if (bad) {
+    inputs.topk_ids[3 * config.top_k + 2] = config.num_experts;  // token 3, slot 2
+  }
+  const ExpertData experts = make_expert_data(config, seed);
+  const Expected expected = reference_results(config, inputs.view(), &experts);
+
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::Stream stream;
+  const ComputeLoad late(1, 300.0, stream.get());
+  const DeviceInputs device_inputs(inputs);
+  const DeviceOutputs outputs(config);
+  const DeviceCombine combine(config, experts);
+  if (world_rank() == 0) {
+    late.launch(stream.get());
+  }
+  group.dispatch(device_inputs.view(), outputs.view(), stream.get());
+  group.combine(combine.args(outputs, /*weighted=*/true), stream.get());
+
+  std::atomic<bool> waiting{false};
+  std::atomic<bool> finished{false};
+  int answered_while_waiting = 0;
+  int recorded_while_waiting = 0;
+  std::vector<std::string> unexpected;  // polls refused, or records other than the last rank's bad id
+  std::thread watchdog([&] {
+    while (!finished.load()) {
+      const bool before = waiting.load();
+      RecordedError polled;
+      try {
+        polled = group.poll_error();
+      } catch (const rocep::Error& error) {
+        unexpected.emplace_back(error.what());
+        continue;
+      }
+      const bool bad_id = bad && polled.kind == RecordedError::Kind::kInvalidInput &&
+                          names(polled.message, "token", 3) && names(polled.message, "slot", 2);
+      if (polled && !bad_id) {
+        unexpected.push_back(polled.message);
+      }
+      if (before && waiting.load()) {
+        ++answered_while_waiting;
+        recorded_while_waiting += bad_id ? 1 : 0;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  waiting = true;
+  if (bad) {
+    EXPECT_THROW(group.synchronize(stream.get()), rocep::InvalidInputError);
+  } else {
+    EXPECT_NO_THROW(group.synchronize(stream.get()));
+  }
+  waiting = false;
+  finished = true;
+  watchdog.join();
+  EXPECT_TRUE(unexpected.empty()) << unexpected.size() << " unexpected polls, the first: " << unexpected[0];
+  // About 300 ms of waiting at 1 ms apart: far more polls than could fit between the flag and the call.
+  EXPECT_GE(answered_while_waiting, 10) << "polls answered while synchronize waited";
+#if defined(ROCEP_PLATFORM_NVIDIA)
+  if (bad) {  // on AMD a record may sit in the GPU's L2 until its kernel ends (ep_group.hpp, poll_error)
+    EXPECT_GT(recorded_while_waiting, 0) << "the record was not read while synchronize waited";
+  }
+#endif
   EXPECT_FALSE(group.poll_error()) << group.poll_error().message;
   expect_dispatch_matches(config, outputs, expected);
   expect_combined_matches(combine.out, expected.combined);
