@@ -348,28 +348,45 @@ TEST_F(GpuEpContract, AGroupDestroyedWithAnotherGpuCurrentWaitsForItsOwn) {
   expect_step_matches_reference(again, stream.get(), kValidStep);
 }
 
+// A call of fresh inputs whose last rank names an expert id out of range (token 3, slot 2), and the
+// reference's results for it (which drop that slot, as the kernels do). Collective.
+struct BadIdCall {
+  explicit BadIdCall(uint64_t seed)
+      : config(make_config(2048, 4, 32 / world_size(), 32)),
+        bad(world_rank() == world_size() - 1),
+        inputs([&] {
+          Inputs drawn = make_inputs(config, Routing::kFull, seed);
+          if (bad) {
+            drawn.topk_ids[3 * config.top_k + 2] = config.num_experts;
+          }
+          return drawn;
+        }()),
+        experts(make_expert_data(config, seed)),
+        expected(reference_results(config, inputs.view(), &experts)) {}
+
+  EpConfig config;
+  bool bad;  // this rank is the last
+  Inputs inputs;
+  ExpertData experts;
+  Expected expected;
+};
+
 // An expert id out of range on the last rank (token 3, slot 2): once the stream has finished, poll_error()
 // reports it on that rank only, naming rank, token and slot, and reads the same twice (it does not clear);
 // synchronize() then throws it once. The rest of the call is the reference's (which drops that slot too).
 TEST_F(GpuEpContract, PollErrorReportsAnInvalidExpertIdWithoutClearingIt) {
-  const int world = world_size();
-  const EpConfig config = make_config(2048, 4, 32 / world, 32);
-  const int bad_rank = world - 1;
-  const bool bad = world_rank() == bad_rank;
   const uint64_t seed = shared_seed();
   SCOPED_TRACE(seed_trace(seed));
-  Inputs inputs = make_inputs(config, Routing::kFull, seed);
-  if (bad) {
-    inputs.topk_ids[3 * config.top_k + 2] = config.num_experts;  // token 3, slot 2
-  }
-  const ExpertData experts = make_expert_data(config, seed);
-  const Expected expected = reference_results(config, inputs.view(), &experts);
+  const BadIdCall call(seed);
+  const EpConfig& config = call.config;
+  const bool bad = call.bad;
+  const int bad_rank = world_size() - 1;
 
   rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
   rocep::Stream stream;
-  const DeviceInputs device_inputs(inputs);
+  const DeviceInputs device_inputs(call.inputs);
   const DeviceOutputs outputs(config);
-  const DeviceCombine combine(config, experts);
+  const DeviceCombine combine(config, call.experts);
   group.dispatch(device_inputs.view(), outputs.view(), stream.get());
   group.combine(combine.args(outputs, /*weighted=*/true), stream.get());
   ROCEP_GPU_CHECK(hipStreamSynchronize(stream.get()));  // the kernels ended; group.synchronize() not called
@@ -388,8 +405,8 @@ TEST_F(GpuEpContract, PollErrorReportsAnInvalidExpertIdWithoutClearingIt) {
   }
   EXPECT_NO_THROW(group.synchronize(stream.get())) << "synchronize() clears what it threw";
   EXPECT_FALSE(group.poll_error()) << group.poll_error().message;
-  expect_dispatch_matches(config, outputs, expected);
-  expect_combined_matches(combine.out, expected.combined);
+  expect_dispatch_matches(config, outputs, call.expected);
+  expect_combined_matches(combine.out, call.expected.combined);
   SCOPED_TRACE("the step after");
   expect_step_matches_reference(group, stream.get(), kValidStep);
 }
@@ -401,24 +418,18 @@ TEST_F(GpuEpContract, PollErrorReportsAnInvalidExpertIdWithoutClearingIt) {
 // synchronize waits (a poll held until synchronize returned would count as none); on NVIDIA the last
 // rank's watchdog reads the record before synchronize throws it. The calls match the reference.
 TEST_F(GpuEpContract, AWatchdogThreadPollsWhileSynchronizeWaits) {
-  const int world = world_size();
-  const EpConfig config = make_config(2048, 4, 32 / world, 32);
-  const bool bad = world_rank() == world - 1;
   const uint64_t seed = shared_seed();
   SCOPED_TRACE(seed_trace(seed));
-  Inputs inputs = make_inputs(config, Routing::kFull, seed);
-  if (bad) {
-    inputs.topk_ids[3 * config.top_k + 2] = config.num_experts;  // token 3, slot 2
-  }
-  const ExpertData experts = make_expert_data(config, seed);
-  const Expected expected = reference_results(config, inputs.view(), &experts);
+  const BadIdCall call(seed);
+  const EpConfig& config = call.config;
+  const bool bad = call.bad;
 
   rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
   rocep::Stream stream;
   const ComputeLoad late(1, 300.0, stream.get());
-  const DeviceInputs device_inputs(inputs);
+  const DeviceInputs device_inputs(call.inputs);
   const DeviceOutputs outputs(config);
-  const DeviceCombine combine(config, experts);
+  const DeviceCombine combine(config, call.experts);
   if (world_rank() == 0) {
     late.launch(stream.get());
   }
@@ -470,8 +481,8 @@ TEST_F(GpuEpContract, AWatchdogThreadPollsWhileSynchronizeWaits) {
   }
 #endif
   EXPECT_FALSE(group.poll_error()) << group.poll_error().message;
-  expect_dispatch_matches(config, outputs, expected);
-  expect_combined_matches(combine.out, expected.combined);
+  expect_dispatch_matches(config, outputs, call.expected);
+  expect_combined_matches(combine.out, call.expected.combined);
   SCOPED_TRACE("the step after");
   expect_step_matches_reference(group, stream.get(), kValidStep);
 }
