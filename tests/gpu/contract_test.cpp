@@ -378,15 +378,13 @@ TEST_F(GpuEpContract, PollErrorReportsAnInvalidExpertIdWithoutClearingIt) {
   const uint64_t seed = shared_seed();
   SCOPED_TRACE(seed_trace(seed));
   const BadIdCall call(seed);
-  const EpConfig& config = call.config;
-  const bool bad = call.bad;
   const int bad_rank = world_size() - 1;
 
-  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::EpGroup group(MPI_COMM_WORLD, call.config, rocep::Backend::kGpu);
   rocep::Stream stream;
   const DeviceInputs device_inputs(call.inputs);
-  const DeviceOutputs outputs(config);
-  const DeviceCombine combine(config, call.experts);
+  const DeviceOutputs outputs(call.config);
+  const DeviceCombine combine(call.config, call.experts);
   group.dispatch(device_inputs.view(), outputs.view(), stream.get());
   group.combine(combine.args(outputs, /*weighted=*/true), stream.get());
   ROCEP_GPU_CHECK(hipStreamSynchronize(stream.get()));  // the kernels ended; group.synchronize() not called
@@ -394,7 +392,7 @@ TEST_F(GpuEpContract, PollErrorReportsAnInvalidExpertIdWithoutClearingIt) {
   const RecordedError second = group.poll_error();
   EXPECT_EQ(first.kind, second.kind) << "poll_error() must not clear";
   EXPECT_EQ(first.message, second.message) << "poll_error() must not clear";
-  if (bad) {
+  if (call.bad) {
     EXPECT_EQ(first.kind, RecordedError::Kind::kInvalidInput) << first.message;
     EXPECT_TRUE(names(first.message, "rank", bad_rank)) << first.message;
     EXPECT_TRUE(names(first.message, "token", 3)) << first.message;
@@ -405,7 +403,7 @@ TEST_F(GpuEpContract, PollErrorReportsAnInvalidExpertIdWithoutClearingIt) {
   }
   EXPECT_NO_THROW(group.synchronize(stream.get())) << "synchronize() clears what it threw";
   EXPECT_FALSE(group.poll_error()) << group.poll_error().message;
-  expect_dispatch_matches(config, outputs, call.expected);
+  expect_dispatch_matches(call.config, outputs, call.expected);
   expect_combined_matches(combine.out, call.expected.combined);
   SCOPED_TRACE("the step after");
   expect_step_matches_reference(group, stream.get(), kValidStep);
@@ -421,15 +419,13 @@ TEST_F(GpuEpContract, AWatchdogThreadPollsWhileSynchronizeWaits) {
   const uint64_t seed = shared_seed();
   SCOPED_TRACE(seed_trace(seed));
   const BadIdCall call(seed);
-  const EpConfig& config = call.config;
-  const bool bad = call.bad;
 
-  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  rocep::EpGroup group(MPI_COMM_WORLD, call.config, rocep::Backend::kGpu);
   rocep::Stream stream;
   const ComputeLoad late(1, 300.0, stream.get());
   const DeviceInputs device_inputs(call.inputs);
-  const DeviceOutputs outputs(config);
-  const DeviceCombine combine(config, call.experts);
+  const DeviceOutputs outputs(call.config);
+  const DeviceCombine combine(call.config, call.experts);
   if (world_rank() == 0) {
     late.launch(stream.get());
   }
@@ -451,7 +447,7 @@ TEST_F(GpuEpContract, AWatchdogThreadPollsWhileSynchronizeWaits) {
         unexpected.emplace_back(error.what());
         continue;
       }
-      const bool bad_id = bad && polled.kind == RecordedError::Kind::kInvalidInput &&
+      const bool bad_id = call.bad && polled.kind == RecordedError::Kind::kInvalidInput &&
                           names(polled.message, "token", 3) && names(polled.message, "slot", 2);
       if (polled && !bad_id) {
         unexpected.push_back(polled.message);
@@ -464,7 +460,7 @@ TEST_F(GpuEpContract, AWatchdogThreadPollsWhileSynchronizeWaits) {
     }
   });
   waiting = true;
-  if (bad) {
+  if (call.bad) {
     EXPECT_THROW(group.synchronize(stream.get()), rocep::InvalidInputError);
   } else {
     EXPECT_NO_THROW(group.synchronize(stream.get()));
@@ -476,12 +472,12 @@ TEST_F(GpuEpContract, AWatchdogThreadPollsWhileSynchronizeWaits) {
   // About 300 ms of waiting at 1 ms apart: far more polls than could fit between the flag and the call.
   EXPECT_GE(answered_while_waiting, 10) << "polls answered while synchronize waited";
 #if defined(ROCEP_PLATFORM_NVIDIA)
-  if (bad) {  // on AMD a record may sit in the GPU's L2 until its kernel ends (ep_group.hpp, poll_error)
+  if (call.bad) {  // on AMD a record may sit in the GPU's L2 until its kernel ends (ep_group.hpp, poll_error)
     EXPECT_GT(recorded_while_waiting, 0) << "the record was not read while synchronize waited";
   }
 #endif
   EXPECT_FALSE(group.poll_error()) << group.poll_error().message;
-  expect_dispatch_matches(config, outputs, call.expected);
+  expect_dispatch_matches(call.config, outputs, call.expected);
   expect_combined_matches(combine.out, call.expected.combined);
   SCOPED_TRACE("the step after");
   expect_step_matches_reference(group, stream.get(), kValidStep);
