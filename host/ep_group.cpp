@@ -272,9 +272,8 @@ struct EpGroup::Impl {
     require_device(contract::to_string(call), stream);
   }
 
-  // Checks that EpGroup::`name` comes from a thread whose current device is the group's, on a stream of that
-  // device.
-  void require_device(const char* name, void* stream) const {
+  // Checks that EpGroup::`name` comes from a thread whose current device is the group's.
+  void require_calling_device(const char* name) const {
     const int device = implementation->device();
     if (const int calling = implementation->calling_device(); calling != device) {
       throw InvalidInputError(called(name) + ": the calling thread's current device is GPU " +
@@ -282,6 +281,13 @@ struct EpGroup::Impl {
                               ": set it (hipSetDevice, cudaSetDevice, torch.cuda.set_device) before the "
                               "call; nothing was issued");
     }
+  }
+
+  // Checks that EpGroup::`name` comes from a thread whose current device is the group's, on a stream of that
+  // device.
+  void require_device(const char* name, void* stream) const {
+    require_calling_device(name);
+    const int device = implementation->device();
     if (const int queued = implementation->stream_device(stream); queued != device) {
       throw InvalidInputError(called(name) + ": " +
                               (queued < 0 ? std::string("the runtime names no GPU for the stream")
@@ -471,6 +477,7 @@ void EpGroup::synchronize(void* stream) {
 }
 
 RecordedError EpGroup::poll_error() {
+  impl().require_calling_device("poll_error");
   return impl().implementation->poll_error();
 }
 

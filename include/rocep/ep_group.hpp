@@ -207,9 +207,11 @@ class EpGroup {
   // from the group's device with a stream of it (else InvalidInputError, before waiting for anything).
   void synchronize(void* stream = nullptr);
   // What was recorded so far, without waiting for any stream and without clearing it (Kind::kNone: nothing).
-  // Not collective. Safe while kernels run, from any thread and with any GPU current, also while another
-  // thread is inside a call of this group (synchronize included): it reads a copy of the record made on a
-  // stream of its own, and never throws CallOrderError for another thread's call. A kernel's failure may
+  // Not collective. Safe while kernels run, from any thread, also while another thread is inside a call of
+  // this group (synchronize included): it reads a copy of the record made on a stream of its own, and never
+  // throws CallOrderError for another thread's call. Like every call, it must come with the group's device
+  // current (else InvalidInputError; a watchdog thread sets it once), so that it creates no context on
+  // another GPU. A kernel's failure may
   // take until that kernel ends to appear (on AMD a record may also appear late while it sits in the GPU's
   // L2), and a record that another thread's synchronize clears may be read just before or just after.
   RecordedError poll_error();

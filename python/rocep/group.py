@@ -511,5 +511,6 @@ class Group:
 
     def poll_error(self):
         """(kind, message) recorded so far, without waiting: kind 0 = none, 1 = invalid input, 2 = timeout.
-        Any thread may call it at any time, also while another thread is inside a call of the group."""
+        Any thread may call it at any time, also while another thread is inside a call of the group, with the
+        group's GPU current (torch.cuda.set_device(self.device) once in that thread)."""
         return self._group.poll_error()

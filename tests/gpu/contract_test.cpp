@@ -264,11 +264,11 @@ int fewest_visible_gpus() {
   return fewest;
 }
 
-// The last rank calls dispatch, dispatch_send and synchronize with another GPU current than its group's, then
-// with its own GPU current on a stream of the other GPU (where every rank sees two GPUs or more): each is
-// refused with InvalidInputError before anything is issued (issued() false), naming both GPUs and what was
-// wrong; with its own GPU current and its own stream the group takes the next call and matches the
-// reference on every rank.
+// The last rank calls dispatch, dispatch_send, synchronize and poll_error with another GPU current than its
+// group's, then the first three with its own GPU current on a stream of the other GPU (where every rank sees
+// two GPUs or more): each is refused with InvalidInputError before anything is issued (issued() false),
+// naming both GPUs and what was wrong; with its own GPU current and its own stream the group takes the next
+// call and matches the reference on every rank.
 TEST_F(GpuEpContract, CallsFromAnotherGpuAreRefusedBeforeAnythingIsIssued) {
   const int devices = rocep::device_count();
   if (const int fewest = fewest_visible_gpus(); fewest < 2) {
@@ -288,15 +288,20 @@ TEST_F(GpuEpContract, CallsFromAnotherGpuAreRefusedBeforeAnythingIsIssued) {
       rocep::set_device(other_current ? other : own);
       const hipStream_t call_stream = other_current ? stream.get() : other_stream.get();
       const std::string wrong = other_current ? "current device" : "stream";
-      for (const std::string call : {"dispatch", "dispatch_send", "synchronize"}) {
+      for (const std::string call : {"dispatch", "dispatch_send", "synchronize", "poll_error"}) {
+        if (call == "poll_error" && !other_current) {
+          continue;  // it takes no stream
+        }
         SCOPED_TRACE(call + " with the wrong " + wrong);
         try {
           if (call == "dispatch") {
             group.dispatch({}, {}, call_stream);
           } else if (call == "dispatch_send") {
             group.dispatch_send({}, call_stream);
-          } else {
+          } else if (call == "synchronize") {
             group.synchronize(call_stream);
+          } else {
+            (void)group.poll_error();
           }
           ADD_FAILURE() << "a call with the " << wrong << " of GPU " << other
                         << " was taken by the group of GPU " << own;
@@ -409,9 +414,9 @@ TEST_F(GpuEpContract, PollErrorReportsAnInvalidExpertIdWithoutClearingIt) {
   expect_step_matches_reference(group, stream.get(), kValidStep);
 }
 
-// A watchdog thread of every rank polls its group (poll_error, with no GPU made current on that thread: the
-// runtime's default) while the rank's own thread waits in synchronize for a call that in turn waits for
-// rank 0, whose dispatch starts about 300 ms late, behind a kernel on its stream. The last rank's send
+// A watchdog thread of every rank polls its group (poll_error, the group's GPU made current on that thread
+// first) while the rank's own thread waits in synchronize for a call that in turn waits for rank 0, whose
+// dispatch starts about 300 ms late, behind a kernel on its stream. The last rank's send
 // records an expert id out of range (token 3, slot 2). Every poll is answered, none refused, and many while
 // synchronize waits (a poll held until synchronize returned would count as none); on NVIDIA the last
 // rank's watchdog reads the record before synchronize throws it. The calls match the reference.
@@ -436,17 +441,23 @@ TEST_F(GpuEpContract, AWatchdogThreadPollsWhileSynchronizeWaits) {
   std::atomic<bool> finished{false};
   int answered_while_waiting = 0;
   int recorded_while_waiting = 0;
+  double longest_poll_ms = 0;
   std::vector<std::string> unexpected;  // polls refused, or records other than the last rank's bad id
   std::thread watchdog([&] {
+    rocep::set_device(group.device());
     while (!finished.load()) {
       const bool before = waiting.load();
       RecordedError polled;
+      const auto start = std::chrono::steady_clock::now();
       try {
         polled = group.poll_error();
       } catch (const rocep::Error& error) {
         unexpected.emplace_back(error.what());
         continue;
       }
+      longest_poll_ms = std::max(
+          longest_poll_ms,
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
       const bool bad_id = call.bad && polled.kind == RecordedError::Kind::kInvalidInput &&
                           names(polled.message, "token", 3) && names(polled.message, "slot", 2);
       if (polled && !bad_id) {
@@ -470,7 +481,8 @@ TEST_F(GpuEpContract, AWatchdogThreadPollsWhileSynchronizeWaits) {
   watchdog.join();
   EXPECT_TRUE(unexpected.empty()) << unexpected.size() << " unexpected polls, the first: " << unexpected[0];
   // About 300 ms of waiting at 1 ms apart: far more polls than could fit between the flag and the call.
-  EXPECT_GE(answered_while_waiting, 10) << "polls answered while synchronize waited";
+  EXPECT_GE(answered_while_waiting, 10)
+      << "polls answered while synchronize waited; the longest poll took " << longest_poll_ms << " ms";
 #if defined(ROCEP_PLATFORM_NVIDIA)
   if (call.bad) {  // on AMD a record may sit in the GPU's L2 until its kernel ends (ep_group.hpp, poll_error)
     EXPECT_GT(recorded_while_waiting, 0) << "the record was not read while synchronize waited";
