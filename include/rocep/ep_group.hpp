@@ -211,9 +211,9 @@ class EpGroup {
   // this group (synchronize included): it reads a copy of the record made on a stream of its own, and never
   // throws CallOrderError for another thread's call. Like every call, it must come with the group's device
   // current (else InvalidInputError; a watchdog thread sets it once), so that it creates no context on
-  // another GPU. A kernel's failure may
-  // take until that kernel ends to appear (on AMD a record may also appear late while it sits in the GPU's
-  // L2), and a record that another thread's synchronize clears may be read just before or just after.
+  // another GPU. A kernel's failure may take until that kernel ends to appear (on AMD a record may also
+  // appear late while it sits in the GPU's L2), and a record that another thread's synchronize clears may be
+  // read just before or just after.
   RecordedError poll_error();
 
  private:
