@@ -16,6 +16,8 @@
 - a group with cupy arrays (cupy inputs and outputs, calls on cupy's current stream), bit for bit;
 - the group's GPU (Group.device): its outputs there, tokens on another GPU refused as a bad input, a call
   with another GPU current refused before anything is issued (a combine_recv so refused then repeated);
+- a watchdog thread's polls (torch.cuda.set_device(group.device) in that thread) answered while the main
+  thread waits in synchronize behind a call that waits for a late rank 0;
 - torch CPU tensors on the CPU reference, against numpy arrays.
 
     torchrun --nproc_per_node=2 python/gpu/check_torchrun.py
@@ -28,6 +30,8 @@ import dataclasses
 import os
 import secrets
 import sys
+import threading
+import time
 
 import numpy as np
 import torch
@@ -527,6 +531,43 @@ def check_devices(boot, rank, world):
     gpu.synchronize()
 
 
+def check_watchdog(boot, rank, world):
+    """A watchdog thread polls the group, its GPU made current there first, while this thread waits in
+    synchronize behind a call that waits for rank 0, whose dispatch starts about 0.3 s late (a sleep kernel
+    on its stream): many polls are answered meanwhile, none raises or reports anything."""
+    gpu = rocep.Group(boot, config_for(world), rocep.Backend.GPU)
+    tokens, ids, weights, expert_rows = inputs(94, rank, 64, world, gpu.config.max_recv_tokens(world))
+    if rank == 0:
+        torch.cuda._sleep(600_000_000)  # clock cycles: about 0.3 s at the 2 GHz of an H100 or H200
+    gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda())
+    gpu.combine(expert_rows.cuda(), len(ids))
+    waiting, finished = threading.Event(), threading.Event()
+    polls = []  # (answered while synchronize waited, what the poll gave)
+
+    def watchdog():
+        torch.cuda.set_device(gpu.device)
+        while not finished.is_set():
+            before = waiting.is_set()
+            try:
+                result = gpu.poll_error()
+            except rocep.Error as error:
+                result = (type(error).__name__, str(error))
+            polls.append((before and waiting.is_set(), result))
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=watchdog)
+    thread.start()
+    waiting.set()
+    gpu.synchronize()
+    waiting.clear()
+    finished.set()
+    thread.join()
+    answered = sum(1 for inside, _ in polls if inside)
+    results = {result for _, result in polls}
+    if answered < 10 or results != {(0, "")}:
+        failures.append(f"watchdog: {answered} polls answered while synchronize waited; they gave {results}")
+
+
 def check_torch_on_cpu_reference(boot, rank, world):
     """torch CPU tensors on the CPU reference give the bits that numpy arrays give."""
     cpu = rocep.Group(boot, config_for(world), rocep.Backend.CPU_REFERENCE)
@@ -571,6 +612,7 @@ def main() -> int:
     check_mori(boot, rank, world, fp8=True)
     check_mori_graph(boot, rank, world)
     check_devices(boot, rank, world)
+    check_watchdog(boot, rank, world)
     check_torch_on_cpu_reference(boot, rank, world)
     torch.cuda.synchronize()
     all_failures = [None] * world
