@@ -17,7 +17,7 @@
 - the group's GPU (Group.device): its outputs there, tokens on another GPU refused as a bad input, a call
   with another GPU current refused before anything is issued (a combine_recv so refused then repeated);
 - a watchdog thread's polls (torch.cuda.set_device(group.device) in that thread) answered while the main
-  thread waits in synchronize behind a call that waits for a late rank 0;
+  thread waits in synchronize;
 - torch CPU tensors on the CPU reference, against numpy arrays.
 
     torchrun --nproc_per_node=2 python/gpu/check_torchrun.py
@@ -533,14 +533,14 @@ def check_devices(boot, rank, world):
 
 def check_watchdog(boot, rank, world):
     """A watchdog thread polls the group, its GPU made current there first, while this thread waits in
-    synchronize behind a call that waits for rank 0, whose dispatch starts about 0.3 s late (a sleep kernel
-    on its stream): many polls are answered meanwhile, none raises or reports anything."""
+    synchronize for a dispatch and a combine and then a sleep kernel of about 0.3 s on the group's stream:
+    many polls are answered meanwhile, none raises or reports anything."""
     gpu = rocep.Group(boot, config_for(world), rocep.Backend.GPU)
-    tokens, ids, weights, expert_rows = inputs(94, rank, 64, world, gpu.config.max_recv_tokens(world))
-    if rank == 0:
-        torch.cuda._sleep(600_000_000)  # clock cycles: about 0.3 s at the 2 GHz of an H100 or H200
-    gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda())
-    gpu.combine(expert_rows.cuda(), len(ids))
+    tokens, ids, weights, expert_rows = (array.cuda() for array in inputs(94, rank, 64, world,
+                                                                          gpu.config.max_recv_tokens(world)))
+    gpu.dispatch(tokens, ids, weights)
+    gpu.combine(expert_rows, len(ids))
+    torch.cuda._sleep(600_000_000)  # clock cycles: about 0.3 s at the 2 GHz of an H100 or H200
     waiting, finished = threading.Event(), threading.Event()
     polls = []  # (answered while synchronize waited, what the poll gave)
 
