@@ -98,7 +98,11 @@ class EpGroup {
   // GPU backend: collective (barrier with the peers, who may still be storing into this rank's buffers)
   // unless the group timed out, in which case it releases everything without waiting for anyone. It waits
   // for the group's device whatever device is current (made current for the teardown, the caller's given
-  // back after). The CPU reference holds nothing a peer writes, and waits for no one.
+  // back after), and for all work queued there on any stream (a device synchronisation): destroy a group at
+  // the same point on every rank, not while another kernel of this rank waits for a peer that is itself
+  // inside this destructor (that peer's barrier gives up after config().timeout_seconds where its bootstrap
+  // bounds it, Bootstrap::barrier_within, and keeps its memory). The CPU reference holds nothing a peer
+  // writes, and waits for no one.
   ~EpGroup();
   EpGroup(EpGroup&&) noexcept;
   EpGroup& operator=(EpGroup&&) noexcept;
