@@ -18,6 +18,8 @@
   with another GPU current refused before anything is issued (a combine_recv so refused then repeated);
 - a watchdog thread's polls (torch.cuda.set_device(group.device) in that thread) answered while the main
   thread waits in synchronize;
+- Group.close(): refused while the last rank holds a view of the group's input buffer, then taken, the
+  GPU's free memory grown by the group's memory_bytes, later calls refused;
 - torch CPU tensors on the CPU reference, against numpy arrays.
 
     torchrun --nproc_per_node=2 python/gpu/check_torchrun.py
@@ -568,6 +570,32 @@ def check_watchdog(boot, rank, world):
         failures.append(f"watchdog: {answered} polls answered while synchronize waited; they gave {results}")
 
 
+def check_close(boot, rank, world):
+    """close() is refused on every rank while the last rank holds a view of the group's input buffer; then
+    it releases the group's device memory at once, and later calls raise CallOrderError."""
+    gpu = rocep.Group(boot, config_for(world), rocep.Backend.GPU)
+    device, held_bytes = gpu.device, gpu.memory_bytes
+    view = gpu.dispatch_input_buffer() if rank == world - 1 else None
+    try:
+        gpu.close()
+        failures.append("close: taken while a view of the input buffer lives")
+    except rocep.Error as error:
+        if f"alive on rank(s) [{world - 1}]" not in str(error):
+            failures.append(f"close refused: {error}")
+    del view
+    torch.cuda.synchronize()
+    free_before = torch.cuda.mem_get_info(device)[0]
+    gpu.close()
+    freed = torch.cuda.mem_get_info(device)[0] - free_before
+    if freed < 0.9 * held_bytes:
+        failures.append(f"close: {freed} bytes freed on GPU {device}, the group held {held_bytes}")
+    try:
+        gpu.poll_error()
+        failures.append("close: a call after close taken")
+    except rocep.CallOrderError:
+        pass
+
+
 def check_torch_on_cpu_reference(boot, rank, world):
     """torch CPU tensors on the CPU reference give the bits that numpy arrays give."""
     cpu = rocep.Group(boot, config_for(world), rocep.Backend.CPU_REFERENCE)
@@ -613,6 +641,7 @@ def main() -> int:
     check_mori_graph(boot, rank, world)
     check_devices(boot, rank, world)
     check_watchdog(boot, rank, world)
+    check_close(boot, rank, world)
     check_torch_on_cpu_reference(boot, rank, world)
     torch.cuda.synchronize()
     all_failures = [None] * world

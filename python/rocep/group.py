@@ -5,6 +5,8 @@ library (Group's `arrays`: torch when it is installed, else cupy) allocates the 
 device, and calls go on that library's current stream; inputs may be any DLPack array of either.
 """
 
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,7 +167,10 @@ class Group:
                 f"arrays = {arrays!r} is invalid: allowed are None, {', '.join(map(repr, _GPU_ARRAYS))}")
         config = _rocep.EpConfig(config)  # the caller's stays as it is
         config.layout = layout
-        self._group = _rocep.EpGroup(bootstrap, config, backend)
+        self._native = _rocep.EpGroup(bootstrap, config, backend)  # None once closed
+        self._bootstrap = bootstrap
+        self._views = []  # weak references to the memory objects of the arrays made from its buffers
+        self._poll_lock = threading.Lock()  # a watchdog's poll_error against close()
         self.config = self._group.config
         self.rank, self.world_size = self._group.rank, self._group.world_size
         self._gpu = self._group.backend == _rocep.Backend.GPU
@@ -173,6 +178,32 @@ class Group:
         self._pending = None  # combine_send's arrays and result, until combine_recv
         self._tokens = 0  # the last dispatch's token count: the rows combine writes
         self._sent = None  # dispatch_send's converted inputs, until dispatch_recv
+
+    @property
+    def _group(self):
+        if self._native is None:
+            raise _rocep.CallOrderError("rocep.Group: this group was closed (Group.close()); create a new one")
+        return self._native
+
+    def close(self) -> None:
+        """Releases the group's memory now, rather than when the object goes. Collective: every rank calls it
+        at the same point. Refused on every rank, nothing released, while any rank holds an array made from
+        the group's input buffers (dispatch_input_buffer, combine_input_buffer): rocep.Error names those
+        ranks; drop the arrays and call it again. It must not overlap another thread's call of the group (a
+        watchdog's poll_error waits for it instead). Afterwards every call raises rocep.CallOrderError;
+        close() again does nothing."""
+        if self._native is None:
+            return
+        self._views = [view for view in self._views if view() is not None]
+        held = self._bootstrap.all_gather(bytes([1 if self._views else 0]))  # a byte per rank, in rank order
+        holding = [rank for rank, views in enumerate(held) if views]
+        if holding:
+            raise _rocep.Error(f"Group.close() on rank {self.rank}: refused on every rank, nothing released: "
+                               f"arrays made from the group's input buffers are alive on rank(s) {holding}; "
+                               "drop them, then call close() again")
+        with self._poll_lock:
+            native, self._native = self._native, None
+        native.close()
 
     @property
     def backend(self):
@@ -210,9 +241,13 @@ class Group:
         `row_bytes`, uint8 rows of that many bytes."""
         shape = (rows, row_bytes) if row_bytes else (rows, self.config.hidden)
         typestr = "|u1" if row_bytes else "<f2" if self._gpu and self._arrays == "torch" else "<u2"
+        if self._gpu:
+            memory = _DeviceMemory(address, shape, typestr, self)
+        else:
+            memory = _HostMemory(address, shape, self, typestr)
+        self._views = [view for view in self._views if view() is not None] + [weakref.ref(memory)]
         if not self._gpu:
-            return np.asarray(_HostMemory(address, shape, self, typestr))
-        memory = _DeviceMemory(address, shape, typestr, self)
+            return np.asarray(memory)
         if self._arrays != "torch":
             with _cupy().cuda.Device(self._group.device):
                 return _cupy().asarray(memory)
@@ -513,4 +548,5 @@ class Group:
         """(kind, message) recorded so far, without waiting: kind 0 = none, 1 = invalid input, 2 = timeout.
         Any thread may call it at any time, also while another thread is inside a call of the group, with the
         group's GPU current (torch.cuda.set_device(self.device) once in that thread)."""
-        return self._group.poll_error()
+        with self._poll_lock:
+            return self._group.poll_error()

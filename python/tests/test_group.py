@@ -313,6 +313,30 @@ def test_a_watchdog_thread_polls_while_a_call_is_inside_the_group():
     assert group.poll_error() == (0, "")
 
 
+def test_close_is_refused_on_every_rank_while_a_rank_holds_a_buffer_view_and_then_releases_the_group():
+    """close() while the last rank holds a view of the group's input buffer: refused on every rank, naming
+    that rank, and the group goes on (a step equal to a fresh group's); without the view it is taken, and
+    every later call raises CallOrderError."""
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    fresh = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=8)
+    rows = expert_output_rows(config, shared_seed() + RANK)
+    view = group.combine_input_buffer()[1:] if RANK == WORLD - 1 else None
+    with pytest.raises(rocep.Error, match=rf"alive on rank\(s\) \[{WORLD - 1}\]"):
+        group.close()
+    group.dispatch(tokens, ids, weights)
+    fresh.dispatch(tokens, ids, weights)
+    assert (group.combine(rows, len(ids)) == fresh.combine(rows, len(ids))).all()
+    del view
+    group.close()
+    group.close()  # again: nothing to do
+    for call in (lambda: group.dispatch(tokens, ids, weights), group.poll_error, group.synchronize,
+                 group.dispatch_input_buffer, lambda: group.memory_bytes):
+        with pytest.raises(rocep.CallOrderError, match=r"closed \(Group.close\(\)\)"):
+            call()
+
+
 def test_the_cpu_reference_holds_no_device_memory_on_no_gpu():
     group = rocep.Group(bootstrap.from_mpi4py(COMM), make_config(), rocep.Backend.CPU_REFERENCE)
     assert group.memory_bytes == 0
