@@ -194,8 +194,8 @@ class Group:
         close() again does nothing."""
         if self._native is None:
             return
-        self._views = [view for view in self._views if view() is not None]
-        held = self._bootstrap.all_gather(bytes([1 if self._views else 0]))  # a byte per rank, in rank order
+        alive = any(view() is not None for view in self._views)
+        held = self._bootstrap.all_gather(bytes([alive]))  # a byte per rank, in rank order
         holding = [rank for rank, views in enumerate(held) if views]
         if holding:
             raise _rocep.Error(f"Group.close() on rank {self.rank}: refused on every rank, nothing released: "
