@@ -54,6 +54,7 @@
 #define hipDeviceGetP2PAttribute cudaDeviceGetP2PAttribute
 #define hipDeviceSynchronize cudaDeviceSynchronize
 #define hipMalloc cudaMalloc
+#define hipMemGetInfo cudaMemGetInfo
 #define hipFree cudaFree
 #define hipHostMalloc cudaHostAlloc
 #define hipHostFree cudaFreeHost

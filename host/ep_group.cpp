@@ -3,9 +3,12 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -312,24 +315,41 @@ struct EpGroup::Impl {
   }
 
   // One call of EpGroup::`name` on this group, for its scope: throws CallOrderError, nothing issued, while
-  // another thread is inside a call of the same group (one group's calls must not overlap in time).
+  // another thread is inside a call of the same group (one group's calls must not overlap in time), or once
+  // the group is closed. EpGroup::close claims it without throwing (`refuse` false) and asks held().
   class Inside {
    public:
-    Inside(Impl& group, const char* name) : group_(group) {
-      const char* other = nullptr;
-      if (!group.inside.compare_exchange_strong(other, name, std::memory_order_acquire)) {
-        throw CallOrderError(group.called(name) + ": another thread is inside EpGroup::" + other +
+    Inside(Impl& group, const char* name, bool refuse = true) : group_(group) {
+      group.inside.compare_exchange_strong(other_, name, std::memory_order_acquire);
+      if (refuse && !held()) {
+        throw CallOrderError(group.called(name) + ": another thread is inside EpGroup::" + other_ +
                              " of this group; one group's calls must not overlap in time (call it from one "
                              "thread, or from threads taking turns under a lock); nothing was issued");
       }
+      if (refuse && group.closed.load(std::memory_order_acquire)) {
+        group.inside.store(nullptr, std::memory_order_release);
+        throw CallOrderError(kClosed);
+      }
     }
-    ~Inside() { group_.inside.store(nullptr, std::memory_order_release); }
+    ~Inside() {
+      if (held()) {
+        group_.inside.store(nullptr, std::memory_order_release);
+      }
+    }
     Inside(const Inside&) = delete;
     Inside& operator=(const Inside&) = delete;
 
+    bool held() const { return other_ == nullptr; }
+    // The call another thread was inside when this one was made; null when held().
+    const char* other() const { return other_; }
+
    private:
     Impl& group_;
+    const char* other_ = nullptr;
   };
+
+  static constexpr const char* kClosed =
+      "EpGroup: this group was closed (EpGroup::close()); create a new group to go on";
 
   std::shared_ptr<Bootstrap> bootstrap;
   EpConfig config;
@@ -339,6 +359,8 @@ struct EpGroup::Impl {
   std::unique_ptr<EpBackend> implementation;
   contract::CallOrder order;
   std::atomic<const char*> inside{nullptr};  // the name of the call a thread is inside, else null
+  std::atomic<bool> closed{false};           // set by close() before `implementation` is released
+  std::mutex polling;  // held by poll_error around its read, and by close() while it takes `implementation`
 };
 
 EpGroup::EpGroup(std::shared_ptr<Bootstrap> bootstrap, const EpConfig& config, Backend backend) {
@@ -353,7 +375,45 @@ EpGroup::Impl& EpGroup::impl() const {
   if (impl_ == nullptr) {
     throw CallOrderError("EpGroup: this group was moved from; call the group it was moved to");
   }
+  if (impl_->closed.load(std::memory_order_acquire)) {
+    throw CallOrderError(Impl::kClosed);
+  }
   return *impl_;
+}
+
+void EpGroup::close() {
+  if (impl_ != nullptr && impl_->closed.load(std::memory_order_acquire)) {
+    return;  // closed before
+  }
+  Impl& group = impl();  // a group moved from throws
+  const ProfilerRange range("rocep::close");
+  const Impl::Inside inside(group, "close", /*refuse=*/false);
+  // Agreed first: a rank that released alone would leave its peers' calls waiting on its memory.
+  const uint8_t busy = inside.held() ? 0 : 1;
+  std::vector<uint8_t> all(static_cast<std::size_t>(group.bootstrap->size()));
+  group.bootstrap->all_gather(&busy, all.data(), sizeof busy);
+  std::string busy_ranks;
+  for (std::size_t rank = 0; rank < all.size(); ++rank) {
+    if (all[rank] != 0) {
+      busy_ranks += (busy_ranks.empty() ? "" : ", ") + std::to_string(rank);
+    }
+  }
+  if (!busy_ranks.empty()) {
+    throw CallOrderError(
+        group.called("close") +
+        ": refused on every rank, nothing released: another thread is inside a call of the "
+        "group on rank(s) " +
+        busy_ranks +
+        (inside.held() ? std::string() : std::string(" (here EpGroup::") + inside.other() + ")") +
+        "; close it once no other thread is inside one of its calls");
+  }
+  std::unique_ptr<EpBackend> released;
+  {
+    const std::lock_guard<std::mutex> lock(group.polling);
+    group.closed.store(true, std::memory_order_release);
+    released = std::move(group.implementation);
+  }
+  released.reset();  // the backend's teardown: collective on the GPU backend, as in the destructor
 }
 
 int EpGroup::rank() const {
@@ -477,8 +537,13 @@ void EpGroup::synchronize(void* stream) {
 }
 
 RecordedError EpGroup::poll_error() {
-  impl().require_calling_device("poll_error");
-  return impl().implementation->poll_error();
+  Impl& group = impl();
+  const std::lock_guard<std::mutex> lock(group.polling);  // close() takes the backend only between polls
+  if (group.closed.load(std::memory_order_acquire)) {
+    throw CallOrderError(Impl::kClosed);
+  }
+  group.require_calling_device("poll_error");
+  return group.implementation->poll_error();
 }
 
 }  // namespace rocep

@@ -18,7 +18,8 @@
 // made while another thread is inside one of the same group throws CallOrderError. poll_error is the
 // exception: any thread may call it at any time, also while another thread is inside a call of the group
 // (a watchdog). Different groups may be called from different threads at the same time, each on its own
-// stream.
+// stream. close() is refused on every rank while another thread is inside a call of the group; destroying
+// the object while another thread uses it is the caller's error, not detected.
 //
 // Errors, the same on both backends (each call below says which apply):
 // - CallOrderError: a call out of the order dispatch -> combine -> dispatch ... (each fused or as its two
@@ -104,6 +105,17 @@ class EpGroup {
   // bounds it, Bootstrap::barrier_within, and keeps its memory). The CPU reference holds nothing a peer
   // writes, and waits for no one.
   ~EpGroup();
+  // Releases the group now, as the destructor would (the same waits, and on the GPU backend the same
+  // collective teardown), rather than when the object goes; the destructor then releases nothing more.
+  // Collective: every rank calls it at the same point, after its last call of the group, with any device
+  // current (as the destructor). The ranks agree through the bootstrap first, so that no rank releases
+  // alone: while another thread is inside a call of the group on any rank, it is refused on every rank with
+  // nothing released (CallOrderError naming those ranks; call it again once they are out). A poll_error
+  // from another thread never overlaps the release: it answers before, or throws CallOrderError after.
+  // Afterwards every call but close throws CallOrderError; close again does nothing. Not graph-safe.
+  // Errors: CallOrderError as said, or on a group moved from; what the bootstrap throws if the agreement
+  // fails (nothing released).
+  void close();
   EpGroup(EpGroup&&) noexcept;
   EpGroup& operator=(EpGroup&&) noexcept;
   EpGroup(const EpGroup&) = delete;
@@ -217,7 +229,7 @@ class EpGroup {
   // current (else InvalidInputError; a watchdog thread sets it once), so that it creates no context on
   // another GPU. A kernel's failure may take until that kernel ends to appear (on AMD a record may also
   // appear late while it sits in the GPU's L2), and a record that another thread's synchronize clears may be
-  // read just before or just after.
+  // read just before or just after. After close(), CallOrderError.
   RecordedError poll_error();
 
  private:

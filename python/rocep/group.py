@@ -5,7 +5,6 @@ library (Group's `arrays`: torch when it is installed, else cupy) allocates the 
 device, and calls go on that library's current stream; inputs may be any DLPack array of either.
 """
 
-import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -167,10 +166,10 @@ class Group:
                 f"arrays = {arrays!r} is invalid: allowed are None, {', '.join(map(repr, _GPU_ARRAYS))}")
         config = _rocep.EpConfig(config)  # the caller's stays as it is
         config.layout = layout
-        self._native = _rocep.EpGroup(bootstrap, config, backend)  # None once closed
+        self._group = _rocep.EpGroup(bootstrap, config, backend)
         self._bootstrap = bootstrap
         self._views = []  # weak references to the memory objects of the arrays made from its buffers
-        self._poll_lock = threading.Lock()  # a watchdog's poll_error against close()
+        self._closed = False
         self.config = self._group.config
         self.rank, self.world_size = self._group.rank, self._group.world_size
         self._gpu = self._group.backend == _rocep.Backend.GPU
@@ -179,20 +178,15 @@ class Group:
         self._tokens = 0  # the last dispatch's token count: the rows combine writes
         self._sent = None  # dispatch_send's converted inputs, until dispatch_recv
 
-    @property
-    def _group(self):
-        if self._native is None:
-            raise _rocep.CallOrderError("rocep.Group: this group was closed (Group.close()); create a new one")
-        return self._native
-
     def close(self) -> None:
-        """Releases the group's memory now, rather than when the object goes. Collective: every rank calls it
-        at the same point. Refused on every rank, nothing released, while any rank holds an array made from
-        the group's input buffers (dispatch_input_buffer, combine_input_buffer): rocep.Error names those
-        ranks; drop the arrays and call it again. It must not overlap another thread's call of the group (a
-        watchdog's poll_error waits for it instead). Afterwards every call raises rocep.CallOrderError;
-        close() again does nothing."""
-        if self._native is None:
+        """Releases the group's memory now, rather than when the object goes (EpGroup::close). Collective:
+        every rank calls it at the same point. Refused on every rank, nothing released, while any rank holds an
+        array made from the group's input buffers (dispatch_input_buffer, combine_input_buffer: rocep.Error
+        names those ranks; drop the arrays and call it again), or while another thread is inside a call of
+        the group on any rank (rocep.CallOrderError naming those ranks). A watchdog's poll_error answers
+        before the release or raises rocep.CallOrderError after it. Afterwards every call raises
+        rocep.CallOrderError; close() again does nothing."""
+        if self._closed:
             return
         alive = any(view() is not None for view in self._views)
         held = self._bootstrap.all_gather(bytes([alive]))  # a byte per rank, in rank order
@@ -201,9 +195,8 @@ class Group:
             raise _rocep.Error(f"Group.close() on rank {self.rank}: refused on every rank, nothing released: "
                                f"arrays made from the group's input buffers are alive on rank(s) {holding}; "
                                "drop them, then call close() again")
-        with self._poll_lock:
-            native, self._native = self._native, None
-        native.close()
+        self._group.close()
+        self._closed = True
 
     @property
     def backend(self):
@@ -548,5 +541,4 @@ class Group:
         """(kind, message) recorded so far, without waiting: kind 0 = none, 1 = invalid input, 2 = timeout.
         Any thread may call it at any time, also while another thread is inside a call of the group, with the
         group's GPU current (torch.cuda.set_device(self.device) once in that thread)."""
-        with self._poll_lock:
-            return self._group.poll_error()
+        return self._group.poll_error()

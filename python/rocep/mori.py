@@ -251,5 +251,10 @@ class EpDispatchCombineOp:
         src_info = self._received.src_info
         return src_info[:, 0] * self.config.max_num_inp_token_per_rank + src_info[:, 1]
 
+    def close(self) -> None:
+        """Releases the op's group now rather than when the op goes (Group.close: collective, refused on every
+        rank while another thread is inside a call of it); afterwards every call raises rocep.CallOrderError."""
+        self._group.close()
+
     def reset(self) -> None:
         """Nothing to reset: rocep's calls need no host work between them. Kept for MoRI's call sequence."""

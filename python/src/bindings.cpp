@@ -601,11 +601,10 @@ NB_MODULE(_rocep, m) {
             group.synchronize(reinterpret_cast<void*>(stream));
           },
           nb::arg("stream") = 0)
-      // Releases the group now (its destructor: collective on the GPU backend); the object stays, moved from.
       .def("close",
            [](rocep::EpGroup& group) {
-             nb::gil_scoped_release release;  // the destructor's barrier takes the GIL back for the bootstrap
-             const rocep::EpGroup released(std::move(group));
+             nb::gil_scoped_release release;  // the bootstrap's collectives take the GIL back
+             group.close();
            })
       .def("poll_error", [](rocep::EpGroup& group) {
         rocep::RecordedError error;

@@ -333,8 +333,56 @@ def test_close_is_refused_on_every_rank_while_a_rank_holds_a_buffer_view_and_the
     group.close()  # again: nothing to do
     for call in (lambda: group.dispatch(tokens, ids, weights), group.poll_error, group.synchronize,
                  group.dispatch_input_buffer, lambda: group.memory_bytes):
-        with pytest.raises(rocep.CallOrderError, match=r"closed \(Group.close\(\)\)"):
+        with pytest.raises(rocep.CallOrderError, match=r"closed \(EpGroup::close\(\)\)"):
             call()
+
+
+def test_close_is_refused_on_every_rank_while_another_thread_is_inside_a_call():
+    """close() while a second thread of the last rank is inside a dispatch (its bootstrap's all-gather held
+    until close has answered): rocep.CallOrderError on every rank naming that rank, nothing released; the
+    dispatch then completes, its step equal to a fresh group's, and close() is taken."""
+    config = make_config()
+    hold, entered, release = threading.Event(), threading.Event(), threading.Event()
+
+    def all_gather(data):
+        if hold.is_set():
+            hold.clear()
+            entered.set()
+            release.wait(timeout=30)
+        return COMM.allgather(data)
+
+    group = rocep.Group(bootstrap.Callables(RANK, WORLD, all_gather, COMM.Barrier), config,
+                        rocep.Backend.CPU_REFERENCE)
+    fresh = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=8)
+    rows = expert_output_rows(config, shared_seed() + RANK)
+    fresh.dispatch(tokens, ids, weights)
+    expected = fresh.combine(rows, len(ids)).copy()
+    caller, raised = None, []
+
+    def dispatch():
+        try:
+            group.dispatch(tokens, ids, weights)
+        except Exception as error:  # noqa: BLE001 - asserted empty below
+            raised.append(error)
+
+    if RANK == WORLD - 1:
+        hold.set()
+        caller = threading.Thread(target=dispatch)
+        caller.start()
+        assert entered.wait(timeout=10)
+    with pytest.raises(rocep.CallOrderError, match=rf"inside a call of the group on rank\(s\) {WORLD - 1}[ ;]"):
+        group.close()
+    if caller is None:
+        group.dispatch(tokens, ids, weights)
+    else:
+        release.set()
+        caller.join()
+    assert raised == []
+    assert (group.combine(rows, len(ids)) == expected).all()
+    group.close()
+    with pytest.raises(rocep.CallOrderError, match=r"closed \(EpGroup::close\(\)\)"):
+        group.poll_error()
 
 
 def test_the_cpu_reference_holds_no_device_memory_on_no_gpu():
@@ -608,6 +656,9 @@ def test_mori_split_calls_local_expert_count_and_source_positions():
     got_out, got_weights = op.combine_send(rows_out, sent[1], sent[3])
     op.combine_recv()
     assert (got_out == want_out).all() and (got_weights == weights).all()
+    op.close()  # collective, as the op's creation
+    with pytest.raises(rocep.CallOrderError, match=r"closed \(EpGroup::close\(\)\)"):
+        op.dispatch(tokens, weights, None, ids)
 
 
 def local_only_config(config, allreduce_world_size):

@@ -11,10 +11,12 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -391,6 +393,105 @@ TEST(EpGroupOverThreadsTest, ACallWhileAnotherThreadIsInsideOneOfTheGroupIsRefus
     }
     EXPECT_FALSE(group.poll_error()) << group.poll_error().message;
   });
+}
+
+// A rank's bootstrap whose next all-gather, once held, waits for release() before it joins the others.
+class HeldBootstrap final : public rocep::Bootstrap {
+ public:
+  explicit HeldBootstrap(std::shared_ptr<rocep::Bootstrap> ranks) : ranks_(std::move(ranks)) {}
+  int rank() const override { return ranks_->rank(); }
+  int size() const override { return ranks_->size(); }
+  void all_gather(const void* mine, void* all, std::size_t bytes_per_rank) override {
+    if (held_.exchange(false)) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      waiting_ = true;
+      changed_.notify_all();
+      changed_.wait(lock, [&] { return released_; });
+    }
+    ranks_->all_gather(mine, all, bytes_per_rank);
+  }
+  void barrier() override { ranks_->barrier(); }
+
+  void hold() { held_ = true; }
+  void wait_until_held() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return waiting_; });
+  }
+  void release() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    released_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  std::shared_ptr<rocep::Bootstrap> ranks_;
+  std::atomic<bool> held_{false};
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool waiting_ = false;
+  bool released_ = false;
+};
+
+// close() while a second thread of rank 1 is inside a dispatch (held in its bootstrap's all-gather): refused
+// on both ranks, naming rank 1, nothing released. The dispatch then goes on, its step matches the naive
+// model, and close() releases the group on both ranks: every later call, poll_error included, throws
+// CallOrderError, and close() again does nothing.
+TEST(EpGroupOverThreadsTest, CloseIsRefusedOnEveryRankWhileAThreadIsInsideACallThenReleasesTheGroup) {
+  const uint64_t seed = rocep::testing::fresh_seed();
+  const Step step = draw_step(2, {kMaxTokens, kMaxTokens / 2}, seed);
+  auto rendezvous = std::make_shared<rocep::testing::ThreadRendezvous>(2);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      auto bootstrap = std::make_shared<HeldBootstrap>(
+          std::make_shared<rocep::testing::ThreadBootstrap>(rendezvous, rank));
+      rocep::EpGroup group(bootstrap, small_config(2), rocep::Backend::kCpuReference);
+      std::vector<bf16_bits> out;
+      std::thread caller;
+      if (rank == 1) {
+        bootstrap->hold();
+        caller = std::thread([&] { out = run_step(group, step, rank, step.num_tokens[rank]); });
+        bootstrap->wait_until_held();
+      }
+      try {
+        group.close();
+        ADD_FAILURE() << "rank " << rank << ": close() was taken while rank 1's dispatch was inside";
+      } catch (const rocep::CallOrderError& error) {
+        EXPECT_EQ(
+            std::string(error.what()),
+            "EpGroup::close on rank " + std::to_string(rank) +
+                ": refused on every rank, nothing released: another thread is inside a call of the group "
+                "on rank(s) 1" +
+                (rank == 1 ? " (here EpGroup::dispatch)" : "") +
+                "; close it once no other thread is inside one of its calls");
+      }
+      if (rank == 1) {
+        bootstrap->release();
+        caller.join();
+      } else {
+        out = run_step(group, step, rank, step.num_tokens[rank]);
+      }
+      EXPECT_EQ(out, naive_combine(step, rank))
+          << "rank " << rank << ", " << rocep::testing::seed_trace(seed);
+      group.close();
+      const std::string closed =
+          "EpGroup: this group was closed (EpGroup::close()); create a new group to go on";
+      for (const auto& call : std::vector<std::function<void()>>{
+               [&] { run_step(group, step, rank, step.num_tokens[rank]); }, [&] { group.poll_error(); },
+               [&] { group.synchronize(); }, [&] { group.dispatch_input_buffer(); }, [&] { group.rank(); }}) {
+        try {
+          call();
+          ADD_FAILURE() << "rank " << rank << ": a call of a closed group was taken";
+        } catch (const rocep::CallOrderError& error) {
+          EXPECT_EQ(std::string(error.what()), closed);
+        }
+      }
+      EXPECT_NO_THROW(group.close()) << "a second close does nothing";
+    });
+  }
+  for (std::thread& rank : ranks) {
+    rank.join();
+  }
 }
 
 TEST(EpGroupOverThreadsTest, InvalidExpertIdsAreRecordedAndTheirSlotsDropped) {

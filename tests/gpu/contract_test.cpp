@@ -14,6 +14,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <functional>
 #include <future>
 #include <iterator>
 #include <memory>
@@ -351,6 +353,76 @@ TEST_F(GpuEpContract, AGroupDestroyedWithAnotherGpuCurrentWaitsForItsOwn) {
   }
   rocep::EpGroup again(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
   expect_step_matches_reference(again, stream.get(), kValidStep);
+}
+
+// close() while a second thread of the last rank waits in synchronize (behind a kernel of about 500 ms on the
+// group's stream): refused on every rank with CallOrderError naming that rank, nothing released, and the
+// group's next step matches the reference. Then close() is taken on every rank: the GPU's free memory grows
+// by the group's memory_bytes at once (checked with one rank per GPU, all on one node: under MPS the ranks
+// of a GPU release at their own times), every later call, poll_error included, throws CallOrderError, and
+// close() again does nothing.
+TEST_F(GpuEpContract, CloseIsRefusedOnEveryRankWhileAThreadIsInsideACallThenReleasesTheGroup) {
+  const EpConfig config = make_config(2048, 8, 64 / world_size(), 96, 4);
+  const bool last = world_rank() == world_size() - 1;
+  rocep::Stream stream;
+  const ComputeLoad late(1, 500.0, stream.get());
+  rocep::EpGroup group(MPI_COMM_WORLD, config, rocep::Backend::kGpu);
+  expect_step_matches_reference(group, stream.get(), kValidStep);
+  std::atomic<bool> waiting{false};
+  std::thread waiter;
+  if (last) {
+    late.launch(stream.get());
+    waiter = std::thread([&] {
+      rocep::set_device(group.device());
+      waiting = true;
+      EXPECT_NO_THROW(group.synchronize(stream.get()));
+    });
+    while (!waiting.load()) {
+      std::this_thread::yield();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // into synchronize's wait for the kernel
+  }
+  try {
+    group.close();
+    ADD_FAILURE() << "close() was taken while the last rank's thread waited in synchronize";
+  } catch (const rocep::CallOrderError& error) {
+    EXPECT_EQ(
+        std::string(error.what()),
+        "EpGroup::close on rank " + std::to_string(world_rank()) +
+            ": refused on every rank, nothing released: another thread is inside a call of the group on "
+            "rank(s) " +
+            std::to_string(world_size() - 1) + (last ? " (here EpGroup::synchronize)" : "") +
+            "; close it once no other thread is inside one of its calls");
+  }
+  if (last) {
+    waiter.join();
+  }
+  expect_step_matches_reference(group, stream.get(), kValidStep);
+  const std::size_t held = group.memory_bytes();
+  std::size_t free_before = 0;
+  std::size_t total = 0;
+  ASSERT_EQ(hipMemGetInfo(&free_before, &total), hipSuccess);
+  group.close();
+  std::size_t free_after = 0;
+  ASSERT_EQ(hipMemGetInfo(&free_after, &total), hipSuccess);
+  // One rank per GPU, and every peer reached by IPC (a SHMEM engine's heap keeps what the group frees in it).
+  if (world_size() <= rocep::device_count() && std::getenv("ROCEP_GPUS_PER_NODE") == nullptr) {
+    EXPECT_GE(free_after, free_before + held)
+        << "close() gave back less than the group's memory_bytes " << held;
+  }
+  const std::string closed = "EpGroup: this group was closed (EpGroup::close()); create a new group to go on";
+  const DeviceOutputs outputs(config);
+  for (const auto& call : std::vector<std::function<void()>>{
+           [&] { group.poll_error(); }, [&] { group.synchronize(stream.get()); },
+           [&] { group.dispatch_recv(outputs.view(), stream.get()); }, [&] { group.device(); }}) {
+    try {
+      call();
+      ADD_FAILURE() << "a call of a closed group was taken";
+    } catch (const rocep::CallOrderError& error) {
+      EXPECT_EQ(std::string(error.what()), closed);
+    }
+  }
+  EXPECT_NO_THROW(group.close()) << "a second close does nothing";
 }
 
 // A call of fresh inputs whose last rank names an expert id out of range (token 3, slot 2), and the
