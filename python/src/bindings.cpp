@@ -7,7 +7,9 @@
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 
+#include <cctype>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +57,40 @@ using Array = nb::ndarray<nb::c_contig>;
 using InputArray = nb::ndarray<nb::ro, nb::c_contig>;
 // An array of any strides: a combine's out, which may be a slice of a wider tensor.
 using StridedArray = nb::ndarray<>;
+
+// `value` as a member of Enum: the member itself, or its name as a string in any case with '-' for '_'
+// ("per-token", "CPU_REFERENCE"); anything else throws Error naming `name` and the allowed values.
+template <typename Enum, typename Error>
+Enum enum_argument(nb::handle value, const std::string& name) {
+  if (nb::isinstance<Enum>(value)) {
+    return nb::cast<Enum>(value);
+  }
+  const nb::object members = nb::type<Enum>().attr("__members__");
+  if (nb::isinstance<nb::str>(value)) {
+    std::string key = nb::cast<std::string>(value);
+    for (char& character : key) {
+      character =
+          character == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(character)));
+    }
+    if (nb::cast<bool>(members.attr("__contains__")(key))) {
+      return nb::cast<Enum>(members[key.c_str()]);
+    }
+  }
+  std::string allowed;
+  std::string names;
+  for (nb::handle key : members) {
+    std::string member = nb::cast<std::string>(key);
+    allowed += (allowed.empty() ? "" : ", ") + std::string("rocep.") +
+               nb::cast<std::string>(nb::type<Enum>().attr("__name__")) + "." + member;
+    for (char& character : member) {
+      character =
+          character == '_' ? '-' : static_cast<char>(std::tolower(static_cast<unsigned char>(character)));
+    }
+    names += (names.empty() ? "'" : ", '") + member + "'";
+  }
+  throw Error(name + " = " + nb::cast<std::string>(nb::repr(value)) + " is invalid: allowed are " + allowed +
+              " (or their names as strings: " + names + ")");
+}
 
 // `object` as an input array (a non-contiguous one copied); throws rocep::InvalidInputError naming `name`
 // where it is none that nanobind takes (a list, a non-native byte order, an unknown array type).
@@ -500,12 +536,31 @@ NB_MODULE(_rocep, m) {
       .def_rw("top_k", &rocep::EpConfig::top_k)
       .def_rw("num_experts", &rocep::EpConfig::num_experts)
       .def_rw("max_tokens_per_rank", &rocep::EpConfig::max_tokens_per_rank)
-      .def_rw("dispatch_format", &rocep::EpConfig::dispatch_format)
-      .def_rw("fp8_encoding", &rocep::EpConfig::fp8_encoding)
-      .def_rw("combine_dtype", &rocep::EpConfig::combine_dtype)
+      .def_prop_rw(
+          "dispatch_format", [](const rocep::EpConfig& config) { return config.dispatch_format; },
+          [](rocep::EpConfig& config, nb::handle value) {
+            config.dispatch_format =
+                enum_argument<rocep::TokenFormat, rocep::ConfigError>(value, "EpConfig.dispatch_format");
+          })
+      .def_prop_rw(
+          "fp8_encoding", [](const rocep::EpConfig& config) { return config.fp8_encoding; },
+          [](rocep::EpConfig& config, nb::handle value) {
+            config.fp8_encoding =
+                enum_argument<rocep::Fp8Encoding, rocep::ConfigError>(value, "EpConfig.fp8_encoding");
+          })
+      .def_prop_rw(
+          "combine_dtype", [](const rocep::EpConfig& config) { return config.combine_dtype; },
+          [](rocep::EpConfig& config, nb::handle value) {
+            config.combine_dtype =
+                enum_argument<rocep::CombineDtype, rocep::ConfigError>(value, "EpConfig.combine_dtype");
+          })
       .def_rw("gpus_per_node", &rocep::EpConfig::gpus_per_node)
       .def_rw("num_sms", &rocep::EpConfig::num_sms)
-      .def_rw("layout", &rocep::EpConfig::layout)
+      .def_prop_rw(
+          "layout", [](const rocep::EpConfig& config) { return config.layout; },
+          [](rocep::EpConfig& config, nb::handle value) {
+            config.layout = enum_argument<rocep::Layout, rocep::ConfigError>(value, "EpConfig.layout");
+          })
       .def_rw("expert_alignment", &rocep::EpConfig::expert_alignment)
       .def_rw("timeout_seconds", &rocep::EpConfig::timeout_seconds)
       .def_rw("local_only", &rocep::EpConfig::local_only)
@@ -529,13 +584,13 @@ NB_MODULE(_rocep, m) {
   nb::class_<rocep::EpGroup>(m, "EpGroup")
       .def(
           "__init__",
-          [](rocep::EpGroup* group, nb::object bootstrap, const rocep::EpConfig& config,
-             rocep::Backend backend) {
+          [](rocep::EpGroup* group, nb::object bootstrap, const rocep::EpConfig& config, nb::handle backend) {
+            const auto chosen = enum_argument<rocep::Backend, rocep::ConfigError>(backend, "backend");
             auto adapter = std::make_shared<PythonBootstrap>(std::move(bootstrap));
             nb::gil_scoped_release release;  // the adapter takes the GIL back for each collective
-            new (group) rocep::EpGroup(adapter, config, backend);
+            new (group) rocep::EpGroup(adapter, config, chosen);
           },
-          nb::arg("bootstrap"), nb::arg("config"), nb::arg("backend") = rocep::Backend::kAuto)
+          nb::arg("bootstrap"), nb::arg("config"), nb::arg("backend").none() = rocep::Backend::kAuto)
       .def_prop_ro("rank", &rocep::EpGroup::rank)
       .def_prop_ro("world_size", &rocep::EpGroup::world_size)
       .def_prop_ro("config", &rocep::EpGroup::config)
@@ -619,9 +674,11 @@ NB_MODULE(_rocep, m) {
   // the GPU kernels on `stream`.
   m.def(
       "silu_and_quantize",
-      [](Array gate_up, Array out, nb::object out_scales, Array row_offsets, int n, rocep::TokenFormat format,
-         rocep::Fp8Encoding fp8_encoding, nb::object global_scales, bool interleaved, float clamp_limit,
-         std::uintptr_t stream) {
+      [](Array gate_up, Array out, nb::object out_scales, Array row_offsets, int n,
+         nb::handle format_argument, nb::handle fp8_encoding, nb::object global_scales, bool interleaved,
+         float clamp_limit, std::uintptr_t stream) {
+        const auto format =
+            enum_argument<rocep::TokenFormat, rocep::InvalidInputError>(format_argument, "format");
         // Every array on gate_up's GPU (the kernels run on the calling thread's current one), or in host
         // memory.
         const int device = gate_up.device_type() != nb::device::cpu::value ? gate_up.device_id() : -1;
@@ -643,7 +700,8 @@ NB_MODULE(_rocep, m) {
         args.n = n;
         args.capacity_rows = static_cast<std::size_t>(rows);
         args.format = format;
-        args.fp8_encoding = fp8_encoding;
+        args.fp8_encoding =
+            enum_argument<rocep::Fp8Encoding, rocep::InvalidInputError>(fp8_encoding, "fp8_encoding");
         args.interleaved = interleaved;
         args.clamp_limit = clamp_limit;
         if (!out_scales.is_none()) {

@@ -400,6 +400,35 @@ def test_bad_config_raises_config_error_naming_the_field():
         rocep.Group(bootstrap.from_mpi4py(COMM), make_config(), rocep.Backend.CPU_REFERENCE, arrays="jax")
 
 
+def test_enum_arguments_take_their_names_as_strings_and_refuse_others_naming_the_allowed_values():
+    """Backend, layout, EpConfig's formats and silu_and_quantize's format: the member or its name in any case
+    with '-' for '_'; anything else raises an error naming the argument and every allowed value."""
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), make_config(), "cpu-reference", layout="Expanded")
+    assert group.backend == rocep.Backend.CPU_REFERENCE and group.config.layout == rocep.Layout.EXPANDED
+    config = make_config()
+    config.dispatch_format, config.combine_dtype = "fp8-block128", "FP8_BLOCK128"
+    assert (config.dispatch_format, config.combine_dtype) == (rocep.TokenFormat.FP8_BLOCK128,
+                                                              rocep.CombineDtype.FP8_BLOCK128)
+    with pytest.raises(rocep.ConfigError, match=r"^backend = 'cpu' is invalid: allowed are rocep.Backend.AUTO, "
+                       r"rocep.Backend.GPU, rocep.Backend.CPU_REFERENCE \(or their names as strings: 'auto', "
+                       r"'gpu', 'cpu-reference'\)$"):
+        rocep.Group(bootstrap.from_mpi4py(COMM), make_config(), "cpu")
+    with pytest.raises(rocep.ConfigError, match=r"^backend = None is invalid"):
+        rocep.Group(bootstrap.from_mpi4py(COMM), make_config(), None)
+    with pytest.raises(rocep.ConfigError, match=r"^EpConfig.fp8_encoding = 'e5m2' is invalid: allowed are "
+                       r"rocep.Fp8Encoding.AUTO, .* 'e4m3fnuz'\)$"):
+        config.fp8_encoding = "e5m2"
+    with pytest.raises(rocep.ConfigError, match=r"^EpConfig.layout = 1 is invalid"):
+        config.layout = 1
+    gate_up = np.zeros((2, 256), np.uint16)
+    out = np.zeros((2, 128), np.uint16)
+    row_offsets = np.array([0, 2], np.uint32)
+    rocep.silu_and_quantize(gate_up, out, None, row_offsets, 128, format="bf16")
+    with pytest.raises(rocep.InvalidInputError, match=r"^format = 'fp4' is invalid: allowed are "
+                       r"rocep.TokenFormat.BF16, .* 'mxfp8'\)$"):
+        rocep.silu_and_quantize(gate_up, out, None, row_offsets, 128, format="fp4")
+
+
 def test_mori_shaped_op_matches_the_native_group():
     config = EpDispatchCombineConfig(data_type=np.uint16, rank=RANK, world_size=WORLD, hidden_dim=128,
                                      scale_dim=0, scale_type_size=1, max_token_type_size=4,
