@@ -92,6 +92,17 @@ Enum enum_argument(nb::handle value, const std::string& name) {
               " (or their names as strings: " + names + ")");
 }
 
+// EpConfig's enum field `Field` as the Python attribute `name`, set from a member or its name
+// (enum_argument; ConfigError naming "EpConfig.<name>").
+template <typename Enum, Enum rocep::EpConfig::*Field>
+void enum_field(nb::class_<rocep::EpConfig>& config_class, const char* name) {
+  config_class.def_prop_rw(
+      name, [](const rocep::EpConfig& config) { return config.*Field; },
+      [name](rocep::EpConfig& config, nb::handle value) {
+        config.*Field = enum_argument<Enum, rocep::ConfigError>(value, std::string("EpConfig.") + name);
+      });
+}
+
 // `object` as an input array (a non-contiguous one copied); throws rocep::InvalidInputError naming `name`
 // where it is none that nanobind takes (a list, a non-native byte order, an unknown array type).
 InputArray input_array(const char* name, nb::handle object) {
@@ -529,38 +540,15 @@ NB_MODULE(_rocep, m) {
       .value("GPU", rocep::Backend::kGpu)
       .value("CPU_REFERENCE", rocep::Backend::kCpuReference);
 
-  nb::class_<rocep::EpConfig>(m, "EpConfig")
-      .def(nb::init<>())
+  nb::class_<rocep::EpConfig> config_class(m, "EpConfig");
+  config_class.def(nb::init<>())
       .def(nb::init<const rocep::EpConfig&>(), nb::arg("other"))
       .def_rw("hidden", &rocep::EpConfig::hidden)
       .def_rw("top_k", &rocep::EpConfig::top_k)
       .def_rw("num_experts", &rocep::EpConfig::num_experts)
       .def_rw("max_tokens_per_rank", &rocep::EpConfig::max_tokens_per_rank)
-      .def_prop_rw(
-          "dispatch_format", [](const rocep::EpConfig& config) { return config.dispatch_format; },
-          [](rocep::EpConfig& config, nb::handle value) {
-            config.dispatch_format =
-                enum_argument<rocep::TokenFormat, rocep::ConfigError>(value, "EpConfig.dispatch_format");
-          })
-      .def_prop_rw(
-          "fp8_encoding", [](const rocep::EpConfig& config) { return config.fp8_encoding; },
-          [](rocep::EpConfig& config, nb::handle value) {
-            config.fp8_encoding =
-                enum_argument<rocep::Fp8Encoding, rocep::ConfigError>(value, "EpConfig.fp8_encoding");
-          })
-      .def_prop_rw(
-          "combine_dtype", [](const rocep::EpConfig& config) { return config.combine_dtype; },
-          [](rocep::EpConfig& config, nb::handle value) {
-            config.combine_dtype =
-                enum_argument<rocep::CombineDtype, rocep::ConfigError>(value, "EpConfig.combine_dtype");
-          })
       .def_rw("gpus_per_node", &rocep::EpConfig::gpus_per_node)
       .def_rw("num_sms", &rocep::EpConfig::num_sms)
-      .def_prop_rw(
-          "layout", [](const rocep::EpConfig& config) { return config.layout; },
-          [](rocep::EpConfig& config, nb::handle value) {
-            config.layout = enum_argument<rocep::Layout, rocep::ConfigError>(value, "EpConfig.layout");
-          })
       .def_rw("expert_alignment", &rocep::EpConfig::expert_alignment)
       .def_rw("timeout_seconds", &rocep::EpConfig::timeout_seconds)
       .def_rw("local_only", &rocep::EpConfig::local_only)
@@ -571,6 +559,10 @@ NB_MODULE(_rocep, m) {
       .def("max_recv_rows", &rocep::EpConfig::max_recv_rows, nb::arg("world_size"))
       .def("max_recv_tokens", &rocep::EpConfig::max_recv_tokens, nb::arg("world_size"))
       .def("__repr__", [](const rocep::EpConfig& config) { return "EpConfig(" + config.describe() + ")"; });
+  enum_field<rocep::TokenFormat, &rocep::EpConfig::dispatch_format>(config_class, "dispatch_format");
+  enum_field<rocep::Fp8Encoding, &rocep::EpConfig::fp8_encoding>(config_class, "fp8_encoding");
+  enum_field<rocep::CombineDtype, &rocep::EpConfig::combine_dtype>(config_class, "combine_dtype");
+  enum_field<rocep::Layout, &rocep::EpConfig::layout>(config_class, "layout");
   m.attr("DEFAULT_SMS") = rocep::EpConfig::kDefaultSms;
   m.attr("ALL_SMS") = rocep::EpConfig::kAllSms;
   m.def("format_payload_bytes", &rocep::format_payload_bytes, nb::arg("format"), nb::arg("hidden"));
