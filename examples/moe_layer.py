@@ -203,15 +203,13 @@ def main(boot, arrays=None, dispatch: str = "bf16", seed: int = 2026, tokens: in
     float32 array's sum over the ranks), local-only mode: the same tokens on every rank, a shared expert."""
     arrays = arrays or NumpyArrays()
     gpu = isinstance(arrays, TorchArrays)
-    config = rocep.EpConfig()
-    config.hidden, config.top_k, config.max_tokens_per_rank = hidden, top_k, tokens
-    config.num_experts = experts_per_rank * boot.size()
-    if dispatch == "fp8":
-        if not gpu:
-            raise ValueError("--dispatch=fp8 is invalid on the CPU reference: numpy has no fp8 type; use torch")
-        config.dispatch_format = rocep.TokenFormat.FP8_BLOCK128
+    if dispatch == "fp8" and not gpu:
+        raise ValueError("--dispatch=fp8 is invalid on the CPU reference: numpy has no fp8 type; use torch")
     local_only = allreduce is not None
-    config.local_only, config.allreduce_world_size = local_only, boot.size() if local_only else 1
+    config = rocep.EpConfig(hidden=hidden, top_k=top_k, max_tokens_per_rank=tokens,
+                            num_experts=experts_per_rank * boot.size(),
+                            dispatch_format="fp8-block128" if dispatch == "fp8" else "bf16",
+                            local_only=local_only, allreduce_world_size=boot.size() if local_only else 1)
     group = rocep.Group(boot, config, rocep.Backend.GPU if gpu else rocep.Backend.CPU_REFERENCE)
     weights = Weights(arrays, seed, hidden, config.num_experts, intermediate)
     x = arrays.bf16(arrays.normal(seed + 3 + (0 if local_only else boot.rank()), (tokens, hidden)))

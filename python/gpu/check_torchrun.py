@@ -85,12 +85,10 @@ def generator(seed, rank):
 
 
 def config_for(world, layout=rocep.Layout.PER_TOKEN, dispatch_format=rocep.TokenFormat.BF16, local_only=False):
-    config = rocep.EpConfig()
-    config.hidden, config.top_k, config.num_experts = HIDDEN, TOP_K, EXPERTS_PER_RANK * world
-    config.max_tokens_per_rank, config.expert_alignment = MAX_TOKENS, 16
-    config.layout, config.dispatch_format = layout, dispatch_format
-    config.local_only, config.allreduce_world_size = local_only, world if local_only else 1
-    return config
+    return rocep.EpConfig(hidden=HIDDEN, top_k=TOP_K, num_experts=EXPERTS_PER_RANK * world,
+                          max_tokens_per_rank=MAX_TOKENS, expert_alignment=16, layout=layout,
+                          dispatch_format=dispatch_format, local_only=local_only,
+                          allreduce_world_size=world if local_only else 1)
 
 
 def inputs(seed, rank, n, world, rows):

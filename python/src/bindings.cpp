@@ -541,8 +541,36 @@ NB_MODULE(_rocep, m) {
       .value("CPU_REFERENCE", rocep::Backend::kCpuReference);
 
   nb::class_<rocep::EpConfig> config_class(m, "EpConfig");
-  config_class.def(nb::init<>())
-      .def(nb::init<const rocep::EpConfig&>(), nb::arg("other"))
+  config_class
+      .def(nb::init<>())
+      // EpConfig(hidden=7168, top_k=8, ...), EpConfig(other, num_sms=24): the defaults (or `other`) with the
+      // fields named set as attributes are.
+      .def(
+          "__init__",
+          [](rocep::EpConfig* config, const rocep::EpConfig* other, const nb::kwargs& fields) {
+            const nb::handle type = nb::type<rocep::EpConfig>();
+            const nb::object property = nb::module_::import_("builtins").attr("property");
+            const nb::object attributes = type.attr("__dict__");
+            nb::object built = type();
+            if (other != nullptr) {
+              nb::cast<rocep::EpConfig&>(built) = *other;
+            }
+            for (const auto& [name, value] : fields) {
+              if (!nb::isinstance(attributes.attr("get")(name), property)) {
+                std::string known;
+                for (nb::handle field : attributes) {
+                  if (nb::isinstance(attributes[field], property)) {
+                    known += (known.empty() ? "" : ", ") + nb::cast<std::string>(field);
+                  }
+                }
+                throw rocep::ConfigError("EpConfig has no field " + nb::cast<std::string>(nb::repr(name)) +
+                                         ": its fields are " + known);
+              }
+              nb::setattr(built, name, value);
+            }
+            new (config) rocep::EpConfig(nb::cast<const rocep::EpConfig&>(built));
+          },
+          nb::arg("other").none() = nb::none(), nb::arg("fields"))
       .def_rw("hidden", &rocep::EpConfig::hidden)
       .def_rw("top_k", &rocep::EpConfig::top_k)
       .def_rw("num_experts", &rocep::EpConfig::num_experts)

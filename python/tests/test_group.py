@@ -400,6 +400,19 @@ def test_bad_config_raises_config_error_naming_the_field():
         rocep.Group(bootstrap.from_mpi4py(COMM), make_config(), rocep.Backend.CPU_REFERENCE, arrays="jax")
 
 
+def test_config_fields_as_keywords_over_the_defaults_or_another_config():
+    config = rocep.EpConfig(hidden=256, top_k=4, num_experts=8 * WORLD, layout="per-token")
+    assert (config.hidden, config.top_k, config.num_experts, config.layout) == (256, 4, 8 * WORLD,
+                                                                                 rocep.Layout.PER_TOKEN)
+    assert config.max_tokens_per_rank == rocep.EpConfig().max_tokens_per_rank
+    changed = rocep.EpConfig(config, num_sms=24)
+    assert (changed.hidden, changed.num_sms, config.num_sms) == (256, 24, rocep.EpConfig().num_sms)
+    with pytest.raises(rocep.ConfigError, match=r"^EpConfig has no field 'hiden': its fields are hidden, top_k, "):
+        rocep.EpConfig(hiden=7168)
+    with pytest.raises(rocep.ConfigError, match=r"^EpConfig has no field 'validate'"):
+        rocep.EpConfig(config, validate=1)
+
+
 def test_enum_arguments_take_their_names_as_strings_and_refuse_others_naming_the_allowed_values():
     """Backend, layout, EpConfig's formats and silu_and_quantize's format: the member or its name in any case
     with '-' for '_'; anything else raises an error naming the argument and every allowed value."""
