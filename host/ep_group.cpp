@@ -391,7 +391,12 @@ void EpGroup::close() {
   // Agreed first: a rank that released alone would leave its peers' calls waiting on its memory.
   const uint8_t busy = inside.held() ? 0 : 1;
   std::vector<uint8_t> all(static_cast<std::size_t>(group.bootstrap->size()));
-  group.bootstrap->all_gather(&busy, all.data(), sizeof busy);
+  if (!group.bootstrap->all_gather_within(&busy, all.data(), sizeof busy, group.config.timeout_seconds)) {
+    throw TimeoutError(group.called("close") + ": not every rank called close within timeout_seconds = " +
+                       number_text(group.config.timeout_seconds) +
+                       " s; nothing released (destroying the group releases this rank's part, its wait for "
+                       "the peers bounded alike)");
+  }
   std::string busy_ranks;
   for (std::size_t rank = 0; rank < all.size(); ++rank) {
     if (all[rank] != 0) {

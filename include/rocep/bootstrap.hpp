@@ -1,6 +1,8 @@
 // Bootstrap: how the ranks of a group find each other. rocep needs only an all-gather of bytes and a
-// barrier at group creation and teardown (never during dispatch or combine), so any launcher can provide
-// it: MPI (rocep/mpi.hpp), torch.distributed or mpi4py (the Python package), or a server's own channel.
+// barrier at group creation, close and teardown (never during dispatch or combine), so any launcher can
+// provide it: MPI (rocep/mpi.hpp), torch.distributed or mpi4py (the Python package), or a server's own
+// channel. Their bounded forms (barrier_within, all_gather_within) are optional: where a bootstrap bounds
+// them, a group's teardown and close give up on a missing peer after EpConfig::timeout_seconds.
 #pragma once
 
 #include <cstddef>
@@ -31,6 +33,17 @@ class Bootstrap {
   virtual bool barrier_within(double timeout_seconds) {
     (void)timeout_seconds;
     barrier();
+    return true;
+  }
+
+  // Collective, bounded: all_gather, true once `all` holds every rank's bytes, false after `timeout_seconds`
+  // (a peer may be gone; `all` is then unspecified, and the bootstrap may not be usable for further
+  // collectives). The default waits in all_gather() without a bound and returns true: override it where the
+  // launcher can give up.
+  virtual bool all_gather_within(const void* mine, void* all, std::size_t bytes_per_rank,
+                                 double timeout_seconds) {
+    (void)timeout_seconds;
+    all_gather(mine, all, bytes_per_rank);
     return true;
   }
 };

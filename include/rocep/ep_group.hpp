@@ -113,8 +113,10 @@ class EpGroup {
   // nothing released (CallOrderError naming those ranks; call it again once they are out). A poll_error
   // from another thread never overlaps the release: it answers before, or throws CallOrderError after.
   // Afterwards every call but close throws CallOrderError; close again does nothing. Not graph-safe.
-  // Errors: CallOrderError as said, or on a group moved from; what the bootstrap throws if the agreement
-  // fails (nothing released).
+  // Errors, each with nothing released: CallOrderError as said, or on a group moved from; TimeoutError when
+  // not every rank calls close within config().timeout_seconds, where the bootstrap bounds its all-gather
+  // (Bootstrap::all_gather_within: MpiBootstrap does; the Python bootstraps wait); what the bootstrap throws
+  // if the agreement fails.
   void close();
   EpGroup(EpGroup&&) noexcept;
   EpGroup& operator=(EpGroup&&) noexcept;

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -43,7 +44,7 @@ class MpiBootstrap final : public Bootstrap {
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
   }
-  // Frees the duplicate unless MPI is finalised or a bounded barrier gave up on it (freeing a
+  // Frees the duplicate unless MPI is finalised or a bounded collective gave up on it (freeing a
   // communicator with a collective pending is not allowed: it is then left to MPI_Finalize).
   ~MpiBootstrap() override {
     int finalized = 0;
@@ -59,17 +60,33 @@ class MpiBootstrap final : public Bootstrap {
   int size() const override { return size_; }
 
   void all_gather(const void* mine, void* all, std::size_t bytes_per_rank) override {
-    if (bytes_per_rank > static_cast<std::size_t>(INT32_MAX)) {
-      throw BootstrapError("MpiBootstrap::all_gather: " + std::to_string(bytes_per_rank) +
-                           " bytes per rank exceeds int");
-    }
     // MPI forbids overlapping send and receive buffers, and MPI_IN_PLACE would have to be chosen by every
     // rank alike; a private copy of the contribution avoids both.
-    const std::vector<unsigned char> contribution(static_cast<const unsigned char*>(mine),
-                                                  static_cast<const unsigned char*>(mine) + bytes_per_rank);
+    const std::vector<unsigned char> contribution = copy_of(mine, bytes_per_rank, "all_gather");
     const int count = static_cast<int>(bytes_per_rank);
     check_mpi(MPI_Allgather(contribution.data(), count, MPI_BYTE, all, count, MPI_BYTE, comm_),
               "MPI_Allgather");
+  }
+
+  bool all_gather_within(const void* mine, void* all, std::size_t bytes_per_rank,
+                         double timeout_seconds) override {
+    // MPI may still use both buffers of a request given up on: they are kept until the bootstrap goes.
+    std::vector<unsigned char> contribution = copy_of(mine, bytes_per_rank, "all_gather_within");
+    std::vector<unsigned char> gathered(bytes_per_rank * static_cast<std::size_t>(size_));
+    const int count = static_cast<int>(bytes_per_rank);
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallgather(contribution.data(), count, MPI_BYTE, gathered.data(), count, MPI_BYTE, comm_,
+                             &request),
+              "MPI_Iallgather");
+    if (!completes_within(request, timeout_seconds)) {
+      given_up_buffers_.push_back(std::move(contribution));
+      given_up_buffers_.push_back(std::move(gathered));
+      return false;
+    }
+    if (!gathered.empty()) {
+      std::memcpy(all, gathered.data(), gathered.size());
+    }
+    return true;
   }
 
   void barrier() override { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
@@ -77,6 +94,25 @@ class MpiBootstrap final : public Bootstrap {
   bool barrier_within(double timeout_seconds) override {
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+    return completes_within(request, timeout_seconds);
+  }
+
+  MPI_Comm comm() const { return comm_; }
+
+ private:
+  // `bytes` bytes at `mine`, copied; BootstrapError naming `call` where MPI's int count cannot hold them.
+  static std::vector<unsigned char> copy_of(const void* mine, std::size_t bytes, const char* call) {
+    if (bytes > static_cast<std::size_t>(INT32_MAX)) {
+      throw BootstrapError(std::string("MpiBootstrap::") + call + ": " + std::to_string(bytes) +
+                           " bytes per rank exceeds int");
+    }
+    const auto* first = static_cast<const unsigned char*>(mine);
+    return std::vector<unsigned char>(first, first + bytes);
+  }
+
+  // Whether `request` completes within `timeout_seconds`; a request given up on is left pending, and the
+  // communicator with it (abandoned_).
+  bool completes_within(MPI_Request& request, double timeout_seconds) {
     const double deadline = MPI_Wtime() + timeout_seconds;
     int done = 0;
     while (!done) {
@@ -89,11 +125,9 @@ class MpiBootstrap final : public Bootstrap {
     return true;
   }
 
-  MPI_Comm comm() const { return comm_; }
-
- private:
   MPI_Comm comm_ = MPI_COMM_NULL;
-  bool abandoned_ = false;  // a bounded barrier never completed
+  bool abandoned_ = false;                                    // a bounded collective never completed
+  std::vector<std::vector<unsigned char>> given_up_buffers_;  // of all-gathers given up on
   int rank_ = 0;
   int size_ = 1;
 };

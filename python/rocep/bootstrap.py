@@ -1,4 +1,4 @@
-"""Bootstraps: how the ranks of a group find each other at creation (and at destruction).
+"""Bootstraps: how the ranks of a group find each other at creation (and at close and destruction).
 
 A bootstrap is any object with ``rank()``, ``size()``, ``all_gather(data: bytes) -> bytes`` (every rank's
 bytes, concatenated in rank order; every rank passes as many) and ``barrier()``. None of them needs mpirun.

@@ -1,4 +1,5 @@
-// The MPI bootstrap (all-gather, barrier, bounded barrier) on MPI_COMM_WORLD at any rank count, the
+// The MPI bootstrap (all-gather, barrier, their bounded forms, and a group's close bounded by it) on
+// MPI_COMM_WORLD at any rank count, the
 // single-process bootstrap, the node layout from host identities or a given ranks-per-node, the device
 // choice for a local rank, and the failure-atomic steps of group creation (every rank throws, naming the
 // lowest failing rank and the step).
@@ -6,10 +7,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "host/agreement.hpp"
@@ -106,6 +109,74 @@ TEST(MpiBootstrapTest, BoundedBarrierPassesWhenEveryRankArrives) {
   std::vector<int> ranks(bootstrap.size(), -1);
   bootstrap.all_gather(&mine, ranks.data(), sizeof mine);
   EXPECT_EQ(ranks.back(), bootstrap.size() - 1);
+}
+
+TEST(MpiBootstrapTest, BoundedAllGatherPlacesEachRankAtItsOffset) {
+  rocep::MpiBootstrap bootstrap(MPI_COMM_WORLD);
+  for (std::size_t bytes : kGatherSizes) {
+    SCOPED_TRACE(std::to_string(bytes) + " bytes per rank");
+    const std::vector<uint8_t> sent = contribution(bootstrap.rank(), bytes);
+    std::vector<uint8_t> received(bootstrap.size() * bytes, 0xA5);
+    EXPECT_TRUE(bootstrap.all_gather_within(sent.data(), received.data(), bytes, 30.0));
+    EXPECT_EQ(received, gathered(bootstrap.size(), bytes));
+  }
+}
+
+// The last rank joins 1 s late: the others give up after 0.2 s; the last rank's all-gather, joining the ones
+// the others left pending, completes with every rank's bytes.
+TEST(MpiBootstrapTest, BoundedAllGatherGivesUpOnALateRankWhoseOwnStillCompletes) {
+  rocep::MpiBootstrap bootstrap(MPI_COMM_WORLD);
+  if (bootstrap.size() < 2) {
+    GTEST_SKIP() << "needs a late rank and one that waits for it";
+  }
+  const std::vector<uint8_t> sent = contribution(bootstrap.rank(), 13);
+  std::vector<uint8_t> received(bootstrap.size() * sent.size(), 0xA5);
+  if (bootstrap.rank() == bootstrap.size() - 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    EXPECT_TRUE(bootstrap.all_gather_within(sent.data(), received.data(), sent.size(), 30.0));
+    EXPECT_EQ(received, gathered(bootstrap.size(), sent.size()));
+  } else {
+    EXPECT_FALSE(bootstrap.all_gather_within(sent.data(), received.data(), sent.size(), 0.2));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // the ranks that gave up drive MPI's progress here until the last one is in
+}
+
+// EpGroup::close over an MpiBootstrap bounds its agreement by EpConfig::timeout_seconds: with 0.2 s and the
+// last rank 1 s late, the others throw TimeoutError, nothing released (their groups still answer); the last
+// rank's close, joining the agreement they left pending, releases its group.
+TEST(MpiBootstrapTest, ACloseThatALateRankJoinsTooLateTimesOutOnTheOthers) {
+  const auto bootstrap = std::make_shared<rocep::MpiBootstrap>(MPI_COMM_WORLD);
+  if (bootstrap->size() < 2) {
+    GTEST_SKIP() << "needs a late rank and one that waits for it";
+  }
+  rocep::EpConfig config;
+  config.hidden = 64;
+  config.top_k = 2;
+  config.num_experts = 2 * bootstrap->size();
+  config.max_tokens_per_rank = 8;
+  config.timeout_seconds = 0.2;
+  rocep::EpGroup group(bootstrap, config, rocep::Backend::kCpuReference);
+  const int rank = bootstrap->rank();
+  if (rank == bootstrap->size() - 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    EXPECT_NO_THROW(group.close());
+    EXPECT_THROW(group.poll_error(), rocep::CallOrderError) << "the late rank's group was not released";
+  } else {
+    try {
+      group.close();
+      ADD_FAILURE() << "rank " << rank << ": close() returned without the last rank";
+    } catch (const rocep::TimeoutError& error) {
+      EXPECT_EQ(std::string(error.what())
+                    .rfind("EpGroup::close on rank " + std::to_string(rank) +
+                               ": not every rank called close within timeout_seconds = "
+                               "0.2 s; nothing released",
+                           0),
+                0u)
+          << error.what();
+    }
+    EXPECT_FALSE(group.poll_error()) << "the group was released";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST(NodeLayoutTest, EveryRankOfThisMachineSharesOneNode) {
