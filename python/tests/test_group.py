@@ -433,13 +433,15 @@ def test_enum_arguments_take_their_names_as_strings_and_refuse_others_naming_the
         config.fp8_encoding = "e5m2"
     with pytest.raises(rocep.ConfigError, match=r"^EpConfig.layout = 1 is invalid"):
         config.layout = 1
-    gate_up = np.zeros((2, 256), np.uint16)
-    out = np.zeros((2, 128), np.uint16)
+    gate_up = bf16.from_float(np.random.default_rng(shared_seed()).standard_normal((2, 256), np.float32))
+    by_name, by_member = np.full((2, 128), 0xFFFF, np.uint16), np.full((2, 128), 0xFFFF, np.uint16)
     row_offsets = np.array([0, 2], np.uint32)
-    rocep.silu_and_quantize(gate_up, out, None, row_offsets, 128, format="bf16")
+    rocep.silu_and_quantize(gate_up, by_name, None, row_offsets, 128, format="bf16")
+    rocep.silu_and_quantize(gate_up, by_member, None, row_offsets, 128, format=rocep.TokenFormat.BF16)
+    assert (by_name == by_member).all() and not (by_name == 0xFFFF).all()
     with pytest.raises(rocep.InvalidInputError, match=r"^format = 'fp4' is invalid: allowed are "
                        r"rocep.TokenFormat.BF16, .* 'mxfp8'\)$"):
-        rocep.silu_and_quantize(gate_up, out, None, row_offsets, 128, format="fp4")
+        rocep.silu_and_quantize(gate_up, by_name, None, row_offsets, 128, format="fp4")
 
 
 def test_mori_shaped_op_matches_the_native_group():
