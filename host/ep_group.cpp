@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -360,7 +361,9 @@ struct EpGroup::Impl {
   contract::CallOrder order;
   std::atomic<const char*> inside{nullptr};  // the name of the call a thread is inside, else null
   std::atomic<bool> closed{false};           // set by close() before `implementation` is released
-  std::mutex polling;  // held by poll_error around its read, and by close() while it takes `implementation`
+  // Shared by poll_error around its read (polls order among themselves in the backend), taken alone by
+  // close() while it takes `implementation`.
+  std::shared_mutex polling;
 };
 
 EpGroup::EpGroup(std::shared_ptr<Bootstrap> bootstrap, const EpConfig& config, Backend backend) {
@@ -414,7 +417,7 @@ void EpGroup::close() {
   }
   std::unique_ptr<EpBackend> released;
   {
-    const std::lock_guard<std::mutex> lock(group.polling);
+    const std::unique_lock<std::shared_mutex> lock(group.polling);
     group.closed.store(true, std::memory_order_release);
     released = std::move(group.implementation);
   }
@@ -543,7 +546,7 @@ void EpGroup::synchronize(void* stream) {
 
 RecordedError EpGroup::poll_error() {
   Impl& group = impl();
-  const std::lock_guard<std::mutex> lock(group.polling);  // close() takes the backend only between polls
+  const std::shared_lock<std::shared_mutex> lock(group.polling);  // close() takes the backend between polls
   if (group.closed.load(std::memory_order_acquire)) {
     throw CallOrderError(Impl::kClosed);
   }

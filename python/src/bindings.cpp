@@ -76,12 +76,12 @@ Enum enum_argument(nb::handle value, const std::string& name) {
       return nb::cast<Enum>(members[key.c_str()]);
     }
   }
+  const std::string prefix = "rocep." + nb::cast<std::string>(nb::type<Enum>().attr("__name__")) + ".";
   std::string allowed;
   std::string names;
   for (nb::handle key : members) {
     std::string member = nb::cast<std::string>(key);
-    allowed += (allowed.empty() ? "" : ", ") + std::string("rocep.") +
-               nb::cast<std::string>(nb::type<Enum>().attr("__name__")) + "." + member;
+    allowed += (allowed.empty() ? "" : ", ") + prefix + member;
     for (char& character : member) {
       character =
           character == '_' ? '-' : static_cast<char>(std::tolower(static_cast<unsigned char>(character)));
