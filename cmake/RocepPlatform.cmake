@@ -72,5 +72,16 @@ if(ROCEP_PLATFORM STREQUAL "amd")
   else()
     set(_rocep_how "${CMAKE_CXX_COMPILER} as the C++ compiler")
   endif()
+  if(NOT ROCEP_AMD_HIP_LANGUAGE AND CMAKE_CXX_COMPILER MATCHES "hipcc[^/]*$")
+    # hipcc compiles every C++ file as HIP, and for one given no --offload-arch (the host files, CMake's own
+    # checks, host-only links) asks rocm_agent_enumerator for the machine's GPUs, which prints a Python
+    # traceback on a machine without one. Those get the first target instead (they hold no device code): at
+    # configure time through the environment, at build time through the launchers.
+    list(GET GPU_TARGETS 0 _rocep_host_target)
+    set(ENV{HCC_AMDGPU_TARGET} ${_rocep_host_target})
+    set(_rocep_target_env ${CMAKE_COMMAND} -E env HCC_AMDGPU_TARGET=${_rocep_host_target})
+    set(CMAKE_CXX_COMPILER_LAUNCHER ${_rocep_target_env} ${CMAKE_CXX_COMPILER_LAUNCHER})
+    set(CMAKE_CXX_LINKER_LAUNCHER ${_rocep_target_env} ${CMAKE_CXX_LINKER_LAUNCHER})
+  endif()
   message(STATUS "rocep: AMD targets ${GPU_TARGETS} via ${_rocep_how}")
 endif()
