@@ -145,26 +145,68 @@ std::string field_text(FieldKind kind, double value) {
   return std::to_string(static_cast<long long>(value));
 }
 
+// Throws ConfigError on this rank, before any collective, unless the bootstrap's size() is positive and its
+// rank() lies in [0, size()). The peers then wait in the bootstrap's first all-gather, as for a rank that
+// never creates the group.
+void require_valid_bootstrap(const Bootstrap& bootstrap) {
+  const int rank = bootstrap.rank();
+  const int size = bootstrap.size();
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw ConfigError("EpGroup: the bootstrap's rank() = " + std::to_string(rank) +
+                      " and size() = " + std::to_string(size) +
+                      " are invalid: allowed are size() >= 1 and rank() in [0, size() - 1]");
+  }
+}
+
+// What each rank contributes to the first collective of creation: the fields it must agree on, and what its
+// bootstrap says it is (all doubles: no padding bytes).
+struct CreationRecord {
+  AgreedValues agreed;
+  double rank;
+  double size;
+};
+
+// Throws ConfigError on every rank (all see the same records) unless the record at each place i of the
+// all-gather comes from a bootstrap whose rank() is i and whose size() is the world's.
+void require_ranks_in_gather_order(const std::vector<CreationRecord>& all) {
+  for (std::size_t place = 0; place < all.size(); ++place) {
+    if (all[place].rank != static_cast<double>(place) || all[place].size != static_cast<double>(all.size())) {
+      throw ConfigError("EpGroup: the bytes at place " + std::to_string(place) +
+                        " of the bootstrap's all_gather (of " + std::to_string(all.size()) +
+                        ") come from a rank whose bootstrap says rank() = " + number_text(all[place].rank) +
+                        ", size() = " + number_text(all[place].size) +
+                        ": every rank's rank() must be its place in all_gather's output (rank i's bytes at "
+                        "offset i x bytes_per_rank) and every rank's size() the same");
+    }
+  }
+}
+
 // Collective: throws ConfigError on every rank unless all ranks passed the same config and backend and see
 // the same ROCEP_GPUS_PER_NODE, naming the first rank that differs from rank 0 and each field in which it
-// differs, with both values. Compared byte for byte, so that a NaN agrees with itself (and is then refused
-// by validate on every rank).
+// differs, with both values; and before that unless the bootstraps' ranks are their places in the
+// all-gather (require_ranks_in_gather_order). Compared byte for byte, so that a NaN agrees with itself (and
+// is then refused by validate on every rank).
 void require_same_config(Bootstrap& bootstrap, const EpConfig& config, Backend backend,
                          const EnvironmentNodes& nodes) {
   const auto fields = agreed_fields(config, backend, nodes);
-  AgreedValues mine{};
+  CreationRecord mine{};
   for (std::size_t i = 0; i < kAgreedFields; ++i) {
-    mine[i] = fields[i].value;
+    mine.agreed[i] = fields[i].value;
   }
-  std::vector<AgreedValues> all(bootstrap.size());
-  bootstrap.all_gather(&mine, all.data(), sizeof mine);
+  mine.rank = bootstrap.rank();
+  mine.size = bootstrap.size();
+  std::vector<CreationRecord> records(bootstrap.size());
+  bootstrap.all_gather(&mine, records.data(), sizeof mine);
+  require_ranks_in_gather_order(records);
+  const AgreedValues& first = records[0].agreed;
   for (int peer = 1; peer < bootstrap.size(); ++peer) {
     std::string differences;
+    const AgreedValues& theirs = records[peer].agreed;
     for (std::size_t i = 0; i < kAgreedFields; ++i) {
-      if (std::memcmp(&all[peer][i], &all[0][i], sizeof(double)) != 0) {
+      if (std::memcmp(&theirs[i], &first[i], sizeof(double)) != 0) {
         differences += std::string(differences.empty() ? "" : ", ") + fields[i].name + " (" +
-                       field_text(fields[i].kind, all[peer][i]) + " on rank " + std::to_string(peer) + ", " +
-                       field_text(fields[i].kind, all[0][i]) + " on rank 0)";
+                       field_text(fields[i].kind, theirs[i]) + " on rank " + std::to_string(peer) + ", " +
+                       field_text(fields[i].kind, first[i]) + " on rank 0)";
       }
     }
     if (differences.empty()) {
@@ -238,6 +280,7 @@ struct EpGroup::Impl {
     if (!bootstrap) {
       throw ConfigError("EpGroup: bootstrap is null; pass a rocep::Bootstrap (MpiBootstrap, or your own)");
     }
+    require_valid_bootstrap(*bootstrap);
     // Agree first, validate second: the same config gives the same verdict on every rank, so no rank is
     // left waiting in a collective that a rank with a bad config never joins. A test or a launcher can
     // declare each GPU a node through the environment's ROCEP_GPUS_PER_NODE.

@@ -89,7 +89,10 @@ class EpGroup {
   // naming the first rank that differs from rank 0 and each field that does, with both values), if kGpu is
   // asked for and some rank's build or machine has no GPU, if two GPUs of the node cannot reach each other,
   // or if config.num_sms exceeds the rank's share of its GPU; GpuRuntimeError / BootstrapError if
-  // allocation, the IPC exchange or a bootstrap collective fails.
+  // allocation, the IPC exchange or a bootstrap collective fails; ConfigError also if some rank's
+  // bootstrap says a rank() other than its place in all_gather's output, or another size(). A null
+  // bootstrap, or one whose size() < 1 or rank() outside [0, size()), throws ConfigError on its rank alone,
+  // before any collective (its peers wait for it in their first all_gather).
   EpGroup(std::shared_ptr<Bootstrap> bootstrap, const EpConfig& config, Backend backend = Backend::kAuto);
   // The same over an MPI communicator (duplicated; the caller may free its handle afterwards). Defined in
   // <rocep/mpi.hpp>, which a caller of this constructor includes.

@@ -6,13 +6,17 @@ bytes, concatenated in rank order; every rank passes as many) and ``barrier()``.
 
 from typing import Callable
 
+from ._rocep import ConfigError
+
 
 class Callables:
-    """A bootstrap from plain callables: ``all_gather(bytes) -> list[bytes] | bytes`` and ``barrier()``."""
+    """A bootstrap from plain callables: ``all_gather(bytes) -> list[bytes] | bytes`` and ``barrier()``.
+    ``rank`` must be this process's place in ``all_gather``'s output (a group's creation checks it)."""
 
     def __init__(self, rank: int, size: int, all_gather: Callable, barrier: Callable):
-        if not 0 <= rank < size:
-            raise ValueError(f"rank = {rank} is invalid: allowed range is [0, {size}) for size {size}")
+        if size < 1 or not 0 <= rank < size:
+            raise ConfigError(f"bootstrap.Callables: rank = {rank}, size = {size} are invalid: allowed are "
+                              f"size >= 1 and rank in [0, size - 1]")
         self._rank, self._size = rank, size
         self._all_gather, self._barrier = all_gather, barrier
 

@@ -400,6 +400,39 @@ def test_bad_config_raises_config_error_naming_the_field():
         rocep.Group(bootstrap.from_mpi4py(COMM), make_config(), rocep.Backend.CPU_REFERENCE, arrays="jax")
 
 
+def test_a_bootstrap_outside_its_range_or_out_of_the_all_gathers_order_raises_config_error():
+    with pytest.raises(rocep.ConfigError, match=r"^bootstrap.Callables: rank = 2, size = 2 are invalid: allowed "
+                                                r"are size >= 1 and rank in \[0, size - 1\]$"):
+        bootstrap.Callables(2, 2, COMM.allgather, COMM.Barrier)
+
+    class Claims:
+        """A bootstrap of the caller's own that says rank() = `rank`, over COMM's all-gather."""
+
+        def __init__(self, rank):
+            self._rank = rank
+
+        def rank(self):
+            return self._rank
+
+        def size(self):
+            return WORLD
+
+        def all_gather(self, data):
+            return b"".join(COMM.allgather(data))
+
+        def barrier(self):
+            COMM.Barrier()
+
+    with pytest.raises(rocep.ConfigError, match=rf"^EpGroup: the bootstrap's rank\(\) = -1 and size\(\) = {WORLD} "
+                                                r"are invalid"):
+        rocep.Group(Claims(-1), make_config(), rocep.Backend.CPU_REFERENCE)
+    if WORLD > 1:  # every rank says the next one's number: refused on every rank
+        with pytest.raises(rocep.ConfigError, match=rf"^EpGroup: the bytes at place 0 of the bootstrap's all_gather "
+                                                    rf"\(of {WORLD}\) come from a rank whose bootstrap says rank\(\) = 1,"):
+            rocep.Group(Claims((RANK + 1) % WORLD), make_config(), rocep.Backend.CPU_REFERENCE)
+    assert rocep.Group(Claims(RANK), make_config(), rocep.Backend.CPU_REFERENCE).rank == RANK
+
+
 def test_config_fields_as_keywords_over_the_defaults_or_another_config():
     config = rocep.EpConfig(hidden=256, top_k=4, num_experts=8 * WORLD, layout="per-token")
     assert (config.hidden, config.top_k, config.num_experts, config.layout) == (256, 4, 8 * WORLD,

@@ -18,12 +18,14 @@
 #include <initializer_list>
 #include <iterator>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <ostream>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "hip/bf16.hpp"
@@ -1646,6 +1648,95 @@ TEST(EpGroupConstruction, ConfigInvalidOnOneRankThrowsOnEveryRank) {
         0u)
         << message;
   }
+}
+
+// A bootstrap that says rank() = `rank` and size() = `size` and gathers through `ranks` (MPI_COMM_WORLD's
+// ranks), or through no one where `ranks` is null (then a collective is a failure of the test).
+class ClaimedBootstrap final : public rocep::Bootstrap {
+ public:
+  ClaimedBootstrap(int rank, int size, std::shared_ptr<rocep::Bootstrap> ranks = nullptr)
+      : rank_(rank), size_(size), ranks_(std::move(ranks)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_gather(const void* mine, void* all, std::size_t bytes_per_rank) override {
+    ASSERT_NE(ranks_, nullptr) << "a collective before the bootstrap was checked";
+    ranks_->all_gather(mine, all, bytes_per_rank);
+  }
+  void barrier() override {
+    ASSERT_NE(ranks_, nullptr) << "a collective before the bootstrap was checked";
+    ranks_->barrier();
+  }
+
+ private:
+  int rank_;
+  int size_;
+  std::shared_ptr<rocep::Bootstrap> ranks_;
+};
+
+// A bootstrap whose rank() lies outside [0, size()) or whose size() is not positive is refused on its rank
+// before any collective, naming both.
+TEST(EpGroupConstruction, BootstrapWhoseRankLiesOutsideItsSizeIsRefusedBeforeAnyCollective) {
+  EpConfig config;
+  config.num_experts = 8;
+  for (const auto& [rank, size] : {std::pair{1, 1}, std::pair{-1, 2}, std::pair{0, 0}, std::pair{3, 2}}) {
+    try {
+      rocep::EpGroup group(std::make_shared<ClaimedBootstrap>(rank, size), config,
+                           rocep::Backend::kCpuReference);
+      ADD_FAILURE() << "no ConfigError for rank() " << rank << ", size() " << size;
+    } catch (const rocep::ConfigError& error) {
+      EXPECT_EQ(std::string(error.what()),
+                "EpGroup: the bootstrap's rank() = " + std::to_string(rank) +
+                    " and size() = " + std::to_string(size) +
+                    " are invalid: allowed are size() >= 1 and rank() in [0, size() - 1]");
+    }
+  }
+}
+
+// Bootstraps whose rank() is not their place in all_gather's output (each says the next rank's number), or
+// whose size() differs on one rank, are refused on every rank, naming the first place that disagrees.
+TEST(EpGroupConstruction, RanksOutOfTheAllGathersOrderOrSizesThatDifferAreRefusedOnEveryRank) {
+  if (world_size() == 1) {
+    GTEST_SKIP() << "one rank is always at its own place";
+  }
+  EpConfig config;
+  config.num_experts = 8 * world_size();
+  const auto world = std::make_shared<rocep::MpiBootstrap>(MPI_COMM_WORLD);
+  const int last = world_size() - 1;
+  const std::string of =
+      " of the bootstrap's all_gather (of " + std::to_string(world_size()) + ") come from ";
+  try {
+    rocep::EpGroup group(
+        std::make_shared<ClaimedBootstrap>((world_rank() + 1) % world_size(), world_size(), world), config,
+        rocep::Backend::kCpuReference);
+    ADD_FAILURE() << "no ConfigError on this rank for ranks out of order";
+  } catch (const rocep::ConfigError& error) {
+    EXPECT_EQ(std::string(error.what())
+                  .find("EpGroup: the bytes at place 0" + of +
+                        "a rank whose bootstrap says rank() = 1, size() = " + std::to_string(world_size()) +
+                        ": every rank's rank() must be its place in all_gather's output"),
+              0u)
+        << error.what();
+  }
+  // The last rank says one rank more than there are: its own gather has room for it, and the others see it.
+  const int claimed = world_size() + (world_rank() == last ? 1 : 0);
+  try {
+    rocep::EpGroup group(std::make_shared<ClaimedBootstrap>(world_rank(), claimed, world), config,
+                         rocep::Backend::kCpuReference);
+    ADD_FAILURE() << "no ConfigError on this rank for a size that differs";
+  } catch (const rocep::ConfigError& error) {
+    if (world_rank() != last) {
+      EXPECT_EQ(std::string(error.what())
+                    .find("EpGroup: the bytes at place " + std::to_string(last) + of +
+                          "a rank whose bootstrap says rank() = " + std::to_string(last) +
+                          ", size() = " + std::to_string(world_size() + 1) + ": "),
+                0u)
+          << error.what();
+    }
+  }
+  // The same bootstraps at their own places still make a group.
+  rocep::EpGroup group(std::make_shared<ClaimedBootstrap>(world_rank(), world_size(), world), config,
+                       rocep::Backend::kCpuReference);
+  EXPECT_EQ(group.rank(), world_rank());
 }
 
 // A config invalid alike on every rank is refused on every rank naming the rank and the step of creation
