@@ -58,6 +58,16 @@ using InputArray = nb::ndarray<nb::ro, nb::c_contig>;
 // An array of any strides: a combine's out, which may be a slice of a wider tensor.
 using StridedArray = nb::ndarray<>;
 
+// `text` with each `from` made `to` and every other character upper case (`upper`) or lower case: an enum
+// member's name from its string form ("per-token" -> "PER_TOKEN") and back.
+std::string respelled(std::string text, char from, char to, bool upper) {
+  for (char& character : text) {
+    const auto byte = static_cast<unsigned char>(character);
+    character = character == from ? to : static_cast<char>(upper ? std::toupper(byte) : std::tolower(byte));
+  }
+  return text;
+}
+
 // `value` as a member of Enum: the member itself, or its name as a string in any case with '-' for '_'
 // ("per-token", "CPU_REFERENCE"); anything else throws Error naming `name` and the allowed values.
 template <typename Enum, typename Error>
@@ -67,11 +77,7 @@ Enum enum_argument(nb::handle value, const std::string& name) {
   }
   const nb::object members = nb::type<Enum>().attr("__members__");
   if (nb::isinstance<nb::str>(value)) {
-    std::string key = nb::cast<std::string>(value);
-    for (char& character : key) {
-      character =
-          character == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(character)));
-    }
+    const std::string key = respelled(nb::cast<std::string>(value), '-', '_', /*upper=*/true);
     if (nb::cast<bool>(members.attr("__contains__")(key))) {
       return nb::cast<Enum>(members[key.c_str()]);
     }
@@ -80,13 +86,9 @@ Enum enum_argument(nb::handle value, const std::string& name) {
   std::string allowed;
   std::string names;
   for (nb::handle key : members) {
-    std::string member = nb::cast<std::string>(key);
+    const std::string member = nb::cast<std::string>(key);
     allowed += (allowed.empty() ? "" : ", ") + prefix + member;
-    for (char& character : member) {
-      character =
-          character == '_' ? '-' : static_cast<char>(std::tolower(static_cast<unsigned char>(character)));
-    }
-    names += (names.empty() ? "'" : ", '") + member + "'";
+    names += (names.empty() ? "'" : ", '") + respelled(member, '_', '-', /*upper=*/false) + "'";
   }
   throw Error(name + " = " + nb::cast<std::string>(nb::repr(value)) + " is invalid: allowed are " + allowed +
               " (or their names as strings: " + names + ")");
