@@ -24,6 +24,9 @@
 
     torchrun --nproc_per_node=2 python/gpu/check_torchrun.py
 
+Local rank r runs on GPU r modulo the GPU count: on fewer GPUs than ranks, ranks share them (under MPS on
+NVIDIA, started by the caller), and the checks that need a second GPU are left out.
+
 Every run draws new inputs from a seed rank 0 picks and prints; ROCEP_CHECK_SEED=N repeats run N's inputs.
 Rank 0 prints each rank's failures and PASSED or FAILED; the exit status is 1 on any failure.
 """
@@ -619,7 +622,7 @@ def main() -> int:
     run_seed = drawn[0]
     if rank == 0:
         print(f"seed {run_seed} (ROCEP_CHECK_SEED={run_seed} repeats these inputs)")
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     boot = bootstrap.from_torch()
     for layout, dispatch_format in ((rocep.Layout.PER_TOKEN, rocep.TokenFormat.BF16),
                                     (rocep.Layout.PER_TOKEN, rocep.TokenFormat.FP8_BLOCK128),
