@@ -7,6 +7,7 @@
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 
+#include <array>
 #include <cctype>
 #include <cstdint>
 #include <cstring>
@@ -120,18 +121,32 @@ InputArray input_array(const char* name, nb::handle object) {
 // bf16 arrays: torch.bfloat16 (DLPack bfloat16), or their bits as uint16 (numpy has no bfloat16).
 constexpr nb::dlpack::dtype kBfloat16{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
 
+// An array's element type as numpy and torch name it ("float32", "bfloat16", "int64"), for errors.
+std::string dtype_name(nb::dlpack::dtype dtype) {
+  // Indexed by DLPack's type code (3 is an opaque handle).
+  constexpr std::array<const char*, 7> kinds{"int", "uint", "float", nullptr, "bfloat", "complex", "bool"};
+  const char* kind = dtype.code < kinds.size() ? kinds[dtype.code] : nullptr;
+  const std::string bits =
+      std::to_string(dtype.bits) + (dtype.lanes == 1 ? "" : " x " + std::to_string(dtype.lanes));
+  if (kind == nullptr) {
+    return "DLPack type code " + std::to_string(dtype.code) + " of " + bits + " bits";
+  }
+  const bool boolean = dtype.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bool);
+  return kind + (boolean ? std::string() : bits);
+}
+
 // Throws rocep::InvalidInputError naming `name` unless `array` holds `dtype` (or bf16 as uint16 bits where
 // `dtype` is bfloat16) with `shape` (entries < 0 are free) on GPU `device` (the group's, EpGroup::device), or
 // in host memory where `device` is -1 (the CPU reference).
 template <typename AnyArray>
-void check(const char* name, const AnyArray& array, nb::dlpack::dtype dtype, const char* dtype_name,
+void check(const char* name, const AnyArray& array, nb::dlpack::dtype dtype, const char* allowed_dtype,
            std::initializer_list<int64_t> shape, int device) {
   const auto fail = [&](const std::string& what) {
     throw rocep::InvalidInputError(std::string(name) + ": " + what);
   };
   const bool bf16_bits = dtype == kBfloat16 && array.dtype() == nb::dtype<uint16_t>();
   if (array.dtype() != dtype && !bf16_bits) {
-    fail(std::string("dtype must be ") + dtype_name);
+    fail(std::string("dtype must be ") + allowed_dtype + ", is " + dtype_name(array.dtype()));
   }
   if (array.ndim() != shape.size()) {
     fail("must have " + std::to_string(shape.size()) + " dimensions, has " + std::to_string(array.ndim()));
@@ -145,7 +160,11 @@ void check(const char* name, const AnyArray& array, nb::dlpack::dtype dtype, con
     ++axis;
   }
   if (!matches) {
-    fail("shape must be " + expected + ")");
+    std::string given = "(";
+    for (std::size_t given_axis = 0; given_axis < array.ndim(); ++given_axis) {
+      given += (given_axis > 0 ? ", " : "") + std::to_string(array.shape(given_axis));
+    }
+    fail("shape must be " + expected + "), is " + given + ")");
   }
   const bool on_gpu = device >= 0;
   const bool in_gpu_memory =

@@ -144,9 +144,10 @@ def test_bad_input_raises_on_its_rank_and_the_peers_complete():
     group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
     rows = np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16)
     tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=8)
-    bad = [(dict(weights=weights.astype(np.float64)), "topk_weights: dtype must be float32"),
-           (dict(tokens=tokens[:, :128]), r"tokens: shape must be \(8, 256\)"),
-           (dict(ids=ids.astype(np.float32)), "topk_ids: dtype must be int32"),
+    bad = [(dict(weights=weights.astype(np.float64)), "topk_weights: dtype must be float32, is float64"),
+           (dict(tokens=tokens[:, :128]), r"tokens: shape must be \(8, 256\), is \(8, 128\)"),
+           (dict(ids=ids.astype(np.float32)), r"topk_ids: dtype must be int32 \(.*\), is float32"),
+           (dict(ids=ids.astype(np.uint8)), r"topk_ids: dtype must be int32 \(.*\), is uint8"),
            (dict(weights=weights.tolist()), "topk_weights: must be an array"),
            (dict(weights=weights.astype(">f4")), "topk_weights: must be an array")]
     for change, message in bad:
