@@ -16,6 +16,7 @@
 - a group with cupy arrays (cupy inputs and outputs, calls on cupy's current stream), bit for bit;
 - the group's GPU (Group.device): its outputs there, tokens on another GPU refused as a bad input, a call
   with another GPU current refused before anything is issued (a combine_recv so refused then repeated);
+  torch fp8 tokens given to a bf16 group refused, the error naming the dtype given;
 - a watchdog thread's polls (torch.cuda.set_device(group.device) in that thread) answered while the main
   thread waits in synchronize;
 - Group.close(): refused while the last rank holds a view of the group's input buffer, then taken, the
@@ -508,6 +509,17 @@ def check_devices(boot, rank, world):
                 if error.issued or f"GPU {other}" not in str(error) or f"GPU {own}" not in str(error):
                     failures.append(f"devices: call with another GPU current: {error} (issued {error.issued})")
             torch.cuda.set_device(own)
+    last = rank == world - 1  # gives torch fp8 tokens to this bf16 group: refused, naming their dtype
+    try:
+        gpu.dispatch(tokens.cuda().float().to(torch.float8_e4m3fn) if last else tokens.cuda(), ids.cuda(),
+                     weights.cuda())
+        if last:
+            failures.append("devices: fp8 tokens taken by a bf16 group")
+    except rocep.InvalidInputError as error:
+        if not (last and error.issued and "tokens: dtype must be bfloat16" in str(error)
+                and "is float8_e4m3fn" in str(error)):
+            failures.append(f"devices: fp8 tokens: {error} (issued {error.issued})")
+    gpu.combine(torch.zeros(rows, HIDDEN, dtype=torch.bfloat16, device="cuda"), 0 if last else len(ids))
     got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda())
     ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy())
     count = ref.count()

@@ -7,10 +7,10 @@
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 
-#include <array>
 #include <cctype>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -121,18 +121,24 @@ InputArray input_array(const char* name, nb::handle object) {
 // bf16 arrays: torch.bfloat16 (DLPack bfloat16), or their bits as uint16 (numpy has no bfloat16).
 constexpr nb::dlpack::dtype kBfloat16{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
 
-// An array's element type as numpy and torch name it ("float32", "bfloat16", "int64"), for errors.
+// An array's element type as numpy and torch name it ("float32", "bfloat16", "float8_e4m3fn"), for errors.
 std::string dtype_name(nb::dlpack::dtype dtype) {
-  // Indexed by DLPack's type code (3 is an opaque handle).
-  constexpr std::array<const char*, 7> kinds{"int", "uint", "float", nullptr, "bfloat", "complex", "bool"};
-  const char* kind = dtype.code < kinds.size() ? kinds[dtype.code] : nullptr;
-  const std::string bits =
-      std::to_string(dtype.bits) + (dtype.lanes == 1 ? "" : " x " + std::to_string(dtype.lanes));
-  if (kind == nullptr) {
-    return "DLPack type code " + std::to_string(dtype.code) + " of " + bits + " bits";
+  // DLPack's type codes (DLDataTypeCode): 0-5 named with their width after them (3 is an opaque handle),
+  // 6-17 named whole.
+  static constexpr const char* sized[] = {"int", "uint", "float", nullptr, "bfloat", "complex"};
+  static constexpr const char* whole[] = {
+      "bool",           "float8_e3m4",     "float8_e4m3",   "float8_e4m3b11fnuz",
+      "float8_e4m3fn",  "float8_e4m3fnuz", "float8_e5m2",   "float8_e5m2fnuz",
+      "float8_e8m0fnu", "float6_e2m3fn",   "float6_e3m2fn", "float4_e2m1fn"};
+  const std::size_t code = dtype.code;
+  const std::string lanes = dtype.lanes == 1 ? "" : " x " + std::to_string(dtype.lanes);
+  if (code < std::size(sized) && sized[code] != nullptr) {
+    return sized[code] + std::to_string(dtype.bits) + lanes;
   }
-  const bool boolean = dtype.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bool);
-  return kind + (boolean ? std::string() : bits);
+  if (code >= std::size(sized) && code - std::size(sized) < std::size(whole)) {
+    return whole[code - std::size(sized)] + lanes;
+  }
+  return "DLPack type code " + std::to_string(code) + " of " + std::to_string(dtype.bits) + " bits" + lanes;
 }
 
 // Throws rocep::InvalidInputError naming `name` unless `array` holds `dtype` (or bf16 as uint16 bits where

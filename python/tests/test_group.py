@@ -148,6 +148,7 @@ def test_bad_input_raises_on_its_rank_and_the_peers_complete():
            (dict(tokens=tokens[:, :128]), r"tokens: shape must be \(8, 256\), is \(8, 128\)"),
            (dict(ids=ids.astype(np.float32)), r"topk_ids: dtype must be int32 \(.*\), is float32"),
            (dict(ids=ids.astype(np.uint8)), r"topk_ids: dtype must be int32 \(.*\), is uint8"),
+           (dict(weights=weights > 0.5), r"topk_weights: dtype must be float32, is bool \(this rank"),
            (dict(weights=weights.tolist()), "topk_weights: must be an array"),
            (dict(weights=weights.astype(">f4")), "topk_weights: must be an array")]
     for change, message in bad:
