@@ -157,19 +157,19 @@ void check(const char* name, const AnyArray& array, nb::dlpack::dtype dtype, con
   if (array.ndim() != shape.size()) {
     fail("must have " + std::to_string(shape.size()) + " dimensions, has " + std::to_string(array.ndim()));
   }
-  std::size_t axis = 0;
+  std::size_t axis = 0;  // the array has shape.size() dimensions (checked above)
   std::string expected = "(";
+  std::string given = "(";
   bool matches = true;
   for (const int64_t extent : shape) {
-    expected += (axis > 0 ? ", " : "") + (extent < 0 ? std::string("any") : std::to_string(extent));
-    matches = matches && (extent < 0 || static_cast<int64_t>(array.shape(axis)) == extent);
+    const auto given_extent = static_cast<int64_t>(array.shape(axis));
+    const char* separator = axis > 0 ? ", " : "";
+    expected += separator + (extent < 0 ? std::string("any") : std::to_string(extent));
+    given += separator + std::to_string(given_extent);
+    matches = matches && (extent < 0 || given_extent == extent);
     ++axis;
   }
   if (!matches) {
-    std::string given = "(";
-    for (std::size_t given_axis = 0; given_axis < array.ndim(); ++given_axis) {
-      given += (given_axis > 0 ? ", " : "") + std::to_string(array.shape(given_axis));
-    }
     fail("shape must be " + expected + "), is " + given + ")");
   }
   const bool on_gpu = device >= 0;
