@@ -1,8 +1,7 @@
 // The MPI bootstrap (all-gather, barrier, their bounded forms, and a group's close bounded by it) on
-// MPI_COMM_WORLD at any rank count, the
-// single-process bootstrap, the node layout from host identities or a given ranks-per-node, the device
-// choice for a local rank, and the failure-atomic steps of group creation (every rank throws, naming the
-// lowest failing rank and the step).
+// MPI_COMM_WORLD at any rank count, the single-process bootstrap, the node layout from host identities or a
+// given ranks-per-node, the device choice for a local rank, and the failure-atomic steps of group creation
+// (every rank throws, naming the lowest failing rank and the step).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
