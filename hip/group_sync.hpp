@@ -123,7 +123,9 @@ __device__ inline bool block_wait_for_peers(const uint64_t* words, uint64_t sequ
   // The barrier extends each waiting thread's acquire to the block: its reads are ordered before the
   // others' reads.
   __syncthreads();
-  return missing == 0;
+  const bool all_arrived = missing == 0;
+  __syncthreads();  // every thread has read `missing` before the block's next wait resets it
+  return all_arrived;
 }
 
 // The barrier across the blocks of a grid in two halves, so that a block can work on what needs no other
