@@ -118,10 +118,9 @@ class TorchArrays:
         codes = (blocks * (largest / amax)).clamp(-largest, largest).to(dtype)
         return self.bf16((codes.float() * (amax / largest)).view(x.shape))
 
-    def dequantize(self, payload, scales, encoding):
-        """Received fp8 rows ([rows, hidden] bytes, [rows, hidden / 128] float32 scales as bytes) as bf16."""
-        codes = payload.view(self.fp8_type(encoding)[0]).float()
-        return self.bf16(codes * scales.view(self.torch.float32).repeat_interleave(128, dim=1))
+    def dequantize(self, codes, scales):
+        """Received fp8 rows ([rows, hidden] fp8, [rows, hidden / 128] float32 scales) as bf16."""
+        return self.bf16(codes.float() * scales.repeat_interleave(128, dim=1))
 
     def fp8_type(self, encoding):
         if encoding == rocep.Fp8Encoding.E4M3FNUZ:
@@ -172,11 +171,9 @@ def moe_layer_ep(arrays, group: rocep.Group, x, weights: Weights, shared_expert_
     ids, gates = route(arrays, x, weights, config.top_k)
     received = group.dispatch(x, ids, gates)
     count = received.count()
-    tokens = received.tokens[:count]
+    tokens = received.tokens[:count]  # bf16, or fp8 with its scales
     if config.dispatch_format == rocep.TokenFormat.FP8_BLOCK128:
-        tokens = arrays.dequantize(tokens, received.scales[:count], config.fp8_encoding)
-    else:
-        tokens = tokens.view(x.dtype)
+        tokens = arrays.dequantize(tokens, received.scales[:count])
     topk_ids, topk_weights = received.topk_ids[:count], received.topk_weights[:count]
     rows, slots = arrays.nonzero(topk_ids >= 0)  # this rank's (row, slot) pairs
     first_expert = group.rank * config.num_local_experts(group.world_size)

@@ -2,7 +2,8 @@
 
 - rocep.Group on the GPU backend against a CPU-reference group over the same bootstrap, bit for bit, on
   fresh random torch tensors with a count and routing that change from call to call, into outputs poisoned
-  before each call (the rows past the count must keep the poison), the combine with a shared expert:
+  before each call (the rows past the count must keep the poison) and typed (tokens bf16 or the group's fp8,
+  block-128 scales float32), the combine with a shared expert:
   per-token layout in bf16 and fp8 block-128 (quantised in dispatch), expanded layout in bf16, and
   local-only mode in both layouts; expert input scales (expanded, both fp8 encodings); nvfp4 quantised in
   dispatch with a global scale;
@@ -122,6 +123,15 @@ def check_native(boot, rank, world, layout, dispatch_format, local_only=False):
     tokens, ids, weights, expert_rows = inputs(99, rank, MAX_TOKENS, world, rows)
     got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda())
     gpu.combine(expert_rows.cuda(), MAX_TOKENS, **({"row_weights": got.weights} if expanded else {}))
+    fp8 = dispatch_format == rocep.TokenFormat.FP8_BLOCK128
+    fp8_dtype = {rocep.Fp8Encoding.E4M3FN: torch.float8_e4m3fn,
+                 rocep.Fp8Encoding.E4M3FNUZ: torch.float8_e4m3fnuz}[gpu.config.fp8_encoding]
+    typed = [(got.tokens, fp8_dtype if fp8 else torch.bfloat16, (rows, HIDDEN))]
+    if fp8:
+        typed.append((got.scales, torch.float32, (HIDDEN // 128, rows) if expanded else (rows, HIDDEN // 128)))
+    for array, dtype, shape in typed:
+        if array.dtype != dtype or tuple(array.shape) != shape:
+            failures.append(f"{name} outputs: {array.dtype} {tuple(array.shape)}, not {dtype} {shape}")
     out = torch.empty(MAX_TOKENS + 3, HIDDEN, dtype=torch.bfloat16, device="cuda")
     for step, n in enumerate([MAX_TOKENS, 1, 77, 0, 100]):
         tokens, ids, weights, expert_rows = inputs(step, rank, n, world, rows)
@@ -132,12 +142,14 @@ def check_native(boot, rank, world, layout, dispatch_format, local_only=False):
         ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy())
         count = ref.count()
         fields = ("tokens", "src_info", "weights") if expanded else ("tokens", "topk_ids", "topk_weights", "src_info")
-        if dispatch_format != rocep.TokenFormat.BF16:
-            fields += ("scales",)  # per-token rows: [P, scale bytes]
         for field in fields:
             check(f"{name} step {step} {field}", getattr(got, field)[:count], getattr(ref, field)[:count])
-            if not (expanded and field == "scales"):  # expanded scales are a transposed tensor
-                check_poison(f"{name} step {step} {field}", getattr(got, field)[count:])
+            check_poison(f"{name} step {step} {field}", getattr(got, field)[count:])
+        if dispatch_format != rocep.TokenFormat.BF16:  # float32 [P, hidden / 128], expanded [hidden / 128, R]
+            check(f"{name} step {step} scales", got.scales[:, :count] if expanded else got.scales[:count],
+                  ref.scales[:, :count] if expanded else ref.scales[:count])
+            if not expanded:
+                check_poison(f"{name} step {step} scales", got.scales[count:])
         check(f"{name} step {step} row_offsets", got.row_offsets.view(torch.int32), ref.row_offsets.view(np.int32))
         if not expanded:
             check(f"{name} step {step} num_recv_tokens", got.num_recv_tokens, ref.num_recv_tokens)

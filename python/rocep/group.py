@@ -18,8 +18,8 @@ from . import _rocep
 class DispatchResult:
     """What dispatch wrote on this rank (the per-token layout of include/rocep/types.hpp)."""
 
-    tokens: Any  # [P, payload bytes] uint8 (bf16: view as [P, hidden] uint16 / bfloat16)
-    scales: Any  # [P, scale bytes] uint8, or None for bf16
+    tokens: Any  # [P, hidden] bf16 (uint16 bits in numpy and cupy); scaled formats: _OUTPUT_TYPES
+    scales: Any  # [P, ...] per _OUTPUT_TYPES, or None for bf16
     topk_ids: Any  # [P, top_k] int32: local expert, -1 elsewhere
     topk_weights: Any  # [P, top_k] float32
     src_info: Any  # [P, 3] int32: source rank, source token, -1
@@ -39,8 +39,8 @@ class ExpandedResult:
     """What dispatch wrote on this rank in the expanded layout: a row per (token, local expert), expert by
     expert (include/rocep/types.hpp)."""
 
-    tokens: Any  # [R, payload bytes] uint8
-    scales: Any  # the scale tensor (formats.hpp layouts) as uint8 bytes, or None for bf16
+    tokens: Any  # [R, hidden] bf16 (uint16 bits in numpy and cupy); scaled formats: _OUTPUT_TYPES
+    scales: Any  # the scale tensor (formats.hpp layouts) per _OUTPUT_TYPES, or None for bf16
     row_offsets: Any  # [L + 1] uint32 (int32 in torch): expert e's rows are [row_offsets[e], row_offsets[e + 1])
     expert_ids: Any  # [L] int32
     src_info: Any  # [R, 3] int32: source rank, source token, k
@@ -54,8 +54,8 @@ class ExpandedResult:
     def input_scaled_tokens(self):
         """After a dispatch with expert_input_scales: the rows' fp8 codes [R, hidden] uint8, a view of
         tokens' first R * hidden bytes (torch: .view(torch.float8_e4m3fn) or the fnuz dtype)."""
-        rows = self.tokens.shape[0]
-        return self.tokens.reshape(-1)[:rows * (self.tokens.shape[1] // 2)].reshape(rows, -1)
+        rows, hidden = self.tokens.shape
+        return _bytes(self.tokens).reshape(-1)[:rows * hidden].reshape(rows, hidden)
 
 
 # Dtypes of pre-quantised payloads and their scales, per dispatch format (torch's names; uint8 = the bytes).
@@ -68,6 +68,19 @@ _SCALE_DTYPES = {
     _rocep.TokenFormat.MXFP8: ("uint8", "float8_e8m0fnu"),
     _rocep.TokenFormat.MXFP4: ("uint8", "float8_e8m0fnu"),
     _rocep.TokenFormat.NVFP4: ("uint8", "float8_e4m3fn"),
+}
+
+
+# How dispatch's outputs present the received bytes, per dispatch format: (payload dtype, scale dtype), torch's
+# names, "fp8" the group's encoding; where the array library lacks a dtype (numpy and cupy have no bfloat16
+# and no fp8), bf16 comes as uint16 bits and the rest as uint8 bytes. Per-token scales are [P, per row];
+# the expanded layout's fp8 block-128 scales [hidden / 128, R] (formats.hpp), its other scale tensors bytes.
+_OUTPUT_TYPES = {
+    _rocep.TokenFormat.BF16: ("bfloat16", None),
+    _rocep.TokenFormat.FP8_BLOCK128: ("fp8", "float32"),
+    _rocep.TokenFormat.MXFP8: ("float8_e4m3fn", "uint8"),
+    _rocep.TokenFormat.MXFP4: ("uint8", "uint8"),
+    _rocep.TokenFormat.NVFP4: ("uint8", "uint8"),
 }
 
 
@@ -128,6 +141,11 @@ def _contiguous(array):
         return array
     return _cupy().ascontiguousarray(array) if type(array).__module__.startswith("cupy") \
         else np.ascontiguousarray(array)
+
+
+def _bytes(array):
+    """A contiguous array's bytes: a uint8 view, its last dimension times the item size."""
+    return array.view(_torch().uint8 if _is_torch(array) else np.uint8)
 
 
 def _writable(array) -> bool:
@@ -288,7 +306,26 @@ class Group:
                                                 result.src_info, result.num_recv_tokens, result.sorted_token_ids,
                                                 result.block_expert_ids, result.row_offsets)
         result.group = self._group
+        payload_type, scale_type = _OUTPUT_TYPES[self.config.dispatch_format]
+        result.tokens = self._typed(result.tokens, payload_type)
+        if scale_type == "float32":
+            scales = self._typed(result.scales, scale_type)
+            rows = result.tokens.shape[0]
+            result.scales = scales.reshape(-1, rows) if isinstance(result, ExpandedResult) else scales
         return result
+
+    def _fp8_dtype(self) -> str:
+        """torch's name of the group's fp8 encoding: float8_e4m3fn or float8_e4m3fnuz."""
+        return "float8_" + str(self.config.fp8_encoding).split(".")[-1].lower()
+
+    def _typed(self, array, dtype: str):
+        """uint8 `array` viewed as `dtype` (torch's name; "fp8" the group's encoding), its last dimension in
+        that type's items: in torch as it is; in numpy and cupy bf16 as uint16 bits, fp8 as the bytes."""
+        if dtype == "fp8":
+            dtype = self._fp8_dtype()
+        if self._arrays == "torch":
+            return array.view(getattr(_torch(), dtype))
+        return array.view({"bfloat16": np.uint16, "float32": np.float32}.get(dtype, np.uint8))
 
     def _allocate_outputs(self):
         config, world = self.config, self.world_size
@@ -357,7 +394,7 @@ class Group:
             fnuz = token_dtype == "float8_e4m3fnuz"
             encoding = _rocep.Fp8Encoding.E4M3FNUZ if fnuz else _rocep.Fp8Encoding.E4M3FN
             if token_dtype.startswith("float8") and self.config.fp8_encoding != encoding:
-                allowed_tokens = ("uint8", "float8_" + str(self.config.fp8_encoding).split(".")[-1].lower())
+                allowed_tokens = ("uint8", self._fp8_dtype())
         scale_dtype = str(getattr(token_scales, "dtype", "")).replace("torch.", "")
         allowed_scales = _SCALE_DTYPES.get(format_, ())
         if scale_dtype not in allowed_scales:
@@ -375,11 +412,7 @@ class Group:
             return tokens, topk_ids, token_scales, (
                 f"token_scales: shape must be {scale_shape} ({scale_dtype}), is "
                 f"{tuple(getattr(token_scales, 'shape', ()))}")
-        def as_bytes(array):  # torch's view takes a torch dtype; numpy's and cupy's a numpy one (contiguous)
-            array = _contiguous(array)
-            return array.view(_torch().uint8 if _is_torch(array) else np.uint8)
-
-        return as_bytes(tokens), topk_ids, as_bytes(token_scales), None
+        return _bytes(_contiguous(tokens)), topk_ids, _bytes(_contiguous(token_scales)), None
 
     def _no_tokens(self):
         """Inputs of zero tokens, for a rank that takes part in a dispatch whose inputs it refused."""

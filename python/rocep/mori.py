@@ -158,15 +158,7 @@ class EpDispatchCombineOp:
         self._combined = None  # combine's output rows [max_num_inp_token_per_rank, hidden], reused alike
 
     def _dispatch_tuple(self, result):
-        out_scales = result.scales
-        if isinstance(result.tokens, np.ndarray):
-            out = result.tokens.view(np.uint16)
-        else:
-            torch = _torch()
-            fp8 = str(self.config.data_type) in _FP8_ENCODINGS
-            out = result.tokens.view(self.config.data_type if fp8 else torch.bfloat16)
-            out_scales = out_scales.view(torch.float32) if fp8 else None
-        return out, result.topk_weights, out_scales, self._indices, result.num_recv_tokens
+        return result.tokens, result.topk_weights, result.scales, self._indices, result.num_recv_tokens
 
     def _write_global_indices(self) -> None:
         """The received rows' ids as global expert ids (-1 for the other ranks' slots) into self._indices,

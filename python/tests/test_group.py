@@ -70,8 +70,10 @@ def test_dispatch_and_combine_match_the_naive_definition(kind):
         rows = [(s, t) for s in range(WORLD) for t in range(len(inputs[s][1]))
                 if any(i >= 0 and i // local == RANK for i in inputs[s][1][t])]
         assert result.count() == len(rows)
+        assert result.tokens.dtype == np.uint16  # bf16 bits
+        assert result.tokens.shape == (config.max_recv_tokens(WORLD), config.hidden)
         for row, (s, t) in enumerate(rows):
-            assert (result.tokens[row].view(np.uint16) == inputs[s][0][t]).all()
+            assert (result.tokens[row] == inputs[s][0][t]).all()
             assert list(result.src_info[row]) == [s, t, -1]
             ids = inputs[s][1][t]
             expected_ids = np.where((ids >= 0) & (ids // local == RANK), ids - RANK * local, -1)
@@ -492,12 +494,12 @@ def test_mori_shaped_op_matches_the_native_group():
     expected = native.dispatch(tokens, ids, weights)
     count = expected.count()
     assert int(recv_num_token[0]) == count and out_scales is None
-    assert (out[:count] == expected.tokens[:count].view(np.uint16)).all()
+    assert (out[:count] == expected.tokens[:count]).all()
     assert (out_weights[:count] == expected.topk_weights[:count]).all()
     local = expected.topk_ids[:count]
     assert (out_indices[:count] == np.where(local >= 0, local + RANK * 2, -1)).all()
     combined, combined_weights = op.combine(out, out_weights, out_indices)
-    reference = native.combine(expected.tokens.view(np.uint16), len(ids))
+    reference = native.combine(expected.tokens, len(ids))
     assert (combined == reference).all() and (combined_weights == weights).all()
 
 
@@ -588,14 +590,15 @@ def test_expanded_layout_matches_the_naive_definition():
     expected = [(s, t, k) for e in range(local) for s in range(WORLD) for t in range(len(inputs[s][1]))
                 for k in range(config.top_k) if inputs[s][1][t][k] == RANK * local + e]
     assert result.count() == len(expected)
+    assert result.tokens.dtype == np.uint16 and result.tokens.shape == (config.max_recv_rows(WORLD), config.hidden)
     for row, (s, t, k) in enumerate(expected):
         assert list(result.src_info[row]) == [s, t, k]
-        assert (result.tokens[row].view(np.uint16) == inputs[s][0][t]).all()
+        assert (result.tokens[row] == inputs[s][0][t]).all()
         assert result.weights[row] == inputs[s][2][t][k]
     # Weighted combine with the expert outputs = each row's own token: out = sum_k w_k * x (per rank,
     # rounded to bf16, then summed over ranks), compared with the naive sum.
     rows = np.zeros((config.max_recv_rows(WORLD), config.hidden), np.uint16)
-    rows[:len(expected)] = result.tokens[:len(expected)].view(np.uint16)
+    rows[:len(expected)] = result.tokens[:len(expected)]
     out = group.combine(rows, len(inputs[RANK][1]), row_weights=result.weights)
     tokens, ids, weights = inputs[RANK]
     for t in range(len(ids)):
@@ -620,26 +623,38 @@ def test_expanded_layout_matches_the_naive_definition():
             assert (unreduced[t, k] == (tokens[t] if ids[t][k] >= 0 else 0)).all(), f"token {t} slot {k}"
 
 
-def test_pre_quantised_fp8_tokens_and_float32_scales_travel_unchanged():
-    config = make_config()
+@pytest.mark.parametrize("layout", [rocep.Layout.PER_TOKEN, rocep.Layout.EXPANDED])
+def test_pre_quantised_fp8_tokens_and_float32_scales_travel_unchanged(layout):
+    config = make_config(alignment=1)  # expanded rows with no padding between experts
     config.dispatch_format = rocep.TokenFormat.FP8_BLOCK128
-    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
-    local = config.num_local_experts(WORLD)
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE, layout=layout)
+    local, blocks = config.num_local_experts(WORLD), config.hidden // 128
     seed = shared_seed()
     inputs = [rank_inputs(config, seed, rank) for rank in range(WORLD)]
     payloads = [np.random.default_rng(seed + 31 * rank).integers(0, 256, (len(inputs[rank][1]), config.hidden),
                                                                   dtype=np.uint8) for rank in range(WORLD)]
-    scales = [np.random.default_rng(seed + 37 * rank).uniform(0.01, 1, (len(inputs[rank][1]), config.hidden // 128))
+    scales = [np.random.default_rng(seed + 37 * rank).uniform(0.01, 1, (len(inputs[rank][1]), blocks))
               .astype(np.float32) for rank in range(WORLD)]
     _, ids, weights = inputs[RANK]
     result = group.dispatch(payloads[RANK], ids, weights, token_scales=scales[RANK])
-    rows = [(s, t) for s in range(WORLD) for t in range(len(inputs[s][1]))
-            if any(i >= 0 and i // local == RANK for i in inputs[s][1][t])]
+    if layout == rocep.Layout.PER_TOKEN:  # a row per received token; scales [P, hidden / 128]
+        rows = [(s, t) for s in range(WORLD) for t in range(len(inputs[s][1]))
+                if any(i >= 0 and i // local == RANK for i in inputs[s][1][t])]
+        capacity, scale_shape = config.max_recv_tokens(WORLD), (config.max_recv_tokens(WORLD), blocks)
+        scale_of = lambda row: result.scales[row]  # noqa: E731
+    else:  # a row per (token, local expert), expert by expert; scales transposed, [hidden / 128, R]
+        rows = [(s, t) for e in range(local) for s in range(WORLD) for t in range(len(inputs[s][1]))
+                for k in range(config.top_k) if inputs[s][1][t][k] == RANK * local + e]
+        capacity, scale_shape = config.max_recv_rows(WORLD), (blocks, config.max_recv_rows(WORLD))
+        scale_of = lambda row: result.scales[:, row]  # noqa: E731
     assert result.count() == len(rows)
+    assert result.tokens.dtype == np.uint8 and result.tokens.shape == (capacity, config.hidden)  # fp8 codes
+    assert result.scales.dtype == np.float32 and result.scales.shape == scale_shape
     for row, (s, t) in enumerate(rows):
         assert (result.tokens[row] == payloads[s][t]).all()
-        assert (result.scales[row].view(np.float32) == scales[s][t]).all()
-    group.combine(np.zeros((config.max_recv_tokens(WORLD), config.hidden), np.uint16), len(ids))
+        assert (scale_of(row) == scales[s][t]).all()
+    group.combine(np.zeros((capacity, config.hidden), np.uint16), len(ids),
+                  row_weights=None if layout == rocep.Layout.PER_TOKEN else result.weights)
 
 
 def test_pre_quantised_fp8_tokens_in_the_input_buffer_travel_as_copied_ones():
@@ -852,7 +867,7 @@ def test_expert_input_scales_quantise_each_row_with_its_experts_scale():
     assert (scaled.src_info[:used] == plain.src_info[:used]).all()
     for expert in range(local):
         for row in range(plain.row_offsets[expert], plain.row_offsets[expert + 1]):
-            x = bf16.to_float(plain.tokens[row].view(np.uint16))
+            x = bf16.to_float(plain.tokens[row])
             want = np.zeros_like(codes[row]) if plain.src_info[row][0] < 0 else e4m3fn_codes(x / scales[expert])
             assert (codes[row] == want).all(), f"row {row}, local expert {expert}"
     group.combine(np.zeros((rows, config.hidden), np.uint16), n, row_weights=scaled.weights)
