@@ -127,7 +127,7 @@ ROCEP_HOST_DEVICE inline float e2m1_magnitude_sum_below_7(float magnitude) {
 // candidate's fused multiply-add can take |x| with 2f, f or f / 2 (`twice`, `half`; f / 2 may be
 // subnormal, which is exact too) and round once as before: one multiply per element less. Not the body of
 // e2m1_magnitude_sum_below_7 (f = 1): its fused multiply-add by 1 in place of the add changed the SiLU
-// kernels' code, and nvfp4's interleaved kernel took 1 us longer on H100.
+// kernels' code and slowed nvfp4's interleaved kernel (performance-notes.md, perf-kern-19).
 ROCEP_HOST_DEVICE inline float e2m1_scaled_sum_below_7(float magnitude, float factor, float twice,
                                                        float half) {
   const float half_steps = fused_multiply_add(magnitude, twice, kE2m1Integers);

@@ -68,9 +68,8 @@ __device__ inline void reduce_rows_staged(Vector16* destination, const Vector16*
 
 // reduce_rows_staged with a thread's loads in flight spread over rows where it has only one or two vectors
 // of each (hidden up to 2 x 8 x kBlockThreads = 4096): with kStaged vectors of one row at a time, it waited
-// on memory once per row with one or two loads in flight. The send of 4096 tokens at EP2 on H200: 111 ->
-// 77 us at hidden 2048, 134 -> 114 us at hidden 4096; hidden 7168 (3.5 vectors per thread) keeps one row
-// at a time, which spreading its loads over rows did not beat.
+// on memory once per row with one or two loads in flight. Hidden 7168 (3.5 vectors per thread) keeps one
+// row at a time, which spreading its loads over rows did not beat (performance-notes.md, perf-kern-1).
 template <typename Epilogue = NoEpilogue>
 __device__ inline void reduce_rows(Vector16* destination, const Vector16* const* rows, const float* weights,
                                    int count, int vectors, int thread, int num_threads,
@@ -192,11 +191,9 @@ __device__ inline std::size_t partial_row_offset(const Shape& shape, int token) 
 
 // (source, token) pairs of `total` that each block of a combine send takes first, fixed by its index: about
 // three quarters of them over the blocks, at least one. The blocks then claim the rest one at a time
-// (LocalState::combine_claims), so that every block keeps working to the end: with every block's pairs
-// fixed, the send of 4096 tokens at hidden 7168 took 186.3-187.9 us at EP2 (H200), claiming the last
-// quarter 176.3-177.1 us (the fused call 225.6-226.3 us; with half of the pairs fixed 224.6-227.2, with
-// seven eighths 231.0-231.4). Short rows (send_partials_in_batches) keep their fixed pairs: claiming runs of
-// 4 pairs there made the send at hidden 2048 2 us slower and left hidden 4096 as it was.
+// (LocalState::combine_claims), so that every block keeps working to the end. Short rows
+// (send_partials_in_batches) keep their fixed pairs: claiming runs of pairs there did not pay
+// (performance-notes.md, perf-kern-2).
 __device__ inline int first_share(int total) {
   return max(1, 3 * total / (4 * static_cast<int>(gridDim.x)));
 }
@@ -204,14 +201,13 @@ __device__ inline int first_share(int total) {
 // A block per (source, token) at a time: long rows (more than two vectors a thread: hidden above 4096 on
 // blocks of kBlockThreads, above 12288 on wide ones), whose loads keep the block busy.
 // send_partials_in_batches with a batch of one pair would do the same, but as one function for both the
-// fused kernel spilled registers on sm_90, and its fused combine at hidden 7168 took 20.0-21.0 us (128
-// tokens) and 237.7-241.0 us (4096) against 19.4-19.7 and 234.6-240.4 (EP2, H200).
+// fused kernel spilled registers on sm_90 and ran slower (performance-notes.md, perf-kern-3).
 template <bool kFp8>
 __device__ void send_partials_by_token(const GroupView& group, const rocep::device::CombineArgs& args) {
   const Shape& shape = group.shape;
   const int vectors = shape.hidden / kLanes;
   // With no more pairs allowed than blocks, nothing is claimed: the pairs go up to max_tokens, without the
-  // count's loads and barriers (0.3-0.4 us of the 128-token send at EP2, H200).
+  // count's loads and barriers (performance-notes.md, perf-kern-4).
   const int allowed = shape.world * shape.max_tokens;
   const int total = allowed <= static_cast<int>(gridDim.x)
                         ? allowed
@@ -225,12 +221,11 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
   __shared__ float slot_weights[kMaxTopK];
   __shared__ int next_index;
   // Token by token, the sources interleaved: each source's partials cross a different link (or none, for
-  // this rank's own), so taking one source after another left each link idle for part of the call
-  // (258 -> 188 us for the 4096-token send on H200, EP2). With a grid that is a multiple of the world size
-  // this keeps each block on one source through its first share; turning the sources from round to round,
-  // as the dispatch receive does (batch_slot_expansion_item), made this send 3-4 us slower there, so it is
-  // not done here. The pairs past the first shares are claimed one at a time, each claim issued when the
-  // pair before it starts.
+  // this rank's own), so taking one source after another left each link idle for part of the call. With a
+  // grid that is a multiple of the world size this keeps each block on one source through its first share;
+  // turning the sources from round to round, as the dispatch receive does (batch_slot_expansion_item),
+  // made this send slower, so it is not done here (performance-notes.md, perf-kern-5). The pairs past the
+  // first shares are claimed one at a time, each claim issued when the pair before it starts.
   const int share = first_share(total);
   const int shared_items = share * static_cast<int>(gridDim.x);
   int index = static_cast<int>(blockIdx.x);
@@ -303,9 +298,8 @@ __device__ void send_partials_by_token(const GroupView& group, const rocep::devi
 // time, in the same order. Every slot's row and weight is looked up at once (a thread per slot; on wide
 // blocks the threads past kBlockThreads look up nothing) and each pair's list of inputs made by a thread of
 // its own, so the block waits on those loads and on its barriers once per batch; then its warps sum the pairs
-// one after another without waiting for each other (4096 tokens at EP2 on H200, hidden 2048: 78 -> 62 us),
-// each part of the block (sub_block) pairs of its own. Wide blocks take hidden 7168 here, three pairs at a
-// time: as one part the send of 4096 tokens at 24 SMs took 740-751 us, as three 497-505 (EP2, H100).
+// one after another without waiting for each other, each part of the block (sub_block) pairs of its own.
+// Wide blocks take hidden 7168 here, three pairs at a time, one per part (performance-notes.md, perf-kern-6).
 // Taken in small calls too, where a block has one pair: choosing the other function there cost the fused
 // kernel spilled registers on sm_90.
 template <bool kFp8>
@@ -324,7 +318,7 @@ __device__ void send_partials_in_batches(const GroupView& group, const rocep::de
   const SubBlock part = sub_block(batch_pairs);
   for (int first = blockIdx.x; first < total; first += batch_pairs * gridDim.x) {
     // the thread's slot of the batch; worked out again for each batch, which keeps the fused kernels within
-    // their 80 registers without spilling
+    // their launch bound's registers without spilling
     const int pair = static_cast<int>(threadIdx.x) / shape.top_k;
     const int k = static_cast<int>(threadIdx.x) % shape.top_k;
     const int index = first + pair * static_cast<int>(gridDim.x);
@@ -417,10 +411,9 @@ __device__ void send_partials(const GroupView& group, const rocep::device::Combi
 // blocks of kBlockThreads, up to 12288 on wide ones) are summed a batch of tokens at a time where there are
 // more tokens than blocks: each token's list of partials is made by a thread of its own and the block waits
 // on those loads and on its barriers once per batch; then its warps sum the batch's tokens one after another,
-// without waiting for each other, each part of the block (sub_block) tokens of its own (4096 tokens at EP2
-// on H200, hidden 2048: 26.5 -> 21.5 us; hidden 7168 on wide blocks at 24 SMs, H100: 344-348 -> 142-146
-// us). Longer rows keep the block busy with one token's loads, and a call with fewer tokens than blocks has
-// one per block anyway: there a batch is one token.
+// without waiting for each other, each part of the block (sub_block) tokens of its own
+// (performance-notes.md, perf-kern-7). Longer rows keep the block busy with one token's loads, and a call
+// with fewer tokens than blocks has one per block anyway: there a batch is one token.
 __device__ inline int combine_batch_items(const Shape& shape, int items, int items_per_batch) {
   const bool short_rows = shape.hidden / kLanes <= 2 * static_cast<int>(blockDim.x);
   return short_rows && items > static_cast<int>(gridDim.x) ? items_per_batch : 1;

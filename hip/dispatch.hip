@@ -221,9 +221,8 @@ __device__ inline void store_mask_bits(unsigned long long* mask, int first_bit, 
 // read every source densely) and this rank's sent_ids, each token's destination ranks (a bit per rank that
 // owns one of its experts) into sent_masks, and the batch's bits of every peer's expert masks
 // (DispatchRegion: `tokens` bits of the chunk's mask per local expert, zero past the count), so that
-// receivers rank their rows without reading the ids. All slots at once: the 4096-token send on H200 spent 27
-// us on the ids alone when a block checked one token after another. `scratch`: shared, kBlockRankingMasks
-// words.
+// receivers rank their rows without reading the ids. All slots at once, not a token after another
+// (performance-notes.md, perf-kern-8). `scratch`: shared, kBlockRankingMasks words.
 template <bool kPerToken>
 __device__ void send_batch_ids(const GroupView& group, int first_token, int tokens, int count,
                                const BatchSlot& slot, int32_t* given, unsigned long long* destinations,
@@ -433,9 +432,7 @@ __device__ void stage_token_batches(const GroupView& group, const DispatchSendAr
 }
 
 // The fewest tokens per block (tokens_per_run) for which the expanded send on a budget's grid stages its
-// tokens in runs. EP2, hidden 7168, fp8 quantised in the send, H100: 128 tokens on 24 multiprocessors (5 a
-// block) took 2 us longer in runs (fused 47.6-48.5 -> 49.5-49.8 us), on 8 (16 a block) 2 us less, and 4096
-// tokens 70 us less at 24 multiprocessors.
+// tokens in runs: with fewer a block, runs were slower (performance-notes.md, perf-kern-9).
 inline constexpr int kMinExpandedRunTokens = 8;
 
 // This rank's tokens [0, num_tokens) into its own region, each shared once staged: in runs
@@ -813,8 +810,7 @@ __device__ inline int batch_slot_item(const Shape& shape, const ExpansionBatch& 
 // rank, half). With the source item % world, a grid that is a multiple of the world size kept each block
 // on one source: at EP2 half the blocks only copied locally, the other half only read over the link.
 // There (sources_turn) the sources of a token turn by one from each round of the block to the next, so that
-// every block takes each source in turn (the receive of 4096 tokens 1-4 us faster in every format at EP2,
-// H200).
+// every block takes each source in turn (faster in every format: performance-notes.md, perf-kern-10).
 __device__ inline ExpansionItem batch_slot_expansion_item(const Shape& shape, const ExpansionBatch& batch) {
   const int item = batch_slot_item(shape, batch);
   if (!batch.halves) {
@@ -864,8 +860,8 @@ __device__ void store_batch_slot(const GroupView& group, const DispatchRecvArgs&
     return;
   }
   const int k = static_cast<int>(threadIdx.x) % shape.top_k;
-  // Worked out again rather than read from batch.items: reading it took rocep_dispatch_recv from 80 to 100
-  // registers on sm_90 (two resident blocks per multiprocessor instead of three).
+  // Worked out again rather than read from batch.items: reading it cost rocep_dispatch_recv a resident
+  // block per multiprocessor (performance-notes.md, perf-kern-11).
   const ExpansionItem it = batch_slot_expansion_item(shape, batch);
   if (it.half == 2) {
     return;
@@ -1022,8 +1018,8 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
     const int32_t slot_row = batch_slot_row(group, layout, batch);
     batch_rows[threadIdx.x] = slot_row;
     // A slot's metadata waits on a load (its weight). With several items per block it goes out once the
-    // first payload loads are in flight (bf16 and fp8 prefill receives 2-3 us faster at EP2, H200); in a
-    // small receive, one item per block, before them (its decode receive 0.2-0.5 us faster).
+    // first payload loads are in flight; in a small receive, one item per block, before them (each measured
+    // faster where it is used: performance-notes.md, perf-kern-12).
     bool metadata_pending = true;
     if (batch.halves) {
       store_batch_slot(group, args, batch, slot_row);
@@ -1080,11 +1076,9 @@ __device__ void expand_tokens(const GroupView& group, const DispatchRecvArgs& ar
   lay_out_padding_rows(group, args, layout, input_scaled, scaled && !scales_later, scale_layout);
 }
 
-// The items a block of the wide receive expands at a time (expand_tokens_wide). EP2, hidden 7168, 4096
-// tokens, 24 SMs, H100, bf16: the fused dispatch 858-859 us one at a time, 703-705 three, 695-696 four,
-// 676-682 six; then, with the send in runs, 621-627 six and 612-620 eight (fp8 619-621 -> 595-596; at 8
-// SMs 3-4% less in both formats, but fp8 decode, 128 tokens at 8 SMs, 93.7 -> 96.1). Eight take the scaled
-// kernels to 248-254 registers on sm_90, no spills: more would spill.
+// The items a block of the wide receive expands at a time (expand_tokens_wide): more at a time was faster
+// up to eight, which the scaled kernels hold without spilling on sm_90; more would spill
+// (performance-notes.md, perf-kern-13).
 inline constexpr int kWideExpansionItems = 8;
 
 // How the blocks of an expanded receive take their items: one at a time (expand_tokens), or on a budget's
@@ -1146,8 +1140,7 @@ __device__ void expand_tokens_wide(const GroupView& group, const DispatchRecvArg
           continue;
         }
         // names_local_expert written out: through the helper this loop compiled to other code in each of
-        // the kItems unrolled items, and the scaled kernels took 3-4% longer (fp8, nvfp4, 4096 tokens at 24
-        // SMs, H100).
+        // the kItems unrolled items, and the scaled kernels were slower (performance-notes.md, perf-kern-14).
         bool wanted = false;
         for (int k = 0; k < shape.top_k; ++k) {
           wanted = wanted || batch_rows[j * shape.top_k + k] >= 0;
@@ -1233,9 +1226,8 @@ __device__ inline Vector16 kept_scale_words(const uint32_t* kept, int first, int
 // Blocks over (128 rows, a part of their groups; parts enough for every block): each thread looks up the
 // token of one row once, then per 8 groups (a 32-byte sector of the row) loads 4 of them, the next 8's
 // already in flight; the block regroups them in shared memory (`words`, kMaxScaleWords) and 32 threads
-// store each run. Each row storing its own groups where they belong, one sector each, took 37 us of the
-// nvfp4 receive of 4096 tokens (140 us; EP2, H200); with this pass it takes 113 us. Rows past the last one
-// are not stored.
+// store each run, faster than each row storing its own groups where they belong, one sector each
+// (performance-notes.md, perf-kern-15). Rows past the last one are not stored.
 __device__ void lay_out_scales(const GroupView& group, const DispatchRecvArgs& args, uint32_t num_rows,
                                uint32_t* words) {
   const Shape& shape = group.shape;
@@ -1791,8 +1783,8 @@ extern "C" __global__ void __launch_bounds__(PerTokenTuning::kDispatchThreads)
 }
 
 // The same for receives that scales_laid_out_later: separate kernels, so that the pass leaves the others'
-// code as it was (as a run-time choice inside them, it cost the mxfp4 receive of 4096 tokens 4 us at EP2
-// and 7 us at EP4, H200).
+// code as it was (as a run-time choice inside them, it slowed the mxfp4 receive: performance-notes.md,
+// perf-kern-16).
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     ROCEP_EP_KERNEL(rocep_dispatch_recv_scale_runs)(GroupView group, DispatchRecvArgs args) {
   receive_kernel<true>(group, args);

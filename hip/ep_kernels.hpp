@@ -24,9 +24,8 @@ ROCEP_HOST_DEVICE inline int dispatch_chunks(const Shape& shape) {
 // A receive whose masks of the chunks that hold the call's tokens (DispatchRegion: one 64-bit word per
 // chunk and local expert, the chunks of the most tokens any source sent) fit in kBlockRankingMasks is
 // ranked by every block on its own, from a copy of the masks in its shared memory: no global counts and no
-// grid barrier, which took ~5 us of a 128-token receive on H200 (ranking 2.4 us, barrier and row offsets
-// 2.7 us). A larger one takes the prefix over its chunks in a pass and a grid barrier (rank_chunks and
-// finish_layout in hip/dispatch.hip).
+// grid barrier (performance-notes.md, perf-kern-20). A larger one takes the prefix over its chunks in a
+// pass and a grid barrier (rank_chunks and finish_layout in hip/dispatch.hip).
 inline constexpr int kBlockRankingMasks = 1024;  // 8 KB
 
 // Whether every call of the group is ranked in each block, whatever its tokens.
@@ -37,11 +36,10 @@ ROCEP_HOST_DEVICE inline bool ranked_in_block(const Shape& shape) {
 // A group whose calls may be too large to be ranked in each block may keep each token's scales in
 // ReceivedScales and lay out every row's scales after the expansion, in whole 512-byte runs of 128 rows (a
 // grid barrier and a pass over the rows). nvfp4 always does: each row storing its 4-byte groups into their
-// tiles, 512 bytes apart, took 37 us of the nvfp4 receive of 4096 tokens (EP2, H200). fp8 block-128's
-// transposed scales (a 4-byte store per row and block, rows apart) do where a token fans out into 4 or more
-// rows per rank on average, so that the receive is bound by the memory rather than the links: fp8 receive of
-// 4096 tokens at EP2 (top-8, 4 rows per token) 126.6-126.9 -> 116.8-118.3 us, but at EP4 (2 rows) 276.4-277.1
-// -> 284.4-284.6 (H200, 2026-11-22).
+// tiles, 512 bytes apart, was slower. fp8 block-128's transposed scales (a 4-byte store per row and block,
+// rows apart) do where a token fans out into 4 or more rows per rank on average, so that the receive is
+// bound by the memory rather than the links; with fewer rows per token the pass costs more than it saves
+// (performance-notes.md, perf-kern-15 and perf-kern-21).
 ROCEP_HOST_DEVICE inline bool scales_laid_out_later(const Shape& shape) {
   const bool fans_out = shape.top_k >= 4 * shape.world;
   return (shape.format == Format::kNvfp4 || (shape.format == Format::kFp8Block128 && fans_out)) &&

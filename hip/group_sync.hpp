@@ -58,9 +58,9 @@ __device__ inline void signal_ipc_peers(const PeerTransport& peers, int world, i
 
 // Called by every thread of every block of a sending grid once the block's stores for the peers are
 // issued. The blocks count in through *blocks_done (arrives_last); the grid's last block then, with one
-// system-scope fence for the whole grid, adds 1 to every peer's words[rank]. With a system fence and adds
-// in every block, signalling took 4.0 us of a 128-token dispatch send on H200 (EP2, 396 blocks); this way
-// 2.5 us. A peer reached through the SHMEM engine is signalled by every block instead, after its own puts
+// system-scope fence for the whole grid, adds 1 to every peer's words[rank], rather than a system fence
+// and adds in every block (performance-notes.md, perf-kern-22). A peer reached through the SHMEM engine
+// is signalled by every block instead, after its own puts
 // (PeerTransport::signal_block_done). The last block also sets *claims (unless null) to 0: no block of the
 // grid claims work any more, and the next grid to claim from it starts after this one.
 __device__ inline void signal_grid_done(uint32_t* blocks_done, uint32_t* claims, const PeerTransport& peers,

@@ -29,7 +29,7 @@ __device__ inline void store_block_scale(uint8_t* scales, uint32_t block, uint32
 // the scales row-major. `first` is the thread's first vector of the row, loaded by the caller ahead of time.
 // Every thread of the block runs the same iterations (quantize_elements shuffles across lanes); lanes past
 // the row quantise zeros and store nothing. One vector per step with the next one in flight, not unrolled:
-// four staged vectors took the send kernels from 64 to 96 registers on sm_90.
+// four staged vectors took the send kernels' registers up by half (performance-notes.md, perf-kern-25).
 template <Format format>
 __device__ inline void quantize_to_message(uint8_t* message, const uint8_t* row, const Shape& shape,
                                            float global_scale, Vector16 first) {

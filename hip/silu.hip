@@ -150,8 +150,8 @@ __device__ inline void silu_values(const GateUp<kElements>& loaded, float clamp_
     // An order in which the first steps use every loaded vector: interleaved 0, s, 2s, 3s, 1, s + 1, ...
     // (s = kElements / 4), plain 0, h, 1, h + 1, ... (h = kElements / 2). In the interleaved layout the
     // compiler then issues all the item's loads before the math (in element order it issued half of them
-    // after the first elements' math: H200, mxfp4 113 -> 109 us); in the plain one it still issues the up
-    // loads after the gate's silu (see the prefetch in silu_rows).
+    // after the first elements' math: performance-notes.md, perf-kern-17); in the plain one it still issues
+    // the up loads after the gate's silu (see the prefetch in silu_rows).
     const int i =
         kInterleaved ? (step % 4) * (kElements / 4) + step / 4 : (step % 2) * (kElements / 2) + step / 2;
     // Plain: g_i is element i % 8 of vector i / 8, u_i of vector kElements / 8 + i / 8. Interleaved:
@@ -246,10 +246,9 @@ __device__ void silu_rows(const SiluParams& params) {
     }
     // Plain e2m1 formats: the next iteration's items into L2 while this one computes. The compiler issues
     // an item's up loads only once the gate's silu is done, so without it the thread waits on HBM twice
-    // per item; these kernels are bound by instruction issue, and the wait shows (H200: mxfp4 113 ->
-    // 107 us, nvfp4 125 -> 117). The other formats' kernels spend the prefetch's issue slots and traffic
-    // for nothing or less than nothing (bf16 plain 101 -> 112 us), and the interleaved layout loads its
-    // item at once anyway.
+    // per item; these kernels are bound by instruction issue, and the wait shows. The other formats'
+    // kernels spend the prefetch's issue slots and traffic for nothing or less than nothing, and the
+    // interleaved layout loads its item at once anyway (performance-notes.md, perf-kern-18).
     if constexpr (kPrefetchNext<kFormat, kInterleaved>) {
       static_assert(kInFlight == 1, "the cursor's item is the next iteration's only item");
       const std::size_t next = cursor.input_in_bounds(rows);

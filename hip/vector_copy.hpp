@@ -24,7 +24,8 @@ __device__ inline void prefetch_to_l2(const void* address) {
 }
 
 // Each thread loads kStaged vectors into registers before it stores any, so many loads are in flight at once
-// (one load then one store per step leaves a copy waiting on memory latency: measured 3x slower on H200).
+// (one load then one store per step leaves a copy waiting on memory latency: performance-notes.md,
+// perf-kern-23).
 inline constexpr int kStaged = 4;
 
 // kStaged vectors of one thread, `num_threads` apart, starting at vector `first`: the unit every copy below
@@ -75,8 +76,8 @@ __device__ inline void copy_bytes16_to_many(uint8_t* const* destinations, int co
   }
 }
 
-// One destination, nothing loaded ahead. Written out rather than through StagedVectors: that form took the
-// combine kernels from 79 to 93 registers on sm_90, one resident block per multiprocessor fewer.
+// One destination, nothing loaded ahead. Written out rather than through StagedVectors: that form cost the
+// combine kernels a resident block per multiprocessor (performance-notes.md, perf-kern-24).
 __device__ inline void copy_bytes16(void* destination, const void* source, std::size_t bytes, int thread,
                                     int num_threads) {
   const auto* src = static_cast<const Vector16*>(source);
