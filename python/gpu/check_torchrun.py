@@ -3,10 +3,10 @@
 - rocep.Group on the GPU backend against a CPU-reference group over the same bootstrap, bit for bit, on
   fresh random torch tensors with a count and routing that change from call to call, into outputs poisoned
   before each call (the rows past the count must keep the poison) and typed (tokens bf16 or the group's fp8,
-  block-128 scales float32), the combine with a shared expert:
+  block-128 scales float32, nvfp4's e4m3fn), the combine with a shared expert:
   per-token layout in bf16 and fp8 block-128 (quantised in dispatch), expanded layout in bf16, and
   local-only mode in both layouts; expert input scales (expanded, both fp8 encodings); nvfp4 quantised in
-  dispatch with a global scale;
+  dispatch with a global scale; mxfp8 and mxfp4 quantised in dispatch, both layouts;
 - the MoRI-shaped op against a naive torch definition (every rank's inputs gathered, the expected rows and
   sums computed with torch on the CPU), bf16 and pre-quantised fp8, fused and split calls, and
   local_expert_count;
@@ -214,11 +214,42 @@ def check_nvfp4_global_scale(boot, rank, world):
             got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda(), global_scale=global_scale.cuda())
         ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy(), global_scale=global_scale.numpy())
         count = ref.count()
+        if got.tokens.dtype != torch.uint8 or got.scales.dtype != torch.float8_e4m3fn:
+            failures.append(f"nvfp4 step {step} outputs: {got.tokens.dtype}, {got.scales.dtype}")
         for field in ("tokens", "scales", "topk_ids", "src_info"):
             check(f"nvfp4 step {step} {field}", getattr(got, field)[:count], getattr(ref, field)[:count])
         check(f"nvfp4 step {step} combined", gpu.combine(expert_rows.cuda(), n).view(torch.uint16),
               cpu.combine(bits(expert_rows), n))
     gpu.synchronize()
+
+
+def check_mx_formats(boot, rank, world):
+    """mxfp8 and mxfp4 quantised in dispatch on the GPU against the reference, both layouts: the payload and
+    scales of every received row, typed (mxfp8 codes float8_e4m3fn, fp4 uint8, scales float8_e8m0fnu)."""
+    e8m0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
+    for dispatch_format, payload_dtype in ((rocep.TokenFormat.MXFP8, torch.float8_e4m3fn),
+                                           (rocep.TokenFormat.MXFP4, torch.uint8)):
+        for layout in (rocep.Layout.PER_TOKEN, rocep.Layout.EXPANDED):
+            name = f"{dispatch_format} {layout}"
+            expanded = layout == rocep.Layout.EXPANDED
+            config = config_for(world, layout, dispatch_format)
+            gpu = rocep.Group(boot, config, rocep.Backend.GPU, layout)
+            cpu = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE, layout)
+            rows = gpu.config.max_recv_rows(world) if expanded else gpu.config.max_recv_tokens(world)
+            for step, n in enumerate([MAX_TOKENS, 29]):
+                tokens, ids, weights, expert_rows = inputs(140 + step, rank, n, world, rows)
+                got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda())
+                ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy())
+                count = ref.count()
+                if got.tokens.dtype != payload_dtype or got.scales.dtype != e8m0:
+                    failures.append(f"{name} outputs: {got.tokens.dtype}, {got.scales.dtype}")
+                check(f"{name} step {step} tokens", got.tokens[:count], ref.tokens[:count])
+                check(f"{name} step {step} scales", got.scales[:count], ref.scales[:count])  # [rows, hidden / 32]
+                check(f"{name} step {step} src_info", got.src_info[:count], ref.src_info[:count])
+                out = gpu.combine(expert_rows.cuda(), n, row_weights=got.weights if expanded else None)
+                expected = cpu.combine(bits(expert_rows), n, row_weights=ref.weights if expanded else None)
+                check(f"{name} step {step} combined", out.view(torch.uint16), expected)
+            gpu.synchronize()
 
 
 def check_cupy(boot, rank, world):
@@ -656,6 +687,7 @@ def main() -> int:
         check_native(boot, rank, world, layout, rocep.TokenFormat.BF16, local_only=True)
     check_input_scales(boot, rank, world)
     check_nvfp4_global_scale(boot, rank, world)
+    check_mx_formats(boot, rank, world)
     check_native_graph(boot, rank, world)
     check_cupy(boot, rank, world)
     check_input_buffers(boot, rank, world)

@@ -19,7 +19,7 @@ class DispatchResult:
     """What dispatch wrote on this rank (the per-token layout of include/rocep/types.hpp)."""
 
     tokens: Any  # [P, hidden] bf16 (uint16 bits in numpy and cupy); scaled formats: _OUTPUT_TYPES
-    scales: Any  # [P, ...] per _OUTPUT_TYPES, or None for bf16
+    scales: Any  # [P, scales per row] per _OUTPUT_TYPES, or None for bf16
     topk_ids: Any  # [P, top_k] int32: local expert, -1 elsewhere
     topk_weights: Any  # [P, top_k] float32
     src_info: Any  # [P, 3] int32: source rank, source token, -1
@@ -71,16 +71,18 @@ _SCALE_DTYPES = {
 }
 
 
-# How dispatch's outputs present the received bytes, per dispatch format: (payload dtype, scale dtype), torch's
-# names, "fp8" the group's encoding; where the array library lacks a dtype (numpy and cupy have no bfloat16
-# and no fp8), bf16 comes as uint16 bits and the rest as uint8 bytes. Per-token scales are [P, per row];
-# the expanded layout's fp8 block-128 scales [hidden / 128, R] (formats.hpp), its other scale tensors bytes.
+# How dispatch's outputs present the received bytes, per dispatch format: (payload dtype, scale dtype, the
+# expanded layout's scale tensor shape), torch's names, "fp8" the group's encoding. Where the array library
+# lacks a dtype (numpy and cupy have no bfloat16 and no fp8, older torch no e8m0), bf16 comes as uint16
+# bits and the rest as uint8 bytes. Per-token scales are [P, scales per row]; the expanded layout's are the
+# formats.hpp tensors: fp8 block-128 transposed [hidden / 128, R], MX [R, hidden / 32], nvfp4's swizzled
+# tiles flat.
 _OUTPUT_TYPES = {
-    _rocep.TokenFormat.BF16: ("bfloat16", None),
-    _rocep.TokenFormat.FP8_BLOCK128: ("fp8", "float32"),
-    _rocep.TokenFormat.MXFP8: ("float8_e4m3fn", "uint8"),
-    _rocep.TokenFormat.MXFP4: ("uint8", "uint8"),
-    _rocep.TokenFormat.NVFP4: ("uint8", "uint8"),
+    _rocep.TokenFormat.BF16: ("bfloat16", None, None),
+    _rocep.TokenFormat.FP8_BLOCK128: ("fp8", "float32", "transposed"),
+    _rocep.TokenFormat.MXFP8: ("float8_e4m3fn", "float8_e8m0fnu", "rows"),
+    _rocep.TokenFormat.MXFP4: ("uint8", "float8_e8m0fnu", "rows"),
+    _rocep.TokenFormat.NVFP4: ("uint8", "float8_e4m3fn", "tiles"),
 }
 
 
@@ -306,12 +308,13 @@ class Group:
                                                 result.src_info, result.num_recv_tokens, result.sorted_token_ids,
                                                 result.block_expert_ids, result.row_offsets)
         result.group = self._group
-        payload_type, scale_type = _OUTPUT_TYPES[self.config.dispatch_format]
+        payload_type, scale_type, expanded_scales = _OUTPUT_TYPES[self.config.dispatch_format]
         result.tokens = self._typed(result.tokens, payload_type)
-        if scale_type == "float32":
-            scales = self._typed(result.scales, scale_type)
-            rows = result.tokens.shape[0]
-            result.scales = scales.reshape(-1, rows) if isinstance(result, ExpandedResult) else scales
+        if scale_type is not None:
+            scales, rows = self._typed(result.scales, scale_type), result.tokens.shape[0]
+            if isinstance(result, ExpandedResult) and expanded_scales != "tiles":
+                scales = scales.reshape((-1, rows) if expanded_scales == "transposed" else (rows, -1))
+            result.scales = scales
         return result
 
     def _fp8_dtype(self) -> str:
@@ -324,7 +327,7 @@ class Group:
         if dtype == "fp8":
             dtype = self._fp8_dtype()
         if self._arrays == "torch":
-            return array.view(getattr(_torch(), dtype))
+            return array.view(getattr(_torch(), dtype, _torch().uint8))
         return array.view({"bfloat16": np.uint16, "float32": np.float32}.get(dtype, np.uint8))
 
     def _allocate_outputs(self):

@@ -1024,6 +1024,45 @@ def test_strided_scales_are_taken_and_missing_ids_beside_scales_raise_after_taki
         group.combine(rows, 4)
 
 
+# Scaled formats: (format, elements per payload byte, scale dtype, elements per scale).
+SCALED_OUTPUTS = [(rocep.TokenFormat.FP8_BLOCK128, 1, np.float32, 128), (rocep.TokenFormat.MXFP8, 1, np.uint8, 32),
+                  (rocep.TokenFormat.MXFP4, 2, np.uint8, 32), (rocep.TokenFormat.NVFP4, 2, np.uint8, 16)]
+
+
+@pytest.mark.parametrize("format_, per_byte, scale_dtype, block", SCALED_OUTPUTS)
+def test_scaled_outputs_come_as_arrays_of_their_elements_in_both_layouts(format_, per_byte, scale_dtype, block):
+    config = make_config(alignment=1)
+    config.dispatch_format = format_
+    per_token = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    expanded = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE,
+                           layout=rocep.Layout.EXPANDED)
+    tokens, ids, weights = rank_inputs(config, shared_seed(), RANK)
+    extra = {"global_scale": np.array([448 * 6 / 4], np.float32)} if format_ == rocep.TokenFormat.NVFP4 else {}
+    hidden, tokens_p, rows_r = config.hidden, config.max_recv_tokens(WORLD), config.max_recv_rows(WORLD)
+    by_token = per_token.dispatch(tokens, ids, weights, **extra)
+    per_token.combine(np.zeros((tokens_p, hidden), np.uint16), len(ids))
+    by_expert = expanded.dispatch(tokens, ids, weights, **extra)
+    expanded.combine(np.zeros((rows_r, hidden), np.uint16), len(ids), row_weights=by_expert.weights)
+    assert by_token.tokens.dtype == np.uint8 and by_token.tokens.shape == (tokens_p, hidden // per_byte)
+    assert by_token.scales.dtype == scale_dtype and by_token.scales.shape == (tokens_p, hidden // block)
+    assert by_expert.tokens.dtype == np.uint8 and by_expert.tokens.shape == (rows_r, hidden // per_byte)
+    assert by_expert.scales.dtype == scale_dtype
+    tensor_bytes = rocep.format_scale_tensor_bytes(format_, rows_r, hidden)
+    expanded_shape = {rocep.TokenFormat.FP8_BLOCK128: (hidden // block, rows_r),
+                      rocep.TokenFormat.NVFP4: (tensor_bytes,)}.get(format_, (rows_r, hidden // block))
+    assert by_expert.scales.shape == expanded_shape
+    # Each expanded row holds its token's codes and scales, as the token's per-token row does.
+    row_of = {(s, t): row for row, (s, t, _) in enumerate(by_token.src_info[:by_token.count()])}
+    assert by_expert.count() > 0 or by_token.count() == 0
+    for row, (s, t, _) in enumerate(by_expert.src_info[:by_expert.count()]):
+        token_row = row_of[(s, t)]
+        assert (by_expert.tokens[row] == by_token.tokens[token_row]).all()
+        if format_ == rocep.TokenFormat.FP8_BLOCK128:
+            assert (by_expert.scales[:, row] == by_token.scales[token_row]).all()
+        elif format_ != rocep.TokenFormat.NVFP4:  # nvfp4's swizzled tiles: formats.hpp
+            assert (by_expert.scales[row] == by_token.scales[token_row]).all()
+
+
 def e4m3fn_to_float(codes):
     codes = codes.astype(np.int32)
     exponent, mantissa = (codes >> 3) & 0xF, (codes & 7).astype(np.float64)
