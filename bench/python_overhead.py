@@ -104,8 +104,8 @@ def measure(args, rank: int, world: int) -> None:
 
     native, stream = group._group, torch.cuda.current_stream().cuda_stream
     results["the module's EpGroup, outputs converted once"] = time_calls(
-        [lambda: native.dispatch(tokens, ids, weights, None, received.native, stream),
-         lambda: native.combine(expert_outputs, None, None, out, stream)], args.rounds, args.calls)
+        [lambda: native.dispatch(tokens, ids, weights, None, None, received.native, stream=stream),
+         lambda: native.combine(expert_outputs, None, None, out, stream=stream)], args.rounds, args.calls)
 
     mori_config = EpDispatchCombineConfig(
         data_type=torch.bfloat16, rank=rank, world_size=world, hidden_dim=args.hidden, scale_dim=0,
