@@ -18,8 +18,8 @@ from . import _rocep
 class DispatchResult:
     """What dispatch wrote on this rank (the per-token layout of include/rocep/types.hpp)."""
 
-    tokens: Any  # [P, hidden] bf16 (uint16 bits in numpy and cupy); scaled formats: _OUTPUT_TYPES
-    scales: Any  # [P, scales per row] per _OUTPUT_TYPES, or None for bf16
+    tokens: Any  # [P, hidden] bf16 (uint16 bits in numpy and cupy); scaled formats their codes (docs/python.md)
+    scales: Any  # [P, scales per row] in the format's scale dtype (docs/python.md), or None for bf16
     topk_ids: Any  # [P, top_k] int32: local expert, -1 elsewhere
     topk_weights: Any  # [P, top_k] float32
     src_info: Any  # [P, 3] int32: source rank, source token, -1
@@ -39,8 +39,8 @@ class ExpandedResult:
     """What dispatch wrote on this rank in the expanded layout: a row per (token, local expert), expert by
     expert (include/rocep/types.hpp)."""
 
-    tokens: Any  # [R, hidden] bf16 (uint16 bits in numpy and cupy); scaled formats: _OUTPUT_TYPES
-    scales: Any  # the scale tensor (formats.hpp layouts) per _OUTPUT_TYPES, or None for bf16
+    tokens: Any  # [R, hidden] bf16 (uint16 bits in numpy and cupy); scaled formats their codes (docs/python.md)
+    scales: Any  # the scale tensor in its formats.hpp layout and the format's scale dtype, or None for bf16
     row_offsets: Any  # [L + 1] uint32 (int32 in torch): expert e's rows are [row_offsets[e], row_offsets[e + 1])
     expert_ids: Any  # [L] int32
     src_info: Any  # [R, 3] int32: source rank, source token, k
