@@ -186,6 +186,9 @@ def check_input_scales(boot, rank, world):
             got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda(), expert_input_scales=scales.cuda())
             ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy(), expert_input_scales=scales.numpy())
             used = ref.count()
+            want = torch.float8_e4m3fn if encoding == rocep.Fp8Encoding.E4M3FN else torch.float8_e4m3fnuz
+            if got.input_scaled_tokens().dtype != want:
+                failures.append(f"{name} codes: {got.input_scaled_tokens().dtype}, not {want}")
             codes = shape_and_bytes(got.input_scaled_tokens())[1][:used * HIDDEN]
             if codes != shape_and_bytes(ref.input_scaled_tokens())[1][:used * HIDDEN]:
                 failures.append(f"{name} codes")

@@ -52,10 +52,11 @@ class ExpandedResult:
         return int(np.asarray(_to_host(self.row_offsets))[-1])
 
     def input_scaled_tokens(self):
-        """After a dispatch with expert_input_scales: the rows' fp8 codes [R, hidden] uint8, a view of
-        tokens' first R * hidden bytes (torch: .view(torch.float8_e4m3fn) or the fnuz dtype)."""
+        """After a dispatch with expert_input_scales: the rows' fp8 codes [R, hidden], a view of tokens'
+        first R * hidden bytes, in torch in the group's fp8 dtype (EpConfig.fp8_encoding), else uint8."""
         rows, hidden = self.tokens.shape
-        return _bytes(self.tokens).reshape(-1)[:rows * hidden].reshape(rows, hidden)
+        codes = _bytes(self.tokens).reshape(-1)[:rows * hidden].reshape(rows, hidden)
+        return codes.view(getattr(_torch(), _fp8_dtype(self.group.config))) if _is_torch(codes) else codes
 
 
 # Dtypes of pre-quantised payloads and their scales, per dispatch format (torch's names; uint8 = the bytes).
@@ -143,6 +144,11 @@ def _contiguous(array):
         return array
     return _cupy().ascontiguousarray(array) if type(array).__module__.startswith("cupy") \
         else np.ascontiguousarray(array)
+
+
+def _fp8_dtype(config) -> str:
+    """torch's name of a group's fp8 encoding: float8_e4m3fn or float8_e4m3fnuz."""
+    return "float8_" + str(config.fp8_encoding).split(".")[-1].lower()
 
 
 def _bytes(array):
@@ -317,15 +323,11 @@ class Group:
             result.scales = scales
         return result
 
-    def _fp8_dtype(self) -> str:
-        """torch's name of the group's fp8 encoding: float8_e4m3fn or float8_e4m3fnuz."""
-        return "float8_" + str(self.config.fp8_encoding).split(".")[-1].lower()
-
     def _typed(self, array, dtype: str):
         """uint8 `array` viewed as `dtype` (torch's name; "fp8" the group's encoding), its last dimension in
         that type's items: in torch as it is; in numpy and cupy bf16 as uint16 bits, fp8 as the bytes."""
         if dtype == "fp8":
-            dtype = self._fp8_dtype()
+            dtype = _fp8_dtype(self.config)
         if self._arrays == "torch":
             return array.view(getattr(_torch(), dtype, _torch().uint8))
         return array.view({"bfloat16": np.uint16, "float32": np.float32}.get(dtype, np.uint8))
@@ -397,7 +399,7 @@ class Group:
             fnuz = token_dtype == "float8_e4m3fnuz"
             encoding = _rocep.Fp8Encoding.E4M3FNUZ if fnuz else _rocep.Fp8Encoding.E4M3FN
             if token_dtype.startswith("float8") and self.config.fp8_encoding != encoding:
-                allowed_tokens = ("uint8", self._fp8_dtype())
+                allowed_tokens = ("uint8", _fp8_dtype(self.config))
         scale_dtype = str(getattr(token_scales, "dtype", "")).replace("torch.", "")
         allowed_scales = _SCALE_DTYPES.get(format_, ())
         if scale_dtype not in allowed_scales:
