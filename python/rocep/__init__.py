@@ -4,7 +4,8 @@ The native API mirrors the C++ one (include/rocep/ep_group.hpp): ``EpConfig``, `
 bootstrap (``rocep.bootstrap``) in either layout, its fused and split dispatch / combine on arrays, and
 ``silu_and_quantize``.
 ``rocep.EpDispatchCombineConfig`` / ``rocep.EpDispatchCombineOp`` (module ``rocep.mori``) are a MoRI-shaped
-op. Exceptions are ``rocep.Error`` and its subclasses.
+op. Exceptions are ``rocep.Error`` and its subclasses. ``rocep.build_info()`` says what the installed build
+is (its version, ``rocep.__version__``, and its GPU platform: "none" runs every group on the CPU reference).
 """
 
 from ._rocep import (
@@ -23,6 +24,7 @@ from ._rocep import (
     Layout,
     TimeoutError,
     TokenFormat,
+    build_info,
     format_input_row_bytes,
     format_payload_bytes,
     format_scale_bytes,
@@ -31,6 +33,8 @@ from ._rocep import (
 )
 from .group import DispatchResult, ExpandedResult, Group
 from .mori import EpDispatchCombineConfig, EpDispatchCombineOp
+
+__version__ = build_info()["version"]
 
 __all__ = [
     "ALL_SMS",
@@ -53,6 +57,7 @@ __all__ = [
     "Layout",
     "TimeoutError",
     "TokenFormat",
+    "build_info",
     "format_input_row_bytes",
     "format_payload_bytes",
     "format_scale_bytes",

@@ -5,6 +5,8 @@ library (Group's `arrays`: torch when it is installed, else cupy) allocates the 
 device, and calls go on that library's current stream; inputs may be any DLPack array of either.
 """
 
+import sys
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +106,17 @@ def _torch():
 _GPU_ARRAYS = ("torch", "cupy")
 
 
+def _warn_of_a_build_without_gpu():
+    """Backend.AUTO put a group on the CPU reference in a process whose torch sees a GPU: a RuntimeWarning if
+    the cause is the build (no GPU platform, as when no GPU compiler was found when it was installed)."""
+    torch = sys.modules.get("torch")
+    if _rocep.build_info()["gpu_platform"] == "none" and torch is not None and torch.cuda.is_available():
+        warnings.warn("rocep: this build has no GPU platform (rocep.build_info()), so the group runs on the CPU "
+                      "reference although torch sees a GPU; reinstall rocep where nvcc or hipcc is found "
+                      "(docs/python.md), or pass backend=rocep.Backend.CPU_REFERENCE to mean it",
+                      RuntimeWarning, stacklevel=3)
+
+
 def _gpu_arrays(arrays):
     """The GPU backend's array library: `arrays`, or None for torch if importable, else cupy."""
     for name in (arrays,) if arrays else _GPU_ARRAYS:
@@ -199,6 +212,8 @@ class Group:
         self.config = self._group.config
         self.rank, self.world_size = self._group.rank, self._group.world_size
         self._gpu = self._group.backend == _rocep.Backend.GPU
+        if not self._gpu and (backend is None or str(backend).split(".")[-1].lower() == "auto"):
+            _warn_of_a_build_without_gpu()
         self._arrays = _gpu_arrays(arrays) if self._gpu else "numpy"
         self._pending = None  # combine_send's arrays and result, until combine_recv
         self._tokens = 0  # the last dispatch's token count: the rows combine writes

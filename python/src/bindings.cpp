@@ -625,6 +625,20 @@ NB_MODULE(_rocep, m) {
   m.def("format_input_row_bytes", &rocep::format_input_row_bytes, nb::arg("format"), nb::arg("hidden"));
   m.def("format_scale_tensor_bytes", &rocep::format_scale_tensor_bytes, nb::arg("format"), nb::arg("rows"),
         nb::arg("columns"));
+  m.def(
+      "build_info",
+      [] {
+        const rocep::BuildInfo info = rocep::build_info();
+        nb::dict fields;
+        fields["version"] = info.version;
+        fields["gpu_platform"] = info.gpu_platform;
+        fields["gpu_architectures"] = info.gpu_architectures;
+        fields["shmem_engine"] = info.shmem_engine;
+        fields["profiler_ranges"] = info.profiler_ranges;
+        return fields;
+      },
+      "What this build of rocep is (include/rocep/build_info.hpp): version, gpu_platform (amd, nvidia or "
+      "none: the CPU reference only), gpu_architectures, shmem_engine, profiler_ranges.");
 
   // The per-token layout's calls on arrays (the layout the Python package serves; types.hpp has the
   // fields). Streams: the GPU backend's calls take a stream handle (an int, 0 = the default stream).

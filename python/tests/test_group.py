@@ -3,8 +3,12 @@ the native API against a naive numpy computation, the MoRI-shaped op, every boot
 Inputs are random and drawn anew per test from a seed shared by the ranks; outputs are allocated fresh."""
 
 import gc
+import pathlib
+import sys
 import threading
 import time
+import types
+import warnings
 import weakref
 
 import numpy as np
@@ -540,7 +544,6 @@ def test_silu_matches_numpy_within_one_bf16_step():
 
 def test_the_moe_layer_example_matches_the_layer_without_ep():
     import importlib.util
-    import pathlib
 
     path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "moe_layer.py"
     spec = importlib.util.spec_from_file_location("moe_layer", path)
@@ -1153,3 +1156,35 @@ def test_combine_refused_for_its_expert_outputs_says_how_many_rows_and_may_be_re
             group.combine(rows[:received.count()], 5)
     out = group.combine(rows, 5)  # the repeated call completes with the peers'
     assert out.shape == (5, config.hidden)
+
+
+def test_build_info_gives_the_packages_version_and_what_it_was_built_for():
+    info = rocep.build_info()
+    pyproject = (pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert f'\nversion = "{info["version"]}"\n' in pyproject  # CMake's project() version is the package's
+    assert rocep.__version__ == info["version"]
+    assert info["gpu_platform"] in ("amd", "nvidia", "none")
+    assert info["shmem_engine"] in ("nvshmem", "rocshmem", "none")
+    assert info["profiler_ranges"] in ("nvtx", "roctx", "none")
+    assert (info["gpu_architectures"] == "") == (info["gpu_platform"] == "none")
+
+
+def test_a_build_without_gpu_platform_warns_when_auto_leaves_a_gpu_that_torch_sees_unused(monkeypatch):
+    if rocep.build_info()["gpu_platform"] != "none":
+        pytest.skip("this build has a GPU platform: Backend.AUTO takes the GPU wherever there is one")
+    config = make_config()
+    # No torch: nothing to warn of.
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rocep.Group(bootstrap.from_mpi4py(COMM), config).close()
+    # A torch that sees a GPU: the group runs on the CPU reference, and says why, unless asked for it.
+    seeing_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch", seeing_torch)
+    with pytest.warns(RuntimeWarning, match="no GPU platform"):
+        group = rocep.Group(bootstrap.from_mpi4py(COMM), config)
+    assert group.backend == rocep.Backend.CPU_REFERENCE
+    group.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE).close()

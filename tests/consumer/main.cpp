@@ -43,7 +43,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "rank %d: combined token differs from the dispatched one\n", group.rank());
       status = 1;
     } else if (group.rank() == 0) {
-      std::printf("rocep consumer: dispatch + combine round trip OK on %d rank(s)\n", world);
+      const rocep::BuildInfo build = rocep::build_info();
+      std::printf("rocep consumer: dispatch + combine round trip OK on %d rank(s), rocep %s (%s)\n", world,
+                  build.version, build.gpu_platform);
     }
   } catch (const rocep::Error& error) {
     std::fprintf(stderr, "rocep consumer: %s\n", error.what());

@@ -1,6 +1,6 @@
 // EpConfig validation, the per-format byte counts, the derived sizes (local experts, receive rows), the
-// dispatch and combine regions' layouts and the symmetric memory of groups that span nodes. No MPI: every
-// rank runs the same checks on its own.
+// dispatch and combine regions' layouts, the symmetric memory of groups that span nodes, and build_info. No
+// MPI: every rank runs the same checks on its own.
 #include "rocep/config.hpp"
 
 #include <gtest/gtest.h>
@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <initializer_list>
 #include <limits>
 #include <string>
 
@@ -15,6 +17,7 @@
 #include "hip/scale_layout.hpp"
 #include "host/comm_policy.hpp"
 #include "host/shmem_sizes.hpp"
+#include "rocep/build_info.hpp"
 #include "rocep/errors.hpp"
 
 namespace {
@@ -453,6 +456,33 @@ TEST(ShmemRegionSizesTest, GrowAsWorldTimesTokensAndNotWithTheExperts) {
     EXPECT_GE(expanded_total, expanded_rows);
     EXPECT_LE(expanded_total, expanded_rows + expanded_rows / 100);
   }
+}
+
+// What build_info says of every build: a version of three numbers, and each field one of its documented
+// values; in a build without a GPU platform (ROCEP_TEST_NO_GPU_PLATFORM) no architectures, no SHMEM engine
+// and no profiler ranges, else architectures listed.
+TEST(BuildInfoTest, EveryFieldHoldsOneOfItsDocumentedValues) {
+  const rocep::BuildInfo info = rocep::build_info();
+  int major = -1;
+  int minor = -1;
+  int patch = -1;
+  char past = 0;
+  EXPECT_EQ(std::sscanf(info.version, "%d.%d.%d%c", &major, &minor, &patch, &past), 3) << info.version;
+  EXPECT_TRUE(major >= 0 && minor >= 0 && patch >= 0) << info.version;
+  const auto one_of = [](const std::string& value, std::initializer_list<const char*> allowed) {
+    return std::any_of(allowed.begin(), allowed.end(), [&](const char* name) { return value == name; });
+  };
+  EXPECT_TRUE(one_of(info.shmem_engine, {"nvshmem", "rocshmem", "none"})) << info.shmem_engine;
+  EXPECT_TRUE(one_of(info.profiler_ranges, {"nvtx", "roctx", "none"})) << info.profiler_ranges;
+#if defined(ROCEP_TEST_NO_GPU_PLATFORM)
+  EXPECT_STREQ(info.gpu_platform, "none");
+  EXPECT_STREQ(info.gpu_architectures, "");
+  EXPECT_STREQ(info.shmem_engine, "none");
+  EXPECT_STREQ(info.profiler_ranges, "none");
+#else
+  EXPECT_TRUE(one_of(info.gpu_platform, {"amd", "nvidia"})) << info.gpu_platform;
+  EXPECT_STRNE(info.gpu_architectures, "");
+#endif
 }
 
 }  // namespace
