@@ -111,6 +111,11 @@ def bits(tensor):
     return tensor.view(torch.uint16).numpy()
 
 
+def torch_fp8(encoding):
+    """torch's dtype of an fp8 encoding of rocep."""
+    return {rocep.Fp8Encoding.E4M3FN: torch.float8_e4m3fn, rocep.Fp8Encoding.E4M3FNUZ: torch.float8_e4m3fnuz}[encoding]
+
+
 def check_native(boot, rank, world, layout, dispatch_format, local_only=False):
     name = f"{layout} {dispatch_format}" + (" local-only" if local_only else "")
     gpu_config = config_for(world, layout, dispatch_format, local_only)
@@ -124,9 +129,7 @@ def check_native(boot, rank, world, layout, dispatch_format, local_only=False):
     got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda())
     gpu.combine(expert_rows.cuda(), MAX_TOKENS, **({"row_weights": got.weights} if expanded else {}))
     fp8 = dispatch_format == rocep.TokenFormat.FP8_BLOCK128
-    fp8_dtype = {rocep.Fp8Encoding.E4M3FN: torch.float8_e4m3fn,
-                 rocep.Fp8Encoding.E4M3FNUZ: torch.float8_e4m3fnuz}[gpu.config.fp8_encoding]
-    typed = [(got.tokens, fp8_dtype if fp8 else torch.bfloat16, (rows, HIDDEN))]
+    typed = [(got.tokens, torch_fp8(gpu.config.fp8_encoding) if fp8 else torch.bfloat16, (rows, HIDDEN))]
     if fp8:
         typed.append((got.scales, torch.float32, (HIDDEN // 128, rows) if expanded else (rows, HIDDEN // 128)))
     for array, dtype, shape in typed:
@@ -186,9 +189,8 @@ def check_input_scales(boot, rank, world):
             got = gpu.dispatch(tokens.cuda(), ids.cuda(), weights.cuda(), expert_input_scales=scales.cuda())
             ref = cpu.dispatch(bits(tokens), ids.numpy(), weights.numpy(), expert_input_scales=scales.numpy())
             used = ref.count()
-            want = torch.float8_e4m3fn if encoding == rocep.Fp8Encoding.E4M3FN else torch.float8_e4m3fnuz
-            if got.input_scaled_tokens().dtype != want:
-                failures.append(f"{name} codes: {got.input_scaled_tokens().dtype}, not {want}")
+            if got.input_scaled_tokens().dtype != torch_fp8(encoding):
+                failures.append(f"{name} codes: {got.input_scaled_tokens().dtype}, not {torch_fp8(encoding)}")
             codes = shape_and_bytes(got.input_scaled_tokens())[1][:used * HIDDEN]
             if codes != shape_and_bytes(ref.input_scaled_tokens())[1][:used * HIDDEN]:
                 failures.append(f"{name} codes")

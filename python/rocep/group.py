@@ -57,8 +57,8 @@ class ExpandedResult:
         """After a dispatch with expert_input_scales: the rows' fp8 codes [R, hidden], a view of tokens'
         first R * hidden bytes, in torch in the group's fp8 dtype (EpConfig.fp8_encoding), else uint8."""
         rows, hidden = self.tokens.shape
-        codes = _bytes(self.tokens).reshape(-1)[:rows * hidden].reshape(rows, hidden)
-        return codes.view(getattr(_torch(), _fp8_dtype(self.group.config))) if _is_torch(codes) else codes
+        return _typed(_bytes(self.tokens).reshape(-1)[:rows * hidden].reshape(rows, hidden), "fp8",
+                      self.group.config)
 
 
 # Dtypes of pre-quantised payloads and their scales, per dispatch format (torch's names; uint8 = the bytes).
@@ -162,6 +162,17 @@ def _contiguous(array):
 def _fp8_dtype(config) -> str:
     """torch's name of a group's fp8 encoding: float8_e4m3fn or float8_e4m3fnuz."""
     return "float8_" + str(config.fp8_encoding).split(".")[-1].lower()
+
+
+def _typed(array, dtype: str, config):
+    """uint8 `array` viewed as `dtype` (torch's name; "fp8" the encoding of `config`, a group's), its last
+    dimension in that type's items: a torch array as named (uint8 where this torch lacks the type); numpy and
+    cupy arrays bf16 as uint16 bits, float32 as it is, the rest as the bytes."""
+    if dtype == "fp8":
+        dtype = _fp8_dtype(config)
+    if _is_torch(array):
+        return array.view(getattr(_torch(), dtype, _torch().uint8))
+    return array.view({"bfloat16": np.uint16, "float32": np.float32}.get(dtype, np.uint8))
 
 
 def _bytes(array):
@@ -330,22 +341,13 @@ class Group:
                                                 result.block_expert_ids, result.row_offsets)
         result.group = self._group
         payload_type, scale_type, expanded_scales = _OUTPUT_TYPES[self.config.dispatch_format]
-        result.tokens = self._typed(result.tokens, payload_type)
+        result.tokens = _typed(result.tokens, payload_type, self.config)
         if scale_type is not None:
-            scales, rows = self._typed(result.scales, scale_type), result.tokens.shape[0]
+            scales, rows = _typed(result.scales, scale_type, self.config), result.tokens.shape[0]
             if isinstance(result, ExpandedResult) and expanded_scales != "tiles":
                 scales = scales.reshape((-1, rows) if expanded_scales == "transposed" else (rows, -1))
             result.scales = scales
         return result
-
-    def _typed(self, array, dtype: str):
-        """uint8 `array` viewed as `dtype` (torch's name; "fp8" the group's encoding), its last dimension in
-        that type's items: in torch as it is; in numpy and cupy bf16 as uint16 bits, fp8 as the bytes."""
-        if dtype == "fp8":
-            dtype = _fp8_dtype(self.config)
-        if self._arrays == "torch":
-            return array.view(getattr(_torch(), dtype, _torch().uint8))
-        return array.view({"bfloat16": np.uint16, "float32": np.float32}.get(dtype, np.uint8))
 
     def _allocate_outputs(self):
         config, world = self.config, self.world_size
