@@ -4,6 +4,7 @@ Inputs are random and drawn anew per test from a seed shared by the ranks; outpu
 
 import gc
 import pathlib
+import subprocess
 import sys
 import threading
 import time
@@ -1167,6 +1168,18 @@ def test_build_info_gives_the_packages_version_and_what_it_was_built_for():
     assert info["shmem_engine"] in ("nvshmem", "rocshmem", "none")
     assert info["profiler_ranges"] in ("nvtx", "roctx", "none")
     assert (info["gpu_architectures"] == "") == (info["gpu_platform"] == "none")
+
+
+def test_a_bare_import_gives_every_public_name_and_submodule():
+    # In a fresh interpreter: this module's own imports would otherwise have bound the submodules already.
+    probe = ("import rocep\n"
+             "missing = [name for name in rocep.__all__ if not hasattr(rocep, name)]\n"
+             "assert not missing, missing\n"
+             "rocep.bootstrap.Callables(0, 1, lambda data: [data], lambda: None)\n"
+             "assert rocep.bf16.to_float(rocep.bf16.from_float([1.5]))[0] == 1.5\n"
+             "assert rocep.accuracy.calc_diff([1.0], [1.0]) == 0\n")
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
 
 
 def test_a_build_without_gpu_platform_warns_when_auto_leaves_a_gpu_that_torch_sees_unused(monkeypatch):
