@@ -33,7 +33,7 @@ from ._rocep import (
     silu_and_quantize,
 )
 from . import accuracy, bf16, bootstrap  # rocep.bootstrap.from_torch() etc. after a bare `import rocep`
-from .group import DispatchResult, ExpandedResult, Group
+from .group import DispatchResult, ExpandedResult, Group, RecordedError
 from .mori import EpDispatchCombineConfig, EpDispatchCombineOp
 
 __version__ = build_info()["version"]
@@ -57,6 +57,7 @@ __all__ = [
     "Group",
     "InvalidInputError",
     "Layout",
+    "RecordedError",
     "TimeoutError",
     "TokenFormat",
     "accuracy",

@@ -9,11 +9,24 @@ import sys
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import _rocep
+
+
+class RecordedError(NamedTuple):
+    """What the kernels recorded so far (Group.poll_error), as C++'s rocep::RecordedError: false where
+    nothing was; a (kind, message) pair, kind comparing equal to its number (0 none, 1, 2)."""
+
+    Kind = _rocep.RecordedErrorKind  # NONE, INVALID_INPUT (a slot dropped, a count out of range), TIMEOUT
+
+    kind: Any  # RecordedError.Kind
+    message: str  # names the operation, the rank and what went wrong; empty for NONE
+
+    def __bool__(self) -> bool:
+        return self.kind != RecordedError.Kind.NONE
 
 
 @dataclass
@@ -592,8 +605,9 @@ class Group:
         """Waits for the group's stream and raises what the kernels recorded (rocep.Error subclasses)."""
         self._group.synchronize(self._stream())
 
-    def poll_error(self):
-        """(kind, message) recorded so far, without waiting: kind 0 = none, 1 = invalid input, 2 = timeout.
-        Any thread may call it at any time, also while another thread is inside a call of the group, with the
-        group's GPU current (torch.cuda.set_device(self.device) once in that thread)."""
-        return self._group.poll_error()
+    def poll_error(self) -> RecordedError:
+        """What the kernels recorded so far, without waiting: a RecordedError, false where nothing was
+        (`if error := group.poll_error(): log(error.message)`). Any thread may call it at any time, also while
+        another thread is inside a call of the group, with the group's GPU current
+        (torch.cuda.set_device(self.device) once in that thread)."""
+        return RecordedError(*self._group.poll_error())

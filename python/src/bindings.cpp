@@ -566,6 +566,11 @@ NB_MODULE(_rocep, m) {
       .value("AUTO", rocep::Backend::kAuto)
       .value("GPU", rocep::Backend::kGpu)
       .value("CPU_REFERENCE", rocep::Backend::kCpuReference);
+  // Arithmetic, so that a kind compares equal to its number as the (kind, message) pairs of before did.
+  nb::enum_<rocep::RecordedError::Kind>(m, "RecordedErrorKind", nb::is_arithmetic())
+      .value("NONE", rocep::RecordedError::Kind::kNone)
+      .value("INVALID_INPUT", rocep::RecordedError::Kind::kInvalidInput)
+      .value("TIMEOUT", rocep::RecordedError::Kind::kTimeout);
 
   nb::class_<rocep::EpConfig> config_class(m, "EpConfig");
   config_class
@@ -728,7 +733,7 @@ NB_MODULE(_rocep, m) {
           nb::gil_scoped_release release;  // a watchdog thread's poll waits for a copy, not for Python
           error = group.poll_error();
         }
-        return nb::make_tuple(static_cast<int>(error.kind), error.message);
+        return nb::make_tuple(error.kind, error.message);
       });
 
   // The fused SiLU + quantisation (include/rocep/silu.hpp): host arrays run the CPU reference, device arrays

@@ -311,15 +311,17 @@ def test_a_watchdog_thread_polls_while_a_call_is_inside_the_group():
     held.clear()
     thread.join()
     assert len(polls) == 1  # the poll raised nothing
-    kind, message = polls[0]
+    error = polls[0]
+    kind, message = error  # still the (kind, message) pair it always was
     if RANK == 0:
-        assert kind == 1 and "token 2, slot 1: expert id 1000" in message, message
+        assert error and error.kind == rocep.RecordedError.Kind.INVALID_INPUT and kind == 1
+        assert "token 2, slot 1: expert id 1000" in error.message, error.message
         with pytest.raises(rocep.InvalidInputError, match="expert id 1000"):
             group.synchronize()
     else:
-        assert (kind, message) == (0, "")
+        assert not error and error.kind == rocep.RecordedError.Kind.NONE and (kind, message) == (0, "")
     group.combine(expert_output_rows(config, shared_seed()), len(ids))
-    assert group.poll_error() == (0, "")
+    assert not group.poll_error() and group.poll_error() == (0, "")
 
 
 def test_close_is_refused_on_every_rank_while_a_rank_holds_a_buffer_view_and_then_releases_the_group():
