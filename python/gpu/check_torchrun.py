@@ -597,7 +597,8 @@ def check_devices(boot, rank, world):
 def check_watchdog(boot, rank, world):
     """A watchdog thread polls the group, its GPU made current there first, while this thread waits in
     synchronize for a dispatch and a combine and then a sleep kernel of about 0.3 s on the group's stream:
-    many polls are answered meanwhile, none raises or reports anything."""
+    many polls are answered meanwhile, none raises or reports anything. Then an invalid id, which a poll
+    reads as a RecordedError once the stream is done and synchronize raises."""
     gpu = rocep.Group(boot, config_for(world), rocep.Backend.GPU)
     tokens, ids, weights, expert_rows = (array.cuda() for array in inputs(94, rank, 64, world,
                                                                           gpu.config.max_recv_tokens(world)))
@@ -629,6 +630,27 @@ def check_watchdog(boot, rank, world):
     results = {result for _, result in polls}
     if answered < 10 or results != {(0, "")}:
         failures.append(f"watchdog: {answered} polls answered while synchronize waited; they gave {results}")
+    # An expert id out of range on rank 0, recorded by the send: poll_error reads it once the stream is
+    # done (a RecordedError, true, of kind INVALID_INPUT, naming the slot), and synchronize raises it.
+    if rank == 0:
+        ids[3, 0] = EXPERTS_PER_RANK * world + 5
+    gpu.dispatch(tokens, ids, weights)
+    gpu.combine(expert_rows, len(ids))
+    torch.cuda.synchronize(gpu.device)
+    error = gpu.poll_error()
+    expected_kind = rocep.RecordedError.Kind.INVALID_INPUT if rank == 0 else rocep.RecordedError.Kind.NONE
+    if not repr(gpu).startswith(f"rocep.Group(rank {rank} of {world}, GPU {gpu.device}, EpConfig("):
+        failures.append(f"repr: {gpu!r}")
+    if (not isinstance(error, rocep.RecordedError) or error.kind != expected_kind or bool(error) != (rank == 0)
+            or (rank == 0 and "token 3, slot 0" not in error.message)):
+        failures.append(f"poll_error after an invalid id on rank 0: {error!r}")
+    try:
+        gpu.synchronize()
+        if rank == 0:
+            failures.append("synchronize after an invalid id: nothing raised")
+    except rocep.InvalidInputError as raised:
+        if rank != 0 or "token 3, slot 0" not in str(raised):
+            failures.append(f"synchronize after an invalid id: {raised}")
 
 
 def check_close(boot, rank, world):

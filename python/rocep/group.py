@@ -263,6 +263,10 @@ class Group:
         self._group.close()
         self._closed = True
 
+    def __repr__(self) -> str:
+        where = "closed" if self._closed else f"GPU {self._group.device}" if self._gpu else "CPU reference"
+        return f"rocep.Group(rank {self.rank} of {self.world_size}, {where}, {self.config!r})"
+
     @property
     def backend(self):
         return self._group.backend

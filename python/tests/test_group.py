@@ -340,8 +340,11 @@ def test_close_is_refused_on_every_rank_while_a_rank_holds_a_buffer_view_and_the
     fresh.dispatch(tokens, ids, weights)
     assert (group.combine(rows, len(ids)) == fresh.combine(rows, len(ids))).all()
     del view
+    assert repr(group) == f"rocep.Group(rank {RANK} of {WORLD}, CPU reference, {group.config!r})"
+    assert "layout=per-token" in repr(group)  # the group's layout, which replaces the config's
     group.close()
     group.close()  # again: nothing to do
+    assert repr(group).startswith(f"rocep.Group(rank {RANK} of {WORLD}, closed, EpConfig(")  # no call made
     for call in (lambda: group.dispatch(tokens, ids, weights), group.poll_error, group.synchronize,
                  group.dispatch_input_buffer, lambda: group.memory_bytes):
         with pytest.raises(rocep.CallOrderError, match=r"closed \(EpGroup::close\(\)\)"):
