@@ -566,7 +566,7 @@ NB_MODULE(_rocep, m) {
       .value("AUTO", rocep::Backend::kAuto)
       .value("GPU", rocep::Backend::kGpu)
       .value("CPU_REFERENCE", rocep::Backend::kCpuReference);
-  // Arithmetic, so that a kind compares equal to its number as the (kind, message) pairs of before did.
+  // Arithmetic: a kind compares equal to its number (0, 1, 2), which callers of poll_error may test.
   nb::enum_<rocep::RecordedError::Kind>(m, "RecordedErrorKind", nb::is_arithmetic())
       .value("NONE", rocep::RecordedError::Kind::kNone)
       .value("INVALID_INPUT", rocep::RecordedError::Kind::kInvalidInput)
