@@ -1,8 +1,10 @@
 // Bootstrap: how the ranks of a group find each other. rocep needs only an all-gather of bytes and a
-// barrier at group creation, close and teardown (never during dispatch or combine), so any launcher can
-// provide it: MPI (rocep/mpi.hpp), torch.distributed or mpi4py (the Python package), or a server's own
-// channel. Their bounded forms (barrier_within, all_gather_within) are optional: where a bootstrap bounds
-// them, a group's teardown and close give up on a missing peer after EpConfig::timeout_seconds.
+// barrier: the GPU backend at group creation, close and teardown only (never during dispatch or combine),
+// the CPU reference also within each dispatch_send and combine_send (its messages cross through
+// all_gather). So any launcher can provide it: MPI (rocep/mpi.hpp), torch.distributed or mpi4py (the Python
+// package), or a server's own channel. Their bounded forms (barrier_within, all_gather_within) are optional:
+// where a bootstrap bounds them, a group's teardown and close give up on a missing peer after
+// EpConfig::timeout_seconds.
 #pragma once
 
 #include <cstddef>
