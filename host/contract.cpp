@@ -252,6 +252,14 @@ std::string combine_args_error(const EpConfig& config, const char* call, int ran
            "combine, whose rows come back unreduced: allowed only with row_weights or in the per-token "
            "layout";
   }
+  if (args.residual != nullptr && config.local_only && config.allreduce_world_size > 1) {
+    return where +
+           " passed residual in local-only mode, where every rank of the all-reduce adds it to the same "
+           "tokens and the caller's all-reduce would count it allreduce_world_size = " +
+           std::to_string(config.allreduce_world_size) +
+           " times: add it after the all-reduce, or into shared_expert_output, which only this rank's slice "
+           "of the tokens adds";
+  }
   constexpr std::size_t kMostRowStride = std::size_t{1} << 31;  // the kernels hold it in 32 bits
   if (args.out_row_stride != 0 && (args.out_row_stride < static_cast<std::size_t>(config.hidden) ||
                                    args.out_row_stride % 8 != 0 || args.out_row_stride > kMostRowStride)) {

@@ -31,10 +31,11 @@
 //   part is issued (InvalidInputError::issued() true), and the group goes on. Its next call is
 //   dispatch_recv (or, after a fused dispatch, combine), as after any dispatch.
 // - InvalidInputError from dispatch_recv / combine / combine_send / combine_recv for bad arguments (a null
-//   pointer), and from a fused dispatch for bad outputs (checked as dispatch_recv checks them): that call is
-//   refused on this rank before anything is issued (issued() false) and may be repeated with valid
-//   arguments; until then the peers' waits on this rank run against config().timeout_seconds (on the CPU
-//   reference the peers wait in the bootstrap's all_gather, which bounds it only if the bootstrap does).
+//   pointer, an epilogue the layout or mode refuses: CombineArgs), and from a fused dispatch for bad outputs
+//   (checked as dispatch_recv checks them): that call is refused on this rank before anything is issued
+//   (issued() false) and may be repeated with valid arguments; until then the peers' waits on this rank run
+//   against config().timeout_seconds (on the CPU reference the peers wait in the bootstrap's all_gather,
+//   which bounds it only if the bootstrap does).
 // - Recorded, never thrown from a call: what only the data shows while the call runs (an expert id outside
 //   [-1, num_experts) or named twice: that slot is not dispatched; a device-side token count out of range:
 //   no token is sent; weighted and unweighted combines mixed across ranks: out is invalid; a peer that never

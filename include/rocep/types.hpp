@@ -37,8 +37,9 @@ struct DispatchInputs {
   // Scaled formats only, optional: the scales of already quantised tokens, row-major per token
   // ([num_tokens, format_scale_bytes]: float32 for fp8 block-128, e8m0 for MX, e4m3fn for nvfp4).
   const void* token_scales = nullptr;
-  // nvfp4 from bf16 only: one float32, the global scale the tokens are quantised with (device memory on
-  // the GPU backend). Every rank must pass the same value: the receiver's GEMM applies one per tensor.
+  // nvfp4 from bf16 only (ignored by every other dispatch): one float32, the global scale the tokens are
+  // quantised with (device memory on the GPU backend). Every rank must pass the same value: the receiver's
+  // GEMM applies one per tensor.
   const float* global_scale = nullptr;
 };
 
@@ -119,6 +120,8 @@ struct CombineArgs {
   //   v = v * factor               when factor != 1
   //   v = v * token_factors[t]     when token_factors is set: [num_tokens] float32
   //   v = v + residual[t][h]       when residual is set: [num_tokens, hidden] bf16, rows hidden apart
+  //                                (refused in local-only mode with allreduce_world_size > 1: every rank
+  //                                would add it, the caller's all-reduce then sums it that many times)
   // then v is rounded to bf16 once and stored at out + t * out_row_stride + h, in elements. out_row_stride 0
   // means hidden; a larger one (a multiple of 8 up to 2^31: rows stay 16-byte aligned) writes into a slice of
   // a wider row-major tensor, e.g. the first hidden columns of [num_tokens, 2 * hidden].

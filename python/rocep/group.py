@@ -233,10 +233,10 @@ class Group:
         self._bootstrap = bootstrap
         self._views = []  # weak references to the memory objects of the arrays made from its buffers
         self._closed = False
-        self.config = self._group.config
+        self._config = self._group.config  # a copy: what the calls size and check the arrays by
         self.rank, self.world_size = self._group.rank, self._group.world_size
         self._gpu = self._group.backend == _rocep.Backend.GPU
-        if not self._gpu and (backend is None or str(backend).split(".")[-1].lower() == "auto"):
+        if not self._gpu and str(backend).split(".")[-1].lower() == "auto":
             _warn_of_a_build_without_gpu()
         self._arrays = _gpu_arrays(arrays) if self._gpu else "numpy"
         self._pending = None  # combine_send's arrays and result, until combine_recv
@@ -265,7 +265,13 @@ class Group:
 
     def __repr__(self) -> str:
         where = "closed" if self._closed else f"GPU {self._group.device}" if self._gpu else "CPU reference"
-        return f"rocep.Group(rank {self.rank} of {self.world_size}, {where}, {self.config!r})"
+        return f"rocep.Group(rank {self.rank} of {self.world_size}, {where}, {self._config!r})"
+
+    @property
+    def config(self) -> "_rocep.EpConfig":
+        """The group's configuration, with its layout: a copy (writing to it changes no group; the
+        configuration is fixed at creation)."""
+        return _rocep.EpConfig(self._config)
 
     @property
     def backend(self):
@@ -301,7 +307,7 @@ class Group:
         """`rows` rows at `address`, the group's own memory, as an array of its library: a view, valid while
         the group lives. bf16 rows of hidden (torch bfloat16, else the bf16 bits as uint16), or with
         `row_bytes`, uint8 rows of that many bytes."""
-        shape = (rows, row_bytes) if row_bytes else (rows, self.config.hidden)
+        shape = (rows, row_bytes) if row_bytes else (rows, self._config.hidden)
         typestr = "|u1" if row_bytes else "<f2" if self._gpu and self._arrays == "torch" else "<u2"
         if self._gpu:
             memory = _DeviceMemory(address, shape, typestr, self)
@@ -323,7 +329,7 @@ class Group:
         row-major (format_scale_bytes bytes, as token_scales holds them), then padding. Tokens written there
         and passed to dispatch as its first rows (`buffer[:num_tokens]`, with no token_scales) are not copied
         by the send. Write it only between this rank's combine and its next dispatch, in stream order."""
-        config = self.config
+        config = self._config
         scaled = config.dispatch_format != _rocep.TokenFormat.BF16
         return self._own_memory(self._group.dispatch_input_buffer_address(), config.max_tokens_per_rank,
                                 _rocep.format_input_row_bytes(config.dispatch_format, config.hidden) if scaled
@@ -337,7 +343,7 @@ class Group:
         and its combine, in stream order. Raises rocep.ConfigError for the expanded layout, an fp8 combine
         and a group whose EpConfig.combine_input_buffer is False."""
         return self._own_memory(self._group.combine_input_buffer_address(),
-                                self.config.max_recv_tokens(self.world_size))
+                                self._config.max_recv_tokens(self.world_size))
 
     def _stream(self) -> int:
         if self._arrays == "torch":
@@ -357,17 +363,17 @@ class Group:
                                                 result.src_info, result.num_recv_tokens, result.sorted_token_ids,
                                                 result.block_expert_ids, result.row_offsets)
         result.group = self._group
-        payload_type, scale_type, expanded_scales = _OUTPUT_TYPES[self.config.dispatch_format]
-        result.tokens = _typed(result.tokens, payload_type, self.config)
+        payload_type, scale_type, expanded_scales = _OUTPUT_TYPES[self._config.dispatch_format]
+        result.tokens = _typed(result.tokens, payload_type, self._config)
         if scale_type is not None:
-            scales, rows = _typed(result.scales, scale_type, self.config), result.tokens.shape[0]
+            scales, rows = _typed(result.scales, scale_type, self._config), result.tokens.shape[0]
             if isinstance(result, ExpandedResult) and expanded_scales != "tiles":
                 scales = scales.reshape((-1, rows) if expanded_scales == "transposed" else (rows, -1))
             result.scales = scales
         return result
 
     def _allocate_outputs(self):
-        config, world = self.config, self.world_size
+        config, world = self._config, self.world_size
         if config.layout == _rocep.Layout.EXPANDED:
             rows = config.max_recv_rows(world)
             payload = _rocep.format_payload_bytes(config.dispatch_format, config.hidden)
@@ -413,27 +419,27 @@ class Group:
             if len(shape) != 2:
                 return tokens, topk_ids, token_scales, (
                     f"{name}: must have 2 dimensions, has {len(shape)} (shape {tuple(shape)})")
-        most = self.config.max_tokens_per_rank
+        most = self._config.max_tokens_per_rank
         if topk_ids.shape[0] > most:
             return tokens, topk_ids, token_scales, (
                 f"topk_ids: {topk_ids.shape[0]} rows (tokens), allowed are at most max_tokens_per_rank = {most}")
         if str(getattr(topk_ids, "dtype", "")) in ("int64", "torch.int64"):
             # Ids past int32 become num_experts, an invalid id (its slot dropped and reported), not a wrap.
-            experts = self.config.num_experts
+            experts = self._config.num_experts
             if _is_torch(topk_ids):
                 topk_ids = topk_ids.masked_fill((topk_ids < -1) | (topk_ids >= experts), experts).int()
             else:
                 topk_ids = np.where((topk_ids < -1) | (topk_ids >= experts), experts, topk_ids).astype(np.int32)
         if token_scales is None:
             return tokens, topk_ids, None, None
-        format_ = self.config.dispatch_format
+        format_ = self._config.dispatch_format
         token_dtype = str(getattr(tokens, "dtype", "")).replace("torch.", "")
         allowed_tokens = _PAYLOAD_DTYPES.get(format_, ("uint8",))
         if format_ == _rocep.TokenFormat.FP8_BLOCK128:
             fnuz = token_dtype == "float8_e4m3fnuz"
             encoding = _rocep.Fp8Encoding.E4M3FNUZ if fnuz else _rocep.Fp8Encoding.E4M3FN
-            if token_dtype.startswith("float8") and self.config.fp8_encoding != encoding:
-                allowed_tokens = ("uint8", _fp8_dtype(self.config))
+            if token_dtype.startswith("float8") and self._config.fp8_encoding != encoding:
+                allowed_tokens = ("uint8", _fp8_dtype(self._config))
         scale_dtype = str(getattr(token_scales, "dtype", "")).replace("torch.", "")
         allowed_scales = _SCALE_DTYPES.get(format_, ())
         if scale_dtype not in allowed_scales:
@@ -446,7 +452,7 @@ class Group:
                 f"{format_}: allowed are {', '.join(allowed_tokens)}")
         # The shape in the scales' own elements (the module checks their bytes).
         item_bytes = 4 if scale_dtype == "float32" else 1
-        scale_shape = (len(topk_ids), _rocep.format_scale_bytes(format_, self.config.hidden) // item_bytes)
+        scale_shape = (len(topk_ids), _rocep.format_scale_bytes(format_, self._config.hidden) // item_bytes)
         if tuple(getattr(token_scales, "shape", ())) != scale_shape:
             return tokens, topk_ids, token_scales, (
                 f"token_scales: shape must be {scale_shape} ({scale_dtype}), is "
@@ -455,7 +461,7 @@ class Group:
 
     def _no_tokens(self):
         """Inputs of zero tokens, for a rank that takes part in a dispatch whose inputs it refused."""
-        hidden, top_k = self.config.hidden, self.config.top_k
+        hidden, top_k = self._config.hidden, self._config.top_k
         tokens = self._empty((0, hidden), "bfloat16")
         return tokens, self._empty((0, top_k), "int32"), self._empty((0, top_k), "float32"), None, None
 
@@ -537,13 +543,15 @@ class Group:
                            epilogue=(1.0, None, None)):
         """The call's arrays and the result to return, and the error to raise after taking part. The rows
         combine writes are the last dispatch's tokens, whatever num_tokens says: a wrong num_tokens or a
-        short `out` is written to a buffer of the right size, then raised as InvalidInputError."""
+        short `out` is written to a buffer of the group's of the right size (the caller's out untouched, the
+        shared expert and epilogue left out), then raised as InvalidInputError."""
         tokens, error = self._tokens, None
         if num_tokens != tokens:
             error = (f"num_tokens = {num_tokens} is invalid: this rank's last dispatch had {tokens} tokens "
-                     "(the combine went ahead for those)")
-        unreduced = self.config.layout == _rocep.Layout.EXPANDED and row_weights is None
-        row_shape = ((self.config.top_k,) if unreduced else ()) + (self.config.hidden,)
+                     "(the combine went ahead for those into a buffer of its own)")
+            out = None
+        unreduced = self._config.layout == _rocep.Layout.EXPANDED and row_weights is None
+        row_shape = ((self._config.top_k,) if unreduced else ()) + (self._config.hidden,)
         if out is not None and (getattr(out, "shape", None) is None or not _writable(out)):
             error = error or (f"out: must be a writable array (numpy, torch or cupy), is {type(out).__name__}"
                               f"{'' if getattr(out, 'shape', None) is None else ' (read-only)'} (the combine "
@@ -556,7 +564,7 @@ class Group:
         if out is None:  # a row even for no tokens: the call needs a buffer
             out = self._empty((max(tokens, 1),) + row_shape, "bfloat16")
         factor, token_factors, residual = epilogue
-        if tokens == 0:  # a shared expert or an epilogue of no tokens adds nothing
+        if tokens == 0 or num_tokens != tokens:  # of no tokens, or sized for a count that is not the call's
             shared_expert_output = token_factors = residual = None
         # Contiguous inputs made here (see _checked): combine_send's _pending keeps them until combine_recv.
         expert_outputs, row_weights, shared_expert_output, token_factors, residual = (

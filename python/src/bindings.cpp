@@ -103,19 +103,48 @@ void enum_field(nb::class_<rocep::EpConfig>& config_class, const char* name) {
       name, [](const rocep::EpConfig& config) { return config.*Field; },
       [name](rocep::EpConfig& config, nb::handle value) {
         config.*Field = enum_argument<Enum, rocep::ConfigError>(value, std::string("EpConfig.") + name);
-      });
+      },
+      nb::for_setter(nb::arg("value").none()));  // None too reaches enum_argument, which refuses it by name
+}
+
+// The error for an argument `name` that is no array nanobind takes as `kind` ("an array", "a writable
+// array"): a list, None, a non-native byte order, an unknown array type, a read-only array for an output.
+rocep::InvalidInputError not_an_array(const char* name, const char* kind, nb::handle object) {
+  return rocep::InvalidInputError(std::string(name) + ": must be " + kind +
+                                  " (numpy, torch, cupy or any DLPack array, native byte order), is " +
+                                  nb::cast<std::string>(nb::str(object.type())));
 }
 
 // `object` as an input array (a non-contiguous one copied); throws rocep::InvalidInputError naming `name`
-// where it is none that nanobind takes (a list, a non-native byte order, an unknown array type).
+// where it is none that nanobind takes.
 InputArray input_array(const char* name, nb::handle object) {
   try {
     return nb::cast<InputArray>(object);
   } catch (const nb::cast_error&) {
-    throw rocep::InvalidInputError(
-        std::string(name) + ": must be an array (numpy, torch, cupy or any DLPack " +
-        "array, native byte order), is " + nb::cast<std::string>(nb::str(object.type())));
+    throw not_an_array(name, "an array", object);
   }
+}
+
+// `object` as an array the call writes whole, row after row: writable and C-contiguous, else
+// rocep::InvalidInputError naming `name` (a contiguous copy of a strided array would take the results away).
+StridedArray dense_output_array(const char* name, nb::handle object) {
+  StridedArray array;
+  try {
+    array = nb::cast<StridedArray>(object);
+  } catch (const nb::cast_error&) {
+    throw not_an_array(name, "a writable array", object);
+  }
+  int64_t dense_stride = 1;  // in elements, as DLPack gives strides
+  for (std::size_t axis = array.ndim(); axis-- > 0;) {
+    if (array.shape(axis) > 1 && array.stride(axis) != dense_stride) {
+      throw rocep::InvalidInputError(std::string(name) +
+                                     ": must be C-contiguous (the call writes it whole, row after row), is "
+                                     "strided along dimension " +
+                                     std::to_string(axis));
+    }
+    dense_stride *= static_cast<int64_t>(array.shape(axis));
+  }
+  return array;
 }
 
 // bf16 arrays: torch.bfloat16 (DLPack bfloat16), or their bits as uint16 (numpy has no bfloat16).
@@ -187,7 +216,8 @@ void check(const char* name, const AnyArray& array, nb::dlpack::dtype dtype, con
 
 // Row offsets: uint32 as in C++, or int32 with the same bits (torch's uint32 tensors support few operations;
 // offsets stay below 2^31).
-void check_row_offsets(const Array& array, int64_t extent, int device) {
+template <typename AnyArray>
+void check_row_offsets(const AnyArray& array, int64_t extent, int device) {
   const nb::dlpack::dtype dtype =
       array.dtype() == nb::dtype<int32_t>() ? nb::dtype<int32_t>() : nb::dtype<uint32_t>();
   check("row_offsets", array, dtype, "uint32 or int32", {extent}, device);
@@ -659,7 +689,8 @@ NB_MODULE(_rocep, m) {
           nb::arg("bootstrap"), nb::arg("config"), nb::arg("backend").none() = rocep::Backend::kAuto)
       .def_prop_ro("rank", &rocep::EpGroup::rank)
       .def_prop_ro("world_size", &rocep::EpGroup::world_size)
-      .def_prop_ro("config", &rocep::EpGroup::config)
+      // A copy: a group's configuration is fixed at its creation (the backends hold their own).
+      .def_prop_ro("config", [](const rocep::EpGroup& group) { return group.config(); })
       .def_prop_ro("backend", &rocep::EpGroup::backend)
       .def_prop_ro("num_local_experts", &rocep::EpGroup::num_local_experts)
       .def_prop_ro("max_recv_rows", &rocep::EpGroup::max_recv_rows)
@@ -703,18 +734,20 @@ NB_MODULE(_rocep, m) {
           },
           nb::arg("tokens").none(), nb::arg("topk_ids").none(), nb::arg("topk_weights").none(),
           nb::arg("token_scales").none(), nb::arg("global_scale").none(), nb::arg("stream") = 0)
-      .def("combine", &combine_on_arrays<&rocep::EpGroup::combine>, nb::arg("expert_outputs"),
+      .def("combine", &combine_on_arrays<&rocep::EpGroup::combine>, nb::arg("expert_outputs").none(),
            nb::arg("row_weights").none(), nb::arg("shared_expert_output").none(), nb::arg("out"),
            nb::arg("factor") = 1.0f, nb::arg("token_factors").none() = nb::none(),
            nb::arg("residual").none() = nb::none(), nb::arg("stream") = 0)
-      .def("combine_send", &combine_on_arrays<&rocep::EpGroup::combine_send>, nb::arg("expert_outputs"),
-           nb::arg("row_weights").none(), nb::arg("shared_expert_output").none(), nb::arg("out"),
-           nb::arg("factor") = 1.0f, nb::arg("token_factors").none() = nb::none(),
-           nb::arg("residual").none() = nb::none(), nb::arg("stream") = 0)
-      .def("combine_recv", &combine_on_arrays<&rocep::EpGroup::combine_recv>, nb::arg("expert_outputs"),
-           nb::arg("row_weights").none(), nb::arg("shared_expert_output").none(), nb::arg("out"),
-           nb::arg("factor") = 1.0f, nb::arg("token_factors").none() = nb::none(),
-           nb::arg("residual").none() = nb::none(), nb::arg("stream") = 0)
+      .def("combine_send", &combine_on_arrays<&rocep::EpGroup::combine_send>,
+           nb::arg("expert_outputs").none(), nb::arg("row_weights").none(),
+           nb::arg("shared_expert_output").none(), nb::arg("out"), nb::arg("factor") = 1.0f,
+           nb::arg("token_factors").none() = nb::none(), nb::arg("residual").none() = nb::none(),
+           nb::arg("stream") = 0)
+      .def("combine_recv", &combine_on_arrays<&rocep::EpGroup::combine_recv>,
+           nb::arg("expert_outputs").none(), nb::arg("row_weights").none(),
+           nb::arg("shared_expert_output").none(), nb::arg("out"), nb::arg("factor") = 1.0f,
+           nb::arg("token_factors").none() = nb::none(), nb::arg("residual").none() = nb::none(),
+           nb::arg("stream") = 0)
       .def(
           "synchronize",
           [](rocep::EpGroup& group, std::uintptr_t stream) {
@@ -740,11 +773,14 @@ NB_MODULE(_rocep, m) {
   // the GPU kernels on `stream`.
   m.def(
       "silu_and_quantize",
-      [](Array gate_up, Array out, nb::object out_scales, Array row_offsets, int n,
-         nb::handle format_argument, nb::handle fp8_encoding, nb::object global_scales, bool interleaved,
-         float clamp_limit, std::uintptr_t stream) {
+      [](nb::handle gate_up_argument, nb::handle out_argument, nb::object out_scales,
+         nb::handle row_offsets_argument, int n, nb::handle format_argument, nb::handle fp8_encoding,
+         nb::object global_scales, bool interleaved, float clamp_limit, std::uintptr_t stream) {
         const auto format =
             enum_argument<rocep::TokenFormat, rocep::InvalidInputError>(format_argument, "format");
+        const InputArray gate_up = input_array("gate_up", gate_up_argument);
+        const StridedArray out = dense_output_array("out", out_argument);
+        const InputArray row_offsets = input_array("row_offsets", row_offsets_argument);
         // Every array on gate_up's GPU (the kernels run on the calling thread's current one), or in host
         // memory.
         const int device = gate_up.device_type() != nb::device::cpu::value ? gate_up.device_id() : -1;
@@ -770,16 +806,18 @@ NB_MODULE(_rocep, m) {
             enum_argument<rocep::Fp8Encoding, rocep::InvalidInputError>(fp8_encoding, "fp8_encoding");
         args.interleaved = interleaved;
         args.clamp_limit = clamp_limit;
+        StridedArray scales;
         if (!out_scales.is_none()) {
-          const Array scales = nb::cast<Array>(out_scales);
+          scales = dense_output_array("out_scales", out_scales);
           check("out_scales", scales, nb::dtype<uint8_t>(), "uint8",
                 {static_cast<int64_t>(rocep::format_scale_tensor_bytes(format, rows, n))}, device);
           args.out_scales = scales.data();
         }
+        InputArray group_scales;  // alive through the call: a copy where nanobind made the array contiguous
         if (!global_scales.is_none()) {
-          const Array scales = nb::cast<Array>(global_scales);
-          check("global_scales", scales, nb::dtype<float>(), "float32", {args.num_groups}, device);
-          args.global_scales = static_cast<const float*>(scales.data());
+          group_scales = input_array("global_scales", global_scales);
+          check("global_scales", group_scales, nb::dtype<float>(), "float32", {args.num_groups}, device);
+          args.global_scales = static_cast<const float*>(group_scales.data());
         }
         nb::gil_scoped_release release;
         if (device >= 0) {
@@ -788,10 +826,10 @@ NB_MODULE(_rocep, m) {
           rocep::silu_and_quantize_reference(args);
         }
       },
-      nb::arg("gate_up"), nb::arg("out"), nb::arg("out_scales").none(), nb::arg("row_offsets"), nb::arg("n"),
-      nb::arg("format") = rocep::TokenFormat::kBf16, nb::arg("fp8_encoding") = rocep::Fp8Encoding::kAuto,
-      nb::arg("global_scales").none() = nb::none(), nb::arg("interleaved") = false,
-      nb::arg("clamp_limit") = 0.0f, nb::arg("stream") = 0);
+      nb::arg("gate_up").none(), nb::arg("out").none(), nb::arg("out_scales").none(),
+      nb::arg("row_offsets").none(), nb::arg("n"), nb::arg("format") = rocep::TokenFormat::kBf16,
+      nb::arg("fp8_encoding") = rocep::Fp8Encoding::kAuto, nb::arg("global_scales").none() = nb::none(),
+      nb::arg("interleaved") = false, nb::arg("clamp_limit") = 0.0f, nb::arg("stream") = 0);
 
   // rocep's exceptions as Python classes (rocep/__init__.py names them): nanobind translates each C++ class
   // to the registered Python one.

@@ -184,7 +184,11 @@ def test_bad_combine_arguments_raise_on_their_rank_after_it_took_part():
     expected = group.combine(rows, len(ids)).copy()
     frozen = np.zeros((len(ids), config.hidden), np.uint16)
     frozen.flags.writeable = False
+    untouched = np.full((len(ids) + 2, config.hidden), 0x7FC1, np.uint16)  # poison, room for the real count
     for bad, message in ((dict(num_tokens=3), "num_tokens = 3"),
+                         (dict(num_tokens=3, out=untouched), "num_tokens = 3"),
+                         (dict(num_tokens=3, shared_expert_output=np.ones((3, config.hidden), np.uint16),
+                               residual=np.ones((3, config.hidden), np.uint16)), "num_tokens = 3"),
                          (dict(out=np.zeros((2, config.hidden), np.uint16)), "out: shape"),
                          (dict(out=[[0] * config.hidden] * len(ids)), "out: must be a writable array .*is list"),
                          (dict(out=frozen), r"out: must be a writable array .*is ndarray \(read-only\)")):
@@ -197,6 +201,7 @@ def test_bad_combine_arguments_raise_on_their_rank_after_it_took_part():
             assert raised.value.issued
         else:  # the peers get their rows, rank 0's included
             assert (group.combine(rows, **arguments) == expected).all()
+    assert (untouched == 0x7FC1).all()  # a wrong count writes into the group's own buffer, not the caller's
 
 
 def test_expert_input_scales_of_a_wrong_dtype_raise_after_taking_part():
@@ -546,6 +551,18 @@ def test_silu_matches_numpy_within_one_bf16_step():
     assert np.abs(out.astype(np.int32) - expected.astype(np.int32)).max() <= 1
     with pytest.raises(rocep.InvalidInputError, match=r"gate_up: shape must be \(any, 128\)"):
         rocep.silu_and_quantize(gate_up[:, :n], out, None, np.array([0, 10], np.uint32), n)
+    # A read-only gate_up is read; an out the call could not write whole in place is refused by name, never
+    # written into a copy that would take the results away.
+    gate_up.flags.writeable = False
+    again = np.zeros((10, n), np.uint16)
+    rocep.silu_and_quantize(gate_up, again, None, np.array([0, 3, 10], np.uint32), n)
+    assert (again == out).all()
+    wide = np.zeros((10, 2 * n), np.uint16)
+    for bad, message in ((wide[:, :n], "out: must be C-contiguous"), (np.asfortranarray(out), "out: must be C-"),
+                         (None, "out: must be a writable array .*NoneType")):
+        with pytest.raises(rocep.InvalidInputError, match=message):
+            rocep.silu_and_quantize(gate_up, bad, None, np.array([0, 3, 10], np.uint32), n)
+    assert not wide.any()
 
 
 def test_the_moe_layer_example_matches_the_layer_without_ep():
@@ -812,6 +829,19 @@ def test_local_only_outputs_summed_over_ranks_equal_the_all_to_all_result(layout
         own = bf16.to_float(local_out[t])  # this rank's own rows, rounded once
         want = bf16.from_float(own + bf16.to_float(shared[t])) if first <= t < last else local_out[t]
         assert (with_shared[t] == want).all(), f"token {t}"
+
+    # A residual would be added by every rank of the all-reduce: refused there with nothing issued, and the
+    # call repeated without it completes. With one rank there is no all-reduce to count it twice.
+    received = local.dispatch(tokens, ids, weights)
+    residual = bf16.from_float(rng.uniform(-1, 1, (len(ids), config.hidden)))
+    if WORLD > 1:
+        with pytest.raises(rocep.InvalidInputError,
+                           match=rf"residual in local-only mode.*allreduce_world_size = {WORLD} times") as refused:
+            combine(local, received, residual=residual)
+        assert not refused.value.issued
+        assert (combine(local, received) == local_out).all()
+    else:
+        combine(local, received, residual=residual)
 
 
 def test_local_only_needs_a_dividing_allreduce_world_size_and_is_refused_off_local_only():
@@ -1173,6 +1203,17 @@ def test_build_info_gives_the_packages_version_and_what_it_was_built_for():
     assert info["shmem_engine"] in ("nvshmem", "rocshmem", "none")
     assert info["profiler_ranges"] in ("nvtx", "roctx", "none")
     assert (info["gpu_architectures"] == "") == (info["gpu_platform"] == "none")
+
+
+def test_a_groups_config_is_a_copy_fixed_at_creation():
+    config = make_config()
+    group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
+    group.config.hidden, group.config.layout = 2 * config.hidden, "expanded"  # each on a copy: no effect
+    assert group.config.hidden == config.hidden and group.config.layout == rocep.Layout.PER_TOKEN
+    tokens, ids, weights = rank_inputs(config, shared_seed(), RANK, num_tokens=5)
+    received = group.dispatch(tokens, ids, weights)
+    assert received.tokens.shape == (config.max_recv_tokens(WORLD), config.hidden)
+    assert group.combine(expert_output_rows(config, shared_seed()), len(ids)).shape == (5, config.hidden)
 
 
 def test_a_bare_import_gives_every_public_name_and_submodule():
