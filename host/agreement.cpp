@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "rocep/errors.hpp"
@@ -51,7 +52,15 @@ Outcome outcome_of(std::exception_ptr failure) {
 void agree_on_step(Bootstrap& bootstrap, const char* step_name, std::exception_ptr failure) {
   const Outcome mine = outcome_of(failure);
   std::vector<Outcome> all(bootstrap.size());
-  bootstrap.all_gather(&mine, all.data(), sizeof mine);
+  try {
+    bootstrap.all_gather(&mine, all.data(), sizeof mine);
+  } catch (const std::exception& error) {  // no agreement: this rank says what it knows
+    throw BootstrapError(std::string(error.what()) + " (at " + step_name +
+                         (failure
+                              ? std::string(", after this rank's own failure there: ") + mine.message.data()
+                              : std::string()) +
+                         ")");
+  }
   const auto first = std::find_if(all.begin(), all.end(),
                                   [](const Outcome& outcome) { return outcome.kind != FailureKind::kNone; });
   if (first == all.end()) {

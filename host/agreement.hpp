@@ -11,7 +11,8 @@ namespace rocep {
 
 // Runs step() and then agrees over `bootstrap` (collective). If step() threw on any rank, every rank
 // throws the same exception type as the lowest failing rank (ConfigError, GpuRuntimeError, BootstrapError,
-// else Error), with a message naming that rank, `step_name` and the failing rank's own message.
+// else Error), with a message naming that rank, `step_name` and the failing rank's own message. Where the
+// agreement's own all-gather fails, BootstrapError naming this rank, the collective and `step_name`.
 template <typename Step>
 void run_agreed(Bootstrap& bootstrap, const char* step_name, Step&& step);
 

@@ -17,6 +17,7 @@
 #include "backend.hpp"
 #include "codecs.hpp"
 #include "contract.hpp"
+#include "guarded_bootstrap.hpp"
 #include "number_text.hpp"
 #include "profiler_range.hpp"
 #include "reference.hpp"
@@ -145,17 +146,21 @@ std::string field_text(FieldKind kind, double value) {
   return std::to_string(static_cast<long long>(value));
 }
 
-// Throws ConfigError on this rank, before any collective, unless the bootstrap's size() is positive and its
-// rank() lies in [0, size()). The peers then wait in the bootstrap's first all-gather, as for a rank that
-// never creates the group.
-void require_valid_bootstrap(const Bootstrap& bootstrap) {
-  const int rank = bootstrap.rank();
-  const int size = bootstrap.size();
+// The caller's bootstrap as the group uses it (GuardedBootstrap). Throws ConfigError on this rank, before any
+// collective, unless it is set, its size() is positive and its rank() lies in [0, size()). The peers then
+// wait in the bootstrap's first all-gather, as for a rank that never creates the group.
+std::shared_ptr<Bootstrap> guarded(std::shared_ptr<Bootstrap> bootstrap) {
+  if (!bootstrap) {
+    throw ConfigError("EpGroup: bootstrap is null; pass a rocep::Bootstrap (MpiBootstrap, or your own)");
+  }
+  const int rank = bootstrap->rank();
+  const int size = bootstrap->size();
   if (size < 1 || rank < 0 || rank >= size) {
     throw ConfigError("EpGroup: the bootstrap's rank() = " + std::to_string(rank) +
                       " and size() = " + std::to_string(size) +
                       " are invalid: allowed are size() >= 1 and rank() in [0, size() - 1]");
   }
+  return std::make_shared<GuardedBootstrap>(std::move(bootstrap));
 }
 
 // What each rank contributes to the first collective of creation: the fields it must agree on, and what its
@@ -276,11 +281,7 @@ Backend resolve_backend(Bootstrap& bootstrap, Backend requested) {
 
 struct EpGroup::Impl {
   Impl(std::shared_ptr<Bootstrap> group_bootstrap, const EpConfig& group_config, Backend requested)
-      : bootstrap(std::move(group_bootstrap)), config(group_config), backend(requested) {
-    if (!bootstrap) {
-      throw ConfigError("EpGroup: bootstrap is null; pass a rocep::Bootstrap (MpiBootstrap, or your own)");
-    }
-    require_valid_bootstrap(*bootstrap);
+      : bootstrap(guarded(std::move(group_bootstrap))), config(group_config), backend(requested) {
     // Agree first, validate second: the same config gives the same verdict on every rank, so no rank is
     // left waiting in a collective that a rank with a bad config never joins. A test or a launcher can
     // declare each GPU a node through the environment's ROCEP_GPUS_PER_NODE.

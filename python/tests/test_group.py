@@ -4,6 +4,7 @@ Inputs are random and drawn anew per test from a seed shared by the ranks; outpu
 
 import gc
 import pathlib
+import re
 import subprocess
 import sys
 import threading
@@ -754,9 +755,9 @@ def test_mori_split_calls_local_expert_count_and_source_positions():
     seed = shared_seed()
     inputs = [rank_inputs(make_config(128, 2, 2, 16, 1), seed, rank) for rank in range(WORLD)]
     tokens, ids, weights = inputs[RANK]
-    expected = fused.dispatch(tokens, weights, None, ids, block_num=32)
+    expected = fused.dispatch(tokens, weights, None, ids, 32, 0, 8)  # MoRI's launch settings, positional
     sent = op.dispatch_send(tokens, weights, None, ids)
-    op.dispatch_recv()
+    op.dispatch_recv(call_local_expert_count=True)
     count = int(expected[4][0])
     assert int(sent[4][0]) == count
     for got, want in zip(sent[:4], expected[:4]):
@@ -766,13 +767,15 @@ def test_mori_split_calls_local_expert_count_and_source_positions():
     naive = [sum(1 for s in range(WORLD) for token_ids in inputs[s][1] for i in token_ids if i == RANK * 2 + e)
              for e in range(2)]
     assert list(rocep.mori.local_expert_count(config, sent[3], sent[4])) == naive
-    positions = op.get_dispatch_src_token_pos()[:count]
+    assert list(rocep.mori.local_expert_count(config, sent[3], count)) == naive  # the count as an int
+    assert list(op.local_expert_count) == naive  # MoRI's call_local_expert_count
+    positions = op.get_dispatch_src_token_pos()  # the received rows only, as MoRI's
     rows = [s * 16 + t for s in range(WORLD) for t in range(len(inputs[s][1]))
             if any(i >= 0 and i // 2 == RANK for i in inputs[s][1][t])]
     assert list(positions) == rows
     rows_out = np.zeros((op._group.config.max_recv_tokens(WORLD), 128), np.uint16)
     rows_out[:count] = sent[0][:count]
-    want_out, want_weights = fused.combine(rows_out, expected[1], expected[3])
+    want_out, want_weights = fused.combine(rows_out, expected[1], expected[3], 80, 0, 8, -1, False)
     got_out, got_weights = op.combine_send(rows_out, sent[1], sent[3])
     op.combine_recv()
     assert (got_out == want_out).all() and (got_weights == weights).all()
@@ -1158,6 +1161,12 @@ def test_mori_config_errors_raise_on_every_rank_in_the_configs_names():
              (dict(max_num_inp_token_per_rank=0), "EpDispatchCombineConfig.max_num_inp_token_per_rank = 0")]
     if WORLD > 1:  # every rank says it is rank 0: the others are wrong, and every rank raises
         cases.append((dict(rank=0), "rank = 0, world_size = .*, but the bootstrap says rank [1-9]"))
+    # A field of the wrong type on the last rank only (a float, None, past 32 bits): ConfigError on every rank
+    # naming it, where a rank that raised alone would leave the others waiting in the group's creation.
+    last = dict(num_experts_per_rank=4 / 2, hidden_dim=None, max_num_inp_token_per_rank=2**31)
+    for field, value in last.items():
+        change = {field: value} if RANK == WORLD - 1 else {}
+        cases.append((change, rf"EpDispatchCombineConfig.{field} = {re.escape(repr(value))} is invalid: must be an"))
     for change, message in cases:
         with pytest.raises(rocep.ConfigError, match=message):
             EpDispatchCombineOp(mori_config(**change), bootstrap.from_mpi4py(COMM), rocep.Backend.CPU_REFERENCE)
@@ -1177,6 +1186,21 @@ def test_mori_dispatch_refused_on_a_rank_names_its_arguments_and_its_combine_ret
     else:
         out, out_weights, _, out_indices, _ = op.dispatch(tokens, weights, None, ids)
         assert op.combine(out, out_weights, out_indices)[1].shape == (4, 2)
+    # Too many tokens, in the config's name; a combine refused names the op's input; an id out of range is
+    # recorded for the op's poll_error and synchronize.
+    with pytest.raises(rocep.InvalidInputError, match=r"at most max_num_inp_token_per_rank = 16"):
+        op.dispatch(np.concatenate([tokens] * 5), np.concatenate([weights] * 5), None, np.concatenate([ids] * 5))
+    with pytest.raises(rocep.InvalidInputError, match=r"\binput: shape must be"):
+        op.combine(out[:1], out_weights, out_indices)
+    op.combine(out, out_weights, out_indices)  # the refused combine repeated
+    bad_ids = ids.copy()
+    bad_ids[1, 0] = 1000
+    out, out_weights, _, out_indices, _ = op.dispatch(tokens, weights, None, bad_ids)
+    op.combine(out, out_weights, out_indices)
+    error = op.poll_error()
+    assert error and error.kind == rocep.RecordedError.Kind.INVALID_INPUT and "expert id 1000" in error.message
+    with pytest.raises(rocep.InvalidInputError, match="expert id 1000"):
+        op.synchronize()
 
 
 def test_combine_refused_for_its_expert_outputs_says_how_many_rows_and_may_be_repeated():

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -669,6 +670,69 @@ TEST(EpGroupOverThreadsTest, AnInvalidConfigIsRefusedNamingTheRankAndTheStep) {
   for (const std::string& error : creation_errors(kWorld, config, rocep::Backend::kCpuReference)) {
     EXPECT_EQ(error, std::string(kValidationFailure) +
                          "EpConfig.num_experts = 3 is invalid: must be divisible by the world size 2");
+  }
+}
+
+// A bootstrap whose all_gather fails from its `first_failing`-th call on (counted from 1), as a launcher's
+// store does once it is gone; its failure is no rocep::Error.
+class FailingBootstrap final : public rocep::Bootstrap {
+ public:
+  FailingBootstrap(std::shared_ptr<rocep::testing::ThreadRendezvous> rendezvous, int rank, int first_failing)
+      : threads_(std::move(rendezvous), rank), first_failing_(first_failing) {}
+  int rank() const override { return threads_.rank(); }
+  int size() const override { return threads_.size(); }
+  void all_gather(const void* mine, void* all, std::size_t bytes_per_rank) override {
+    if (++calls_ >= first_failing_) {
+      throw std::runtime_error("the store is gone");
+    }
+    threads_.all_gather(mine, all, bytes_per_rank);
+  }
+  void barrier() override { threads_.barrier(); }
+
+ private:
+  rocep::testing::ThreadBootstrap threads_;
+  int first_failing_;
+  int calls_ = 0;
+};
+
+// Whatever the caller's bootstrap throws reaches the caller as a BootstrapError naming the rank and the
+// collective, at each of creation's all-gathers and in the CPU reference's dispatch that moves its messages
+// through the bootstrap: never the bootstrap's own exception, which a server catching rocep::Error misses.
+TEST(EpGroupOverThreadsTest, ABootstrapThatFailsThrowsBootstrapErrorAtCreationAndInCalls) {
+  constexpr int kWorld = 2;
+  const uint64_t seed = rocep::testing::fresh_seed();
+  bool created = false;
+  for (int first_failing = 1; !created; ++first_failing) {
+    ASSERT_LE(first_failing, 16) << "creation took more than 15 all-gathers";
+    auto rendezvous = std::make_shared<rocep::testing::ThreadRendezvous>(kWorld);
+    std::vector<std::string> errors(kWorld);
+    std::vector<int> made(kWorld, 0);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < kWorld; ++rank) {
+      threads.emplace_back([&, rank] {
+        try {
+          rocep::EpGroup group(std::make_shared<FailingBootstrap>(rendezvous, rank, first_failing),
+                               small_config(kWorld), rocep::Backend::kCpuReference);
+          made[rank] = 1;
+          run_step(group, draw_step(kWorld, {5, 7}, seed), rank, rank == 0 ? 5 : 7);
+        } catch (const rocep::BootstrapError& error) {
+          errors[rank] = error.what();
+        } catch (const std::exception& error) {
+          errors[rank] = std::string("not a BootstrapError: ") + error.what();
+        }
+      });
+    }
+    for (std::thread& thread : threads) {
+      thread.join();
+    }
+    created = made[0] == 1;
+    for (int rank = 0; rank < kWorld; ++rank) {
+      EXPECT_EQ(made[rank], made[0]) << "all-gather " << first_failing;
+      EXPECT_EQ(errors[rank].find("EpGroup: rank " + std::to_string(rank) +
+                                  ": the bootstrap's all_gather failed: the store is gone"),
+                0u)
+          << "all-gather " << first_failing << ": " << errors[rank];
+    }
   }
 }
 
