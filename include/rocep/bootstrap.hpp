@@ -23,7 +23,8 @@ class Bootstrap {
   // Collective: every rank passes `bytes_per_rank` bytes at `mine` (the same count on every rank); `all`
   // receives size() * bytes_per_rank bytes, rank i's at offset i * bytes_per_rank. `mine` may point into
   // `all`. Errors: throws (rocep::BootstrapError in rocep's own implementations) and never returns partial
-  // data.
+  // data. Whatever a bootstrap's collective throws reaches the caller of a group's creation or call as
+  // BootstrapError naming the rank and the collective.
   virtual void all_gather(const void* mine, void* all, std::size_t bytes_per_rank) = 0;
 
   // Collective: returns once every rank has called it.
