@@ -1229,6 +1229,33 @@ def test_build_info_gives_the_packages_version_and_what_it_was_built_for():
     assert (info["gpu_architectures"] == "") == (info["gpu_platform"] == "none")
 
 
+def test_a_bootstrap_that_fails_raises_bootstrap_error_at_creation_and_in_calls():
+    """A bootstrap whose all_gather raises from its n-th call on (a store that is gone): rocep.BootstrapError
+    naming the rank, the collective and the bootstrap's own error, at each of creation's all-gathers and in
+    the CPU reference's dispatch, which moves its messages through the bootstrap. One rank of its own."""
+    config = make_config()
+    tokens, ids, weights = rank_inputs(config, shared_seed(), 0, num_tokens=3)
+    created = False
+    for first_failing in range(1, 16):
+        calls = []
+
+        def all_gather(data):
+            calls.append(data)
+            if len(calls) >= first_failing:
+                raise RuntimeError("the store is gone")
+            return [data]
+
+        with pytest.raises(rocep.BootstrapError,
+                           match=r"EpGroup: rank 0: the bootstrap's all_gather failed: (.|\n)*the store is gone"):
+            group = rocep.Group(bootstrap.Callables(0, 1, all_gather, lambda: None), config,
+                                rocep.Backend.CPU_REFERENCE)
+            created = True
+            group.dispatch(tokens, ids, weights)
+        if created:
+            break
+    assert created
+
+
 def test_a_groups_config_is_a_copy_fixed_at_creation():
     config = make_config()
     group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
