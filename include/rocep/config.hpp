@@ -35,6 +35,8 @@ enum class Layout : int32_t {
 
 const char* to_string(Layout layout);
 
+// validate() states what every backend takes. The GPU backend takes less, refused at creation on every rank
+// (ConfigError naming the step): at most 64 ranks, top_k at most 32, and at most 1024 experts per rank.
 struct EpConfig {
   int hidden = 7168;              // elements per token
   int top_k = 8;                  // experts per token
