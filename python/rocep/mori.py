@@ -13,16 +13,16 @@ Names, argument order and return tuples follow MoRI's documented Python API:
     # for combine_send / combine_recv
     counts = rocep.mori.local_expert_count(config, out_indices, recv_num_token)
 
-Differences, by design: the group is created over a rocep bootstrap (rocep.bootstrap), not MoRI's shmem
-init; out_indices hold the global ids of this rank's experts and -1 for the slots of other ranks (which a
-server's expert map sends to -1 anyway); combine sums one row per received token over the ranks in
-ascending rank order in float32 (weights already applied by the caller), and returns the weights of this
-rank's own tokens as given to dispatch, combined having that many rows. MoRI's launch settings (in the
-config: block_num, warp_num_per_block, rdma_block_num, kernel_type, use_external_inp_buf, num_qp_per_pe;
-per call in MoRI's positions) are taken and ignored: rocep sizes its grids from EpConfig.num_sms. Beyond
-MoRI: poll_error and synchronize report what the kernels recorded (an invalid expert id's slot dropped). Outputs live in the op's buffers until its next call, as MoRI's do. An op is
-not reentrant: one dispatch, then its combine. For two micro-batches in flight (two-batch overlap), create
-one op per micro-batch.
+Differences, by design: the group is created over a rocep bootstrap (rocep.bootstrap), not MoRI's shmem init;
+out_indices hold the global ids of this rank's experts and -1 for the slots of other ranks (which a server's
+expert map sends to -1 anyway); combine sums one row per received token over the ranks in ascending rank order
+in float32 (weights already applied by the caller), and returns the weights of this rank's own tokens as given
+to dispatch, combined having that many rows. MoRI's launch settings (in the config: block_num,
+warp_num_per_block, rdma_block_num, kernel_type, use_external_inp_buf, num_qp_per_pe; per call in MoRI's
+positions) are taken and ignored: rocep sizes its grids from EpConfig.num_sms. Beyond MoRI: poll_error and
+synchronize report what the kernels recorded (an invalid expert id's slot dropped). Outputs live in the op's
+buffers until its next call, as MoRI's do. An op is not reentrant: one dispatch, then its combine. For two
+micro-batches in flight (two-batch overlap), create one op per micro-batch.
 """
 
 import re
