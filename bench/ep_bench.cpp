@@ -22,12 +22,13 @@
 // block-128; the header line's config says which).
 // --local_only=1: EpConfig::local_only of every case, allreduce_world_size the world's: each rank dispatches
 // its tokens to its own experts only, so nothing crosses (remote bytes 0; logical bytes its own rows).
-// --inputs=input_buffer also times dispatch from tokens written into EpGroup::dispatch_input_buffer() (a
-// scaled format's quantised beforehand on the host, each row its payload and then its scales), and the
-// per-token bf16 combine from expert outputs in EpGroup::combine_input_buffer(), in the fused, split and
-// graph cases. --inputs=quantised times the scaled formats' dispatch from tokens quantised
-// beforehand (on the host, by the CPU reference's codec) and passed with DispatchInputs::token_scales, as a
-// server whose previous kernel quantises them hands them over: the send copies payloads and scales.
+// --inputs (default copied) selects where the tokens come from, each item its own cases. input_buffer times
+// dispatch from tokens written into EpGroup::dispatch_input_buffer() (a scaled format's quantised beforehand
+// on the host, each row its payload and then its scales), and the per-token bf16 combine from expert outputs
+// in EpGroup::combine_input_buffer(), in the fused, split and graph cases. --inputs=quantised times the
+// scaled formats' dispatch from tokens quantised beforehand (on the host, by the CPU reference's codec) and
+// passed with DispatchInputs::token_scales, as a server whose previous kernel quantises them hands them over:
+// the send copies payloads and scales.
 // --sms: the SM budgets (EpConfig::num_sms) every case runs at: default (the library's share), all, or N
 // multiprocessors; each row names its budget and the multiprocessors it resolved to.
 // The concurrent case (GPU only, at each budget that leaves multiprocessors over): dispatch + combine of
@@ -188,21 +189,37 @@ bool wants_help(int argc, char** argv) {
   });
 }
 
+// The items of a comma-separated flag value; an empty one (",," or a comma at either end) throws
+// ConfigError naming the flag.
+std::vector<std::string> list_items(const std::string& value, const char* flag) {
+  std::vector<std::string> items;
+  for (std::size_t start = 0;;) {
+    const std::size_t comma = value.find(',', start);
+    items.push_back(value.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (items.back().empty()) {
+      throw rocep::ConfigError(std::string("--") + flag + "='" + value +
+                               "' is invalid: allowed is a comma-separated list without empty items");
+    }
+    if (comma == std::string::npos) {
+      return items;
+    }
+    start = comma + 1;
+  }
+}
+
 BenchOptions parse_options(int& argc, char** argv) {
   BenchOptions options;
   options.tokens = on_gpu() ? std::vector<int>{128, 4096} : std::vector<int>{128, 1024};
   std::string value;
   if (take_flag(argc, argv, "tokens", value)) {
     options.tokens.clear();
-    std::stringstream list(value);
-    for (std::string item; std::getline(list, item, ',');) {
+    for (const std::string& item : list_items(value, "tokens")) {
       options.tokens.push_back(parse_positive(item, "tokens"));
     }
   }
   if (take_flag(argc, argv, "formats", value)) {
     options.formats.clear();
-    std::stringstream list(value);
-    for (std::string item; std::getline(list, item, ',');) {
+    for (const std::string& item : list_items(value, "formats")) {
       options.formats.push_back(parse_format(item));
     }
   }
@@ -216,8 +233,7 @@ BenchOptions parse_options(int& argc, char** argv) {
     options.iterations = parse_positive(value, "iterations");
   if (take_flag(argc, argv, "sms", value)) {
     options.sms.clear();
-    std::stringstream list(value);
-    for (std::string item; std::getline(list, item, ',');) {
+    for (const std::string& item : list_items(value, "sms")) {
       if (item == "default" || item == "all") {
         options.sms.push_back(item == "default" ? rocep::EpConfig::kDefaultSms : rocep::EpConfig::kAllSms);
         continue;
@@ -234,8 +250,7 @@ BenchOptions parse_options(int& argc, char** argv) {
   }
   if (take_flag(argc, argv, "cases", value)) {
     options.fused = options.split = options.concurrent = options.graph = false;
-    std::stringstream list(value);
-    for (std::string item; std::getline(list, item, ',');) {
+    for (const std::string& item : list_items(value, "cases")) {
       if (item != "fused" && item != "split" && item != "concurrent" && item != "graph") {
         throw rocep::ConfigError("--cases: '" + item +
                                  "' is invalid: allowed are fused, split, concurrent, graph");
@@ -248,8 +263,7 @@ BenchOptions parse_options(int& argc, char** argv) {
   }
   if (take_flag(argc, argv, "layouts", value)) {
     options.layouts.clear();
-    std::stringstream list(value);
-    for (std::string item; std::getline(list, item, ',');) {
+    for (const std::string& item : list_items(value, "layouts")) {
       if (item != "expanded" && item != "per-token") {
         throw rocep::ConfigError("--layouts: '" + item + "' is invalid: allowed are expanded, per-token");
       }
@@ -274,8 +288,7 @@ BenchOptions parse_options(int& argc, char** argv) {
     options.concurrent_tokens = parse_positive(value, "concurrent_tokens");
   if (take_flag(argc, argv, "inputs", value)) {
     options.inputs.clear();
-    std::stringstream list(value);
-    for (std::string item; std::getline(list, item, ',');) {
+    for (const std::string& item : list_items(value, "inputs")) {
       if (item != "copied" && item != "input_buffer" && item != "quantised") {
         throw rocep::ConfigError("--inputs: '" + item +
                                  "' is invalid: allowed are copied, input_buffer, quantised");
@@ -1035,6 +1048,17 @@ int main(int argc, char** argv) {
     config.max_tokens_per_rank = *std::max_element(options.tokens.begin(), options.tokens.end());
     config.validate(world);
 
+    // Google Benchmark keeps the last of a repeated flag: refused here, as this benchmark's own are.
+    for (int i = 1; i < argc; ++i) {
+      const std::string name(argv[i], std::strcspn(argv[i], "="));
+      for (int earlier = 1; earlier < i; ++earlier) {
+        if (name.rfind("--benchmark_", 0) == 0 &&
+            std::strncmp(argv[earlier], name.c_str(), name.size()) == 0 &&
+            (argv[earlier][name.size()] == '=' || argv[earlier][name.size()] == '\0')) {
+          throw rocep::ConfigError(name + " is given twice");
+        }
+      }
+    }
     if (rank != 0) {  // one file: rank 0 writes --benchmark_out; another rank opening it would truncate it
       argc = static_cast<int>(std::remove_if(argv + 1, argv + argc,
                                              [](const char* argument) {
@@ -1158,11 +1182,11 @@ int main(int argc, char** argv) {
         }
       }
     }
+    std::size_t ran = 0;  // cases Google Benchmark ran (those --benchmark_filter matches)
     if (cases == 0) {
       throw rocep::ConfigError(
-          "no case to run: --layouts, --cases, --formats and --inputs select none (the input buffer takes "
-          "bf16 only, --inputs=quantised the scaled formats only; the graph and concurrent cases need a "
-          "GPU)");
+          "no case to run: --layouts, --cases, --formats and --inputs select none (--inputs=quantised takes "
+          "the scaled formats only; the graph and concurrent cases need a GPU)");
     }
     if (rank == 0) {
       // Where Google Benchmark writes JSON or CSV to stdout, this benchmark's own text goes to stderr.
@@ -1170,11 +1194,17 @@ int main(int argc, char** argv) {
       std::fprintf(report, "rocep benchmark: %d rank(s), %s\n%s%s", world,
                    settings_line(options, config).c_str(), budgets.c_str(), topology.c_str());
       std::fflush(report);
-      benchmark::RunSpecifiedBenchmarks();
+      if (!on_gpu() && (options.graph || options.concurrent)) {
+        std::fprintf(report, "(--cases: graph and concurrent run on a GPU only, and are left out here)\n");
+      }
+      ran = benchmark::RunSpecifiedBenchmarks();
       print_summary(link_peak, report);
     } else {
       SilentReporter silent;
-      benchmark::RunSpecifiedBenchmarks(&silent);
+      ran = benchmark::RunSpecifiedBenchmarks(&silent);
+    }
+    if (ran == 0) {
+      throw rocep::ConfigError("no case to run: --benchmark_filter matches none of the cases");
     }
     benchmark::Shutdown();
   } catch (const std::exception& error) {  // rocep's errors, and host memory the sizes asked for
