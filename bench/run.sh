@@ -41,13 +41,15 @@ elif [ "$gpus" -lt "$ranks" ]; then
     "so the dispatch/combine times are not those of one GPU per rank"
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+color=(--benchmark_color=false)  # plain rows in logs, unless the caller picks
 for argument in "$@"; do
   if [ "$argument" = "--help" ] || [ "$argument" = "-h" ]; then
     "$build/bench/rocep_bench" --help
     exit 0
   fi
+  case "$argument" in --benchmark_color=*) color=() ;; esac
 done
-mpirun --oversubscribe --bind-to none -np "$ranks" "$build/bench/rocep_bench" --benchmark_color=false "$@"
+mpirun --oversubscribe --bind-to none -np "$ranks" "$build/bench/rocep_bench" "${color[@]}" "$@"
 
 # The fused SiLU kernels: one GPU, one process (flags: ROCEP_SILU_BENCH_ARGS, e.g. "--rows=32768 --n=2048").
 if [ "$gpus" -gt 0 ]; then
