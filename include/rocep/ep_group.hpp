@@ -119,8 +119,10 @@ class EpGroup {
   // Afterwards every call but close throws CallOrderError; close again does nothing. Not graph-safe.
   // Errors, each with nothing released: CallOrderError as said, or on a group moved from; TimeoutError when
   // not every rank calls close within config().timeout_seconds, where the bootstrap bounds its all-gather
-  // (Bootstrap::all_gather_within: MpiBootstrap does; the Python bootstraps wait); what the bootstrap throws
-  // if the agreement fails.
+  // (Bootstrap::all_gather_within: MpiBootstrap does; the Python bootstraps wait); BootstrapError if the
+  // agreement's collective fails. On the CPU reference, whose calls move their data through the bootstrap
+  // too, the refusal needs the other thread's call not to be inside a collective of the bootstrap: close
+  // and that call would cross there (the bootstrap's collectives are matched in order); do not overlap them.
   void close();
   EpGroup(EpGroup&&) noexcept;
   EpGroup& operator=(EpGroup&&) noexcept;

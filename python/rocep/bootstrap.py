@@ -6,7 +6,7 @@ bytes, concatenated in rank order; every rank passes as many) and ``barrier()``.
 
 from typing import Callable
 
-from ._rocep import ConfigError
+from ._rocep import BootstrapError, ConfigError
 
 
 class Callables:
@@ -51,3 +51,20 @@ def from_torch(group=None) -> Callables:
 
     return Callables(dist.get_rank(group), dist.get_world_size(group), all_gather,
                      lambda: dist.barrier(group=group))
+
+
+def gathered(bootstrap, data: bytes) -> bytes:
+    """Every rank's `data` (all of one length) through `bootstrap.all_gather`, as the package's own
+    collectives take it: an Exception it raises, or an answer of another length, becomes BootstrapError
+    naming this rank, as it does in the library's collectives."""
+    rank, expected = bootstrap.rank(), len(data) * bootstrap.size()
+    try:
+        answer = bytes(bootstrap.all_gather(data))
+    except Exception as error:
+        raise BootstrapError(f"rank {rank}: the bootstrap's all_gather failed: {type(error).__name__}: {error}") \
+            from error
+    if len(answer) != expected:
+        raise BootstrapError(f"rank {rank}: the bootstrap's all_gather returned {len(answer)} bytes, expected "
+                             f"{expected} (every rank's bytes, concatenated in rank order)")
+    return answer
+

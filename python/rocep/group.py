@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import _rocep
+from .bootstrap import gathered as _gathered
 
 
 class RecordedError(NamedTuple):
@@ -27,6 +28,14 @@ class RecordedError(NamedTuple):
 
     def __bool__(self) -> bool:
         return self.kind != RecordedError.Kind.NONE
+
+
+class _GroupTag:
+    """What a result knows of the group that made it: which one (by identity) and its config. Not the group
+    itself, so that a result kept for out= does not keep its group's memory and collectives alive."""
+
+    def __init__(self, config: "_rocep.EpConfig"):
+        self.config = config
 
 
 @dataclass
@@ -43,7 +52,7 @@ class DispatchResult:
     block_expert_ids: Any  # [R / expert_alignment] int32
     row_offsets: Any  # [L + 1] uint32 (int32 in torch): row_offsets[L] = num_tokens_post_padded
     native: Any = None  # the arrays as the module takes them, converted once
-    group: Any = None  # the module's group the arrays belong to
+    group: Any = None  # the _GroupTag of the group the arrays belong to (a result does not keep a group alive)
 
     def count(self) -> int:
         return int(np.asarray(_to_host(self.num_recv_tokens))[0])
@@ -61,7 +70,7 @@ class ExpandedResult:
     src_info: Any  # [R, 3] int32: source rank, source token, k
     weights: Any  # [R] float32: the router weight of the row's (token, expert) pair
     native: Any = None  # the arrays as the module takes them, converted once
-    group: Any = None  # the module's group the arrays belong to
+    group: Any = None  # the _GroupTag of the group the arrays belong to (a result does not keep a group alive)
 
     def count(self) -> int:
         return int(np.asarray(_to_host(self.row_offsets))[-1])
@@ -234,6 +243,7 @@ class Group:
         self._views = []  # weak references to the memory objects of the arrays made from its buffers
         self._closed = False
         self._config = self._group.config  # a copy: what the calls size and check the arrays by
+        self._tag = _GroupTag(self._config)  # what its results name it by
         self.rank, self.world_size = self._group.rank, self._group.world_size
         self._gpu = self._group.backend == _rocep.Backend.GPU
         if not self._gpu and str(backend).split(".")[-1].lower() == "auto":
@@ -254,7 +264,7 @@ class Group:
         if self._closed:
             return
         alive = any(view() is not None for view in self._views)
-        held = self._bootstrap.all_gather(bytes([alive]))  # a byte per rank, in rank order
+        held = _gathered(self._bootstrap, bytes([alive]))  # a byte per rank, in rank order
         holding = [rank for rank, views in enumerate(held) if views]
         if holding:
             raise _rocep.Error(f"Group.close() on rank {self.rank}: refused on every rank, nothing released: "
@@ -362,7 +372,7 @@ class Group:
             result.native = _rocep.OutputArrays(result.tokens, result.scales, result.topk_ids, result.topk_weights,
                                                 result.src_info, result.num_recv_tokens, result.sorted_token_ids,
                                                 result.block_expert_ids, result.row_offsets)
-        result.group = self._group
+        result.group = self._tag
         payload_type, scale_type, expanded_scales = _OUTPUT_TYPES[self._config.dispatch_format]
         result.tokens = _typed(result.tokens, payload_type, self._config)
         if scale_type is not None:
@@ -470,7 +480,7 @@ class Group:
         dispatch, and the error to raise after taking part (None when the arguments are fine): a bad
         argument makes this rank take part with zero tokens."""
         tokens, topk_ids, token_scales, error = self._inputs(tokens, topk_ids, topk_weights, token_scales)
-        if out is not None and getattr(out, "group", None) is not self._group:
+        if out is not None and getattr(out, "group", None) is not self._tag:
             error, out = error or "out: must be a result of an earlier dispatch of this group", None
         result = self._outputs() if out is None else out
         if error:
@@ -530,7 +540,7 @@ class Group:
     def dispatch_recv(self, out=None, *, expert_input_scales=None) -> DispatchResult:
         """The receive half of dispatch: waits for every peer's send and returns this rank's tokens (into
         out, and with expert_input_scales, as for dispatch)."""
-        bad_out = out is not None and getattr(out, "group", None) is not self._group
+        bad_out = out is not None and getattr(out, "group", None) is not self._tag
         result = self._outputs() if out is None or bad_out else out
         self._group.dispatch_recv(result.native, expert_input_scales, self._stream())
         self._sent = None

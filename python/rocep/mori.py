@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from . import _rocep
+from .bootstrap import gathered as _gathered
 from .group import Group, RecordedError, _torch
 
 
@@ -120,7 +121,7 @@ def _agree_on_configs(config: "EpDispatchCombineConfig", bootstrap) -> None:
     except Exception as failure:  # a field of any type: reported to every rank, never raised alone
         error = f"EpDispatchCombineConfig: {type(failure).__name__}: {failure}"
     mine = error.encode()[:size].ljust(size, b"\0")
-    gathered = bootstrap.all_gather(mine)
+    gathered = _gathered(bootstrap, mine)
     for rank in range(bootstrap.size()):
         error = gathered[rank * size:(rank + 1) * size].rstrip(b"\0").decode(errors="replace")
         if error:

@@ -1256,6 +1256,35 @@ def test_a_bootstrap_that_fails_raises_bootstrap_error_at_creation_and_in_calls(
     assert created
 
 
+def test_a_result_kept_for_out_does_not_keep_its_group_alive():
+    """A server keeps a DispatchResult for out=; its group still goes with its last reference (its memory,
+    its bootstrap), and a failing bootstrap in close() raises BootstrapError with the group still open."""
+    config = make_config()
+    boot = bootstrap.Callables(0, 1, lambda data: [data], lambda: None)  # a group of its own on each rank
+    group = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE)
+    tokens, ids, weights = rank_inputs(config, shared_seed(), 0, num_tokens=4)
+    result = group.dispatch(tokens, ids, weights)
+    held = weakref.ref(boot)
+    del group, boot
+    gc.collect()
+    assert held() is None and result.count() > 0
+
+    failing = [False]
+
+    def all_gather(data):
+        if failing[0]:
+            raise RuntimeError("the store is gone")
+        return [data]
+
+    group = rocep.Group(bootstrap.Callables(0, 1, all_gather, lambda: None), config, rocep.Backend.CPU_REFERENCE)
+    failing[0] = True
+    with pytest.raises(rocep.BootstrapError, match="rank 0: the bootstrap's all_gather failed: RuntimeError"):
+        group.close()
+    failing[0] = False
+    group.dispatch(tokens, ids, weights)  # still open
+    group.close()
+
+
 def test_a_groups_config_is_a_copy_fixed_at_creation():
     config = make_config()
     group = rocep.Group(bootstrap.from_mpi4py(COMM), config, rocep.Backend.CPU_REFERENCE)
