@@ -343,6 +343,28 @@ def check_quantised_input_buffer(boot, rank, world):
     gpu.synchronize()
 
 
+def check_scales_of_odd_strides(boot, rank, world):
+    """fp8 block-128 scales that torch calls contiguous but whose last stride is not 1 (hidden 128: one
+    scale per token, [T, 1] made by a transpose), and zero rows: dispatched as their contiguous copies are."""
+    config = rocep.EpConfig(config_for(world, dispatch_format=rocep.TokenFormat.FP8_BLOCK128), hidden=128)
+    gpu = rocep.Group(boot, config, rocep.Backend.GPU)
+    cpu = rocep.Group(boot, config, rocep.Backend.CPU_REFERENCE)
+    for step, n in enumerate([9, 0]):
+        _, ids, weights, _ = inputs(130 + step, rank, n, world, 1)
+        g = generator(135 + step, rank)
+        codes = torch.randint(0, 120, (n, 128), generator=g, dtype=torch.uint8)
+        scales = (torch.rand(1, n, generator=g) + 0.5).t()  # strides (1, n)
+        got = gpu.dispatch(codes.cuda(), ids.cuda(), weights.cuda(), token_scales=scales.cuda())
+        ref = cpu.dispatch(codes.numpy(), ids.numpy(), weights.numpy(), token_scales=scales.contiguous().numpy())
+        count = ref.count()
+        for field in ("tokens", "scales", "src_info"):
+            check(f"scales of odd strides, {n} tokens, {field}", getattr(got, field)[:count],
+                  getattr(ref, field)[:count])
+        gpu.combine(torch.zeros((gpu.config.max_recv_tokens(world), 128), dtype=torch.bfloat16, device="cuda"), n)
+        cpu.combine(np.zeros((cpu.config.max_recv_tokens(world), 128), np.uint16), n)
+    gpu.synchronize()
+
+
 def check_epilogue(boot, rank, world):
     """The combine epilogue on torch tensors, into the first hidden columns of a wider tensor, against the
     CPU reference's, both layouts (the expanded one weighted)."""
@@ -719,6 +741,7 @@ def main() -> int:
     check_cupy(boot, rank, world)
     check_input_buffers(boot, rank, world)
     check_quantised_input_buffer(boot, rank, world)
+    check_scales_of_odd_strides(boot, rank, world)
     check_epilogue(boot, rank, world)
     check_mori(boot, rank, world, fp8=False)
     check_mori(boot, rank, world, fp8=True)

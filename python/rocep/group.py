@@ -173,7 +173,11 @@ def _contiguous(array):
     """`array` itself where it is a C-contiguous numpy, torch or cupy array, else a contiguous copy of it
     (anything else as given: the module names what it cannot take)."""
     if _is_torch(array):
-        return array if array.is_contiguous() else array.contiguous()
+        # torch calls a tensor contiguous whatever the strides of its dimensions of one or no elements, but
+        # views its bytes (_bytes) only where the last stride is 1: such a tensor gets fresh strides here.
+        if array.is_contiguous() and (array.dim() == 0 or array.stride(-1) == 1):
+            return array
+        return _torch().empty(array.shape, dtype=array.dtype, device=array.device).copy_(array)
     flags = getattr(array, "flags", None)
     if flags is None or flags.c_contiguous:
         return array
