@@ -1051,9 +1051,11 @@ int main(int argc, char** argv) {
     // Google Benchmark keeps the last of a repeated flag: refused here, as this benchmark's own are.
     for (int i = 1; i < argc; ++i) {
       const std::string name(argv[i], std::strcspn(argv[i], "="));
+      if (name.rfind("--benchmark_", 0) != 0) {
+        continue;
+      }
       for (int earlier = 1; earlier < i; ++earlier) {
-        if (name.rfind("--benchmark_", 0) == 0 &&
-            std::strncmp(argv[earlier], name.c_str(), name.size()) == 0 &&
+        if (std::strncmp(argv[earlier], name.c_str(), name.size()) == 0 &&
             (argv[earlier][name.size()] == '=' || argv[earlier][name.size()] == '\0')) {
           throw rocep::ConfigError(name + " is given twice");
         }
